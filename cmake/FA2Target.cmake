@@ -1,0 +1,33 @@
+# _vendored_fa2_C: upstream's FA2 forward kernels (csrc/flash_attn) for sm80+.
+
+include_guard(GLOBAL)
+
+function(vfa_add_fa2_target)
+  set(root "${VFA_flash_attention_SOURCE_DIR}")
+  vfa_fa2_selection("${VFA_FA2_HEAD_DIMS}" "${VFA_FA2_DTYPES}" "${VFA_FA2_FEATURES}")
+  vfa_check_instantiations(FA2 "${root}" ${VFA_FA2_INSTANTIATIONS})
+  set(sources
+    "${root}/csrc/flash_attn/flash_api.cpp"
+    "${root}/csrc/flash_attn/flash_api_sparse.cpp"
+    "${root}/csrc/flash_attn/flash_api_torch_lib.cpp")
+  foreach(rel IN LISTS VFA_FA2_INSTANTIATIONS)
+    list(APPEND sources "${root}/${rel}")
+  endforeach()
+  if(VFA_FA2_MISSING)
+    vfa_write_fa2_stubs(stubs "${VFA_GENERATED_DIR}")
+    list(APPEND sources "${stubs}")
+  endif()
+  vfa_add_torch_extension(_vendored_fa2_C
+    SOURCES ${sources}
+    GENCODE ${VFA_FA2_GENCODE}
+    DEFINES ${VFA_FA2_DEFINES}
+    INCLUDE_DIRS
+      "${root}/csrc"
+      "${root}/csrc/flash_attn"
+      "${root}/csrc/flash_attn/src"
+      "${root}/csrc/common"
+      "${VFA_cutlass_SOURCE_DIR}/include")
+  list(LENGTH VFA_FA2_INSTANTIATIONS n)
+  set(VFA_FA2_SOURCE_COUNT ${n} PARENT_SCOPE)
+  set(VFA_FA2_INSTANTIATIONS "${VFA_FA2_INSTANTIATIONS}" PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,31 @@
+# _vendored_fa3_C: upstream's FA3 forward kernels (hopper/) for sm_90a,
+# including FP8 (e4m3).
+
+include_guard(GLOBAL)
+
+function(vfa_add_fa3_target)
+  set(root "${VFA_flash_attention_SOURCE_DIR}")
+  vfa_fa3_selection("${VFA_FA3_HEAD_DIMS}" "${VFA_FA3_DTYPES}" "${VFA_FA3_FEATURES}")
+  vfa_check_instantiations(FA3 "${root}" ${VFA_FA3_INSTANTIATIONS})
+  set(sources
+    "${root}/hopper/flash_api.cpp"
+    "${root}/hopper/flash_api_torch_lib.cpp"
+    "${root}/hopper/flash_fwd_combine.cu"
+    "${root}/hopper/flash_prepare_scheduler.cu")
+  foreach(rel IN LISTS VFA_FA3_INSTANTIATIONS)
+    list(APPEND sources "${root}/${rel}")
+  endforeach()
+  vfa_add_torch_extension(_vendored_fa3_C
+    SOURCES ${sources}
+    GENCODE ${VFA_FA3_GENCODE}
+    DEFINES ${VFA_FA3_DEFINES}
+    INCLUDE_DIRS
+      "${root}/csrc"
+      "${root}/hopper"
+      "${root}/csrc/common"
+      "${VFA_cutlass_SOURCE_DIR}/include")
+  list(LENGTH VFA_FA3_INSTANTIATIONS n)
+  set(VFA_FA3_SOURCE_COUNT ${n} PARENT_SCOPE)
+  set(VFA_FA3_INSTANTIATIONS "${VFA_FA3_INSTANTIATIONS}" PARENT_SCOPE)
+  set(VFA_FA3_DEFINES "${VFA_FA3_DEFINES}" PARENT_SCOPE)
+endfunction()

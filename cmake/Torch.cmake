@@ -1,0 +1,57 @@
+# Python and torch: the interpreter the wheel is built for, torch's CMake
+# config, and the nvcc flags torch would use (minus its -gencode list, which
+# CudaArchs.cmake replaces per component).
+
+include_guard(GLOBAL)
+
+set(VFA_MIN_TORCH_VERSION "2.10")
+
+macro(vfa_find_python_and_torch)
+  # abi3 modules: the limited API of the interpreter we build with.
+  find_package(Python REQUIRED COMPONENTS Interpreter Development.Module Development.SABIModule)
+
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+      "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or '')"
+    OUTPUT_VARIABLE _vfa_torch_out ERROR_VARIABLE _vfa_torch_err RESULT_VARIABLE _vfa_torch_rc
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT _vfa_torch_rc EQUAL 0)
+    message(FATAL_ERROR
+      "torch cannot be imported by ${Python_EXECUTABLE}:\n${_vfa_torch_err}\n"
+      "The modules compile against torch's headers. With --no-build-isolation, install "
+      "torch>=${VFA_MIN_TORCH_VERSION} (a CUDA build) into that environment first.")
+  endif()
+  string(REPLACE "\n" ";" _vfa_torch_out "${_vfa_torch_out}")
+  list(GET _vfa_torch_out 0 _vfa_torch_prefix)
+  list(GET _vfa_torch_out 1 VFA_TORCH_VERSION)
+  list(LENGTH _vfa_torch_out _vfa_n)
+  set(VFA_TORCH_CUDA_VERSION "")
+  if(_vfa_n GREATER 2)
+    list(GET _vfa_torch_out 2 VFA_TORCH_CUDA_VERSION)
+  endif()
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+(\\.[0-9]+)?" _vfa_torch_release "${VFA_TORCH_VERSION}")
+  if(_vfa_torch_release VERSION_LESS VFA_MIN_TORCH_VERSION)
+    message(FATAL_ERROR
+      "torch ${VFA_TORCH_VERSION} is too old: the upstream code uses the torch stable ABI "
+      "headers of torch >= ${VFA_MIN_TORCH_VERSION}. Install a newer torch.")
+  endif()
+  if(VFA_TORCH_CUDA_VERSION STREQUAL "")
+    message(FATAL_ERROR
+      "torch ${VFA_TORCH_VERSION} is a CPU-only build; install a CUDA build of torch "
+      "(matching CUDA ${CMAKE_CUDA_COMPILER_VERSION}) to build the CUDA modules.")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${_vfa_torch_prefix}")
+
+  vfa_export_cuda_toolkit_root()
+  find_package(Torch REQUIRED)
+
+  # torch appends its own -gencode list to CMAKE_CUDA_FLAGS; the archs are set
+  # per component instead, so drop it here.
+  string(REGEX REPLACE "-gencode[= ]arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+  string(REGEX REPLACE "  +" " " CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+
+  # The flags upstream adds on top of torch's (its get_torch_gpu_compiler_flags):
+  # torch's COMMON_NVCC_FLAGS minus the __CUDA_NO_HALF* defines, which CUDA 12+
+  # does not need, plus FP8, fast math and direct CUTLASS driver calls.
+  set(VFA_NVCC_FLAGS --expt-relaxed-constexpr -DENABLE_FP8 --expt-extended-lambda --use_fast_math)
+endmacro()

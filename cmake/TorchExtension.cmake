@@ -1,0 +1,59 @@
+# One function that defines a torch-stable-ABI CUDA extension module the way
+# both FA2 and FA3 need it: abi3 (limited API), C++20 host and device code,
+# per-module -gencode flags, our memory-aware job pool, installed into the
+# Python package.
+
+include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
+
+# torch >= 2.10 stable ABI: pins the headers' target version and bans unstable use.
+set(VFA_TORCH_TARGET_VERSION "0x020A000000000000ULL")
+
+# CUTLASS calls the CUDA driver (cuTensorMapEncodeTiled, ...). Upstream calls
+# it directly and links libcuda. A build machine without the driver library
+# (no GPU, no toolkit stub) has no CUDA::cuda_driver target; there the modules
+# reach the driver through the runtime's entry-point query instead, so the
+# build needs no driver and the module loads wherever torch does.
+function(vfa_cuda_driver_mode out_var)
+  if(TARGET CUDA::cuda_driver)
+    set(${out_var} "direct" PARENT_SCOPE)
+  else()
+    set(${out_var} "entry_point" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# vfa_add_torch_extension(<name> SOURCES ... GENCODE ... DEFINES ... INCLUDE_DIRS ...)
+function(vfa_add_torch_extension name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;GENCODE;DEFINES;INCLUDE_DIRS")
+  # Py_LIMITED_API=3, as upstream: the module uses the stable ABI only.
+  Python_add_library(${name} MODULE USE_SABI 3 WITH_SOABI ${arg_SOURCES})
+  set_target_properties(${name} PROPERTIES
+    CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF
+    CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF
+    CUDA_ARCHITECTURES OFF
+    JOB_POOL_COMPILE ${VFA_JOB_POOL})
+
+  vfa_gencode_flags(gencode_flags ${arg_GENCODE})
+  set(cuda_flags ${VFA_NVCC_FLAGS})
+  if(VFA_NVCC_THREADS GREATER 1)
+    list(APPEND cuda_flags --threads=${VFA_NVCC_THREADS})
+  endif()
+  target_compile_options(${name} PRIVATE
+    "$<$<COMPILE_LANGUAGE:CUDA>:${cuda_flags}>"
+    "$<$<COMPILE_LANGUAGE:CUDA>:${gencode_flags}>")
+
+  vfa_cuda_driver_mode(driver_mode)
+  set(defines ${arg_DEFINES} TORCH_EXTENSION_NAME=${name} USE_CUDA
+              TORCH_TARGET_VERSION=${VFA_TORCH_TARGET_VERSION})
+  set(libraries torch CUDA::cudart)
+  if(driver_mode STREQUAL "direct")
+    list(APPEND defines CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1)
+    list(APPEND libraries CUDA::cuda_driver)
+  endif()
+  target_compile_definitions(${name} PRIVATE ${defines})
+  target_include_directories(${name} PRIVATE ${arg_INCLUDE_DIRS})
+  target_link_libraries(${name} PRIVATE ${libraries})
+  install(TARGETS ${name} LIBRARY DESTINATION vendored_flash_attn)
+  set_property(GLOBAL PROPERTY VFA_${name}_DEFINES "${defines}")
+  set_property(GLOBAL PROPERTY VFA_${name}_DRIVER_CALL "${driver_mode}")
+endfunction()
