@@ -1,0 +1,53 @@
+"""vendored_flash_attn: FlashAttention 2 and 3 forward kernels for vLLM-style callers.
+
+Importing the package is cheap and never fails for lack of a GPU or of the compiled
+modules: names are resolved on first use, and the compiled modules are imported (and
+the result cached) the first time a kernel or the selector needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "flash_attn_varlen_func": "interface",
+    "get_scheduler_metadata": "interface",
+    "get_flash_attn_version": "selector",
+    "select_flash_attn_version": "selector",
+    "flash_attn_version_reason": "selector",
+    "is_fa_version_supported": "selector",
+    "fa_version_unsupported_reason": "selector",
+    "flash_attn_supports_fp8": "selector",
+    "Selection": "selector",
+    "make_fp8_descales": "fp8",
+    "FlashAttnInputError": "errors",
+    "FlashAttnTypeError": "errors",
+    "FlashAttnUnavailableError": "errors",
+    "FlashAttnFallbackWarning": "errors",
+    "load_build_info": "build_info",
+    "BuildInfo": "build_info",
+    "BuildInfoMissing": "build_info",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            value = metadata.version("vendored-flash-attn")
+        except metadata.PackageNotFoundError:
+            value = "0+unknown"
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

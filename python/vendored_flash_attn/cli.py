@@ -1,0 +1,178 @@
+"""``python -m vendored_flash_attn info``: what was built, what loads, what gets picked.
+
+Works without a GPU and without build info (then it says so and exits 1, the only
+non-zero exit). ``--json`` prints the same report as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any, Optional
+
+from .build_info import BuildInfo, BuildInfoMissing
+from .environment import current_environment
+
+COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason")
+
+
+def _component(raw: dict) -> dict:
+    return {key: raw[key] for key in COMPONENT_FIELDS if key in raw}
+
+
+def _build_summary(info: BuildInfo) -> dict:
+    raw = info.raw
+    summary = {
+        "preset": info.preset,
+        "upstream": raw.get("upstream", {}),
+        "cutlass": raw.get("cutlass", {}),
+        "fa2": _component(raw.get("fa2", {"built": False})),
+        "fa3": _component(raw.get("fa3", {"built": False})),
+    }
+    for key in ("torch", "cuda", "compiler", "compiler_cache"):
+        if key in raw:
+            summary[key] = raw[key]
+    return summary
+
+
+def collect() -> dict:
+    """The whole report as plain data (what ``--json`` prints)."""
+    from .debug_checks import DEBUG_ENV
+    from .selector import ENV_VAR, requested_version, select_flash_attn_version, version_problem
+
+    env = current_environment()
+    report: dict[str, Any] = {"build": None, "build_error": None,
+                              "runtime": env.runtime_versions(), "modules": {},
+                              "environment": {ENV_VAR: env.getenv(ENV_VAR),
+                                              DEBUG_ENV: env.getenv(DEBUG_ENV)},
+                              "config_error": None, "devices": [], "selection": None}
+    info: Optional[BuildInfo] = None
+    try:
+        info = env.build_info()
+        report["build"] = _build_summary(info)
+    except BuildInfoMissing as exc:
+        report["build_error"] = str(exc)
+    for version in (2, 3):
+        comp = info.component(version) if info else None
+        if comp is not None and not comp.built:
+            report["modules"][f"fa{version}"] = {"built": False, "loads": False,
+                                                 "error": comp.reason or "not built"}
+            continue
+        error = env.load_module(version)
+        report["modules"][f"fa{version}"] = {"built": bool(comp and comp.built),
+                                             "loads": error is None, "error": error}
+    try:
+        requested_version()
+    except ValueError as exc:
+        report["config_error"] = str(exc)
+    count = env.device_count()
+    with warnings.catch_warnings():
+        # Fallbacks are part of the report; don't also print them as warnings.
+        warnings.simplefilter("ignore")
+        if count == 0 and report["config_error"] is None:
+            selection = select_flash_attn_version()
+            report["selection"] = {"version": selection.version, "reason": selection.reason}
+        for index in range(count):
+            major, minor = env.capability(index)
+            device = {"index": index, "name": env.device_name(index),
+                      "capability": f"{major}.{minor}", "selected": None, "reason": None,
+                      "fallbacks": [], "unsupported": {}}
+            if report["config_error"] is None:
+                selection = select_flash_attn_version(device=index)
+                device.update(selected=selection.version, reason=selection.reason,
+                              fallbacks=list(selection.fallbacks))
+            for version in (2, 3):
+                device["unsupported"][f"fa{version}"] = version_problem(version, index)
+            report["devices"].append(device)
+    return report
+
+
+def _yes(flag: Any) -> str:
+    return "yes" if flag else "NO"
+
+
+def _list(values) -> str:
+    return ", ".join(str(v) for v in values) if values else "-"
+
+
+def render(report: dict) -> str:
+    lines: list[str] = []
+    build = report["build"]
+    if build is None:
+        lines += ["Build info: MISSING", f"  {report['build_error']}"]
+    else:
+        up, cut = build["upstream"], build["cutlass"]
+        lines += [
+            f"Build info (preset: {build['preset'] or '-'})",
+            f"  upstream flash-attention: {up.get('commit', '-')} (matches pin: {_yes(up.get('matches_pin'))}"
+            + (f", pin {up['pinned_commit']}" if not up.get("matches_pin") and up.get("pinned_commit") else "") + ")",
+            f"  CUTLASS:                  {cut.get('commit', '-')} (matches pin: {_yes(cut.get('matches_pin'))})",
+        ]
+        for key in ("fa2", "fa3"):
+            comp = build[key]
+            if not comp.get("built"):
+                lines.append(f"  {key.upper()}: not built" + (f" ({comp['reason']})" if comp.get("reason") else ""))
+                continue
+            lines.append(
+                f"  {key.upper()}: {comp.get('module', '?')}  archs {_list(comp.get('gencode'))}  "
+                f"head dims {_list(comp.get('head_dims'))}  dtypes {_list(comp.get('dtypes'))}  "
+                f"features {_list(comp.get('features'))}")
+        versions = [f"torch {build.get('torch', {}).get('version', '-')}",
+                    f"CUDA {build.get('cuda', {}).get('version', '-')}"]
+        if "compiler" in build:
+            comp = build["compiler"]
+            versions.append("compiler " + (" ".join(f"{k}={v}" for k, v in comp.items())
+                                           if isinstance(comp, dict) else str(comp)))
+        lines.append("  built with: " + ", ".join(versions))
+        cache = build.get("compiler_cache")
+        if cache is not None:
+            lines.append(f"  compiler cache: {cache.get('launcher') or '-'} "
+                         f"({'enabled' if cache.get('enabled') else 'disabled'})")
+    runtime = report["runtime"]
+    lines += ["", "This machine",
+              f"  torch {runtime.get('torch') or '-'}, CUDA runtime {runtime.get('cuda') or '-'}"]
+    for key, module in report["modules"].items():
+        state = "loads" if module["loads"] else f"does not load: {module['error']}"
+        lines.append(f"  {key.upper()} module: {state}")
+    for name, value in report["environment"].items():
+        lines.append(f"  {name}: {value if value is not None else 'unset'}")
+    if report["config_error"]:
+        lines.append(f"  CONFIG ERROR: {report['config_error']}")
+    lines += ["", "GPUs"]
+    if not report["devices"]:
+        selection = report["selection"]
+        lines.append("  none visible" + (f"; selector picks {('FA' + str(selection['version'])) if selection['version'] else 'nothing'} ({selection['reason']})"
+                                         if selection else ""))
+    for device in report["devices"]:
+        picked = device["selected"]
+        lines.append(f"  cuda:{device['index']} {device['name']} (compute capability {device['capability']}): "
+                     + (f"FA{picked}" if picked else "no FlashAttention") + f" - {device['reason']}")
+        for fallback in device["fallbacks"]:
+            lines.append(f"    fallback: {fallback}")
+        for key, problem in device["unsupported"].items():
+            if problem:
+                lines.append(f"    {key.upper()} unusable: {problem}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vendored_flash_attn",
+                                     description="vendored-flash-attn tools")
+    sub = parser.add_subparsers(dest="command")
+    info = sub.add_parser("info", help="show build info, loadable modules and the version picked per GPU")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["info", *(argv or [])])
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(render(report))
+    if report["build"] is None:
+        print("\nerror: no build info; install the package with `pip install .` or a built wheel",
+              file=sys.stderr)
+        return 1
+    return 0

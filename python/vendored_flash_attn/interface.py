@@ -1,0 +1,301 @@
+"""The attention entry points: ``flash_attn_varlen_func`` and ``get_scheduler_metadata``.
+
+Call-compatible with vLLM's ``vllm_flash_attn`` functions of the same names (same
+parameters, order and defaults), except that ``fa_version=None`` asks the selector.
+Each call: resolve the version, validate (validation.py), then call the op of the
+compiled module with exactly the argument order of its schema.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from .build_info import BuildInfoMissing, ComponentInfo
+from .debug_checks import debug_checks_enabled, run_debug_checks
+from .environment import current_environment
+from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
+from .kernels import dtype_name, dtype_problem, head_size_problem
+from .selector import resolve_device_index, select_flash_attn_version, version_problem
+from .validation import check_q_device, check_varlen_call
+
+OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
+
+
+def _component(version: int) -> ComponentInfo:
+    try:
+        return current_environment().build_info().component(version)
+    except BuildInfoMissing as exc:
+        raise FlashAttnUnavailableError(str(exc)) from exc
+
+
+def _ops(version: int):
+    """The op namespace of ``version``; importing the module registers its ops."""
+    error = current_environment().load_module(version)
+    if error is not None:
+        raise FlashAttnUnavailableError(f"the FA{version} module failed to import: {error}")
+    return getattr(torch.ops, OP_NAMESPACES[version])
+
+
+def _device_index(tensor: torch.Tensor) -> int:
+    index, problem = resolve_device_index(tensor.device)
+    if problem is not None:
+        raise FlashAttnUnavailableError(problem)
+    return index
+
+
+def resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
+    """The version a call runs with: the caller's, checked, or the selector's."""
+    if fa_version is None:
+        selection = select_flash_attn_version(device=tensor.device, **traits)
+        if selection.version is None:
+            raise FlashAttnUnavailableError(f"no usable FlashAttention version: {selection.reason}")
+        return selection.version
+    if fa_version not in (2, 3):
+        raise FlashAttnInputError(f"fa_version must be 2, 3 or None (let the selector choose), "
+                                  f"got {fa_version!r}")
+    problem = version_problem(fa_version, _device_index(tensor))
+    if problem is not None:
+        raise FlashAttnUnavailableError(f"fa_version={fa_version} cannot run here: {problem}")
+    return fa_version
+
+
+def maybe_contiguous(x):
+    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def get_scheduler_metadata(
+    batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+    cache_seqlens: torch.Tensor,
+    qkv_dtype=torch.bfloat16,
+    headdim_v=None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_size: Optional[int] = None,
+    max_seqlen_k_new=0,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    has_softcap=False,
+    num_splits=0,    # Can be tuned for speed
+    pack_gqa=None,   # Can be tuned for speed
+    sm_margin=0,     # Can be tuned if some SMs are used for communication
+):
+    """FA3 scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``."""
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise FlashAttnTypeError("cache_seqlens must be a torch.Tensor (the KV length of each sequence)")
+    env = current_environment()
+    if cache_seqlens.device.type != env.device_type:
+        raise FlashAttnInputError(f"cache_seqlens is on {cache_seqlens.device}; it must be on a "
+                                  f"{env.device_type.upper()} device")
+    if cache_seqlens.dtype != torch.int32:
+        raise FlashAttnTypeError(f"cache_seqlens must have dtype torch.int32, got {cache_seqlens.dtype}")
+    problem = version_problem(3, _device_index(cache_seqlens))
+    if problem is not None:
+        raise FlashAttnUnavailableError(f"get_scheduler_metadata needs FA3: {problem}")
+    comp = _component(3)
+    if headdim_v is None:
+        headdim_v = headdim
+    name = dtype_name(qkv_dtype)
+    problem = dtype_problem(3, comp, name, shown=str(qkv_dtype)) or head_size_problem(
+        3, comp, int(headdim), int(headdim_v), name)
+    if problem:
+        raise FlashAttnInputError(f"get_scheduler_metadata: {problem}")
+    if num_heads_kv < 1 or num_heads_q % num_heads_kv:
+        raise FlashAttnInputError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv "
+                                  f"({num_heads_kv})")
+    if tuple(cache_seqlens.shape) != (batch_size,):
+        raise FlashAttnInputError(f"cache_seqlens must have shape ({batch_size},), got "
+                                  f"{tuple(cache_seqlens.shape)}")
+    for label, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+                     ("cache_leftpad", cache_leftpad)):
+        if x is not None and x.device != cache_seqlens.device:
+            raise FlashAttnInputError(f"{label} is on {x.device} but cache_seqlens is on "
+                                      f"{cache_seqlens.device}")
+        if x is not None and x.dtype != torch.int32:
+            raise FlashAttnTypeError(f"{label} must have dtype torch.int32, got {x.dtype}")
+    cache_seqlens = maybe_contiguous(cache_seqlens)
+    return _ops(3).get_scheduler_metadata(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
+        qkv_dtype,
+        cache_seqlens,
+        cu_seqlens_q,
+        None,  # cu_seqlens_k
+        cu_seqlens_k_new,
+        None,  # seqused_q
+        cache_leftpad,
+        page_size,
+        max_seqlen_k_new,
+        causal,
+        window_size[0], window_size[1],
+        has_softcap,
+        num_splits,
+        pack_gqa,
+        sm_margin,
+    )
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    max_seqlen_q,
+    cu_seqlens_q,
+    max_seqlen_k,
+    cu_seqlens_k=None,  # only used for non-paged prefill
+    seqused_k=None,
+    q_v=None,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size: Optional[List[int]] = None,
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    return_softmax_lse=False,
+    out=None,
+    # FA3 Only
+    scheduler_metadata=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    num_splits: int = 0,
+    # Version selector
+    fa_version: Optional[int] = None,
+    s_aux=None,
+    cp_world_size=1,
+    cp_rank=0,
+    cp_tot_seqused_k=None,
+):
+    """Variable-length (and paged-KV) attention forward; see docs/runtime.md.
+
+    q: (total_q, num_heads, head_size); k, v: (total_k, num_heads_k, head_size) with
+    cu_seqlens_k, or (num_blocks, block_size, num_heads_k, head_size) with block_table +
+    seqused_k. GQA/MQA when num_heads is a multiple of num_heads_k. Returns out, or
+    (out, softmax_lse) with return_softmax_lse=True. fa_version=None lets the selector
+    choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
+    (num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
+    ``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
+    """
+    del deterministic, return_attn_probs  # forward-only kernels: nothing to do
+    if not isinstance(q, torch.Tensor):
+        raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    check_q_device(q, current_environment().device_type)  # before the selector looks at q.device
+    if window_size is None:
+        window = (-1, -1)
+    else:
+        if len(window_size) != 2:
+            raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
+        window = (int(window_size[0]), int(window_size[1]))
+    head_size = q.shape[-1]
+    head_size_v = v.shape[-1] if isinstance(v, torch.Tensor) else None
+    version = resolve_version(
+        fa_version, q, requires_alibi=alibi_slopes is not None, head_size=head_size,
+        head_size_v=head_size_v, has_sinks=s_aux is not None, dtype=q.dtype)
+    if softmax_scale is None:
+        softmax_scale = head_size ** (-0.5)
+    comp = _component(version)
+    q, k, v = [maybe_contiguous(x) if isinstance(x, torch.Tensor) else x for x in (q, k, v)]
+    shape = check_varlen_call(
+        version, comp, current_environment().device_type,
+        q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
+        dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes, block_table=block_table, out=out,
+        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+    if debug_checks_enabled():
+        run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         seqused_k=seqused_k, block_table=block_table,
+                         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
+    if version == 2:
+        out, softmax_lse = _fa2_forward(
+            q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+            int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), bool(causal), window,
+            float(softcap), int(num_splits))
+    else:
+        # Descales only mean something for FP8 data; FA3 ignores them otherwise, and vLLM
+        # passes them on every call, so they are dropped rather than refused.
+        if not shape.fp8:
+            q_descale = k_descale = v_descale = None
+        out, softmax_lse = _fa3_forward(
+            q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+            int(max_seqlen_q), int(max_seqlen_k), q_descale, k_descale, v_descale,
+            float(softmax_scale), bool(causal), window, float(softcap), scheduler_metadata,
+            int(num_splits), s_aux, int(cp_world_size), int(cp_rank), cp_tot_seqused_k)
+    return (out, softmax_lse) if return_softmax_lse else out
+
+
+def _fa2_forward(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                 alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                 window: Tuple[int, int], softcap, num_splits):
+    if cu_seqlens_k is None:
+        # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
+        # entries b and b+1, but with a block_table the values never reach an address or a
+        # length (seqused_k does). Zeros keep that read well-defined; upstream passes
+        # uninitialised memory here.
+        cu_seqlens_k = torch.zeros_like(cu_seqlens_q)
+    results = _ops(2).varlen_fwd(
+        q, k, v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        None,           # leftpad_k
+        block_table,
+        alibi_slopes,
+        max_seqlen_q,
+        max_seqlen_k,
+        0.0,            # p_dropout: built without dropout
+        softmax_scale,
+        False,          # zero_tensors
+        causal,
+        window[0],
+        window[1],
+        softcap,
+        False,          # return_softmax: only meaningful with dropout
+        num_splits,
+        None,           # gen: must be None
+    )
+    return results[0], results[1]
+
+
+def _fa3_forward(q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                 max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale,
+                 causal, window: Tuple[int, int], softcap, scheduler_metadata, num_splits,
+                 s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
+    results = _ops(3).fwd(
+        q, k, v,
+        None, None,       # k_new, v_new
+        q_v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        None,             # cu_seqlens_k_new
+        None, seqused_k,  # seqused_q, seqused_k
+        max_seqlen_q, max_seqlen_k,
+        block_table,      # page_table
+        None,             # kv_batch_idx
+        None,             # leftpad_k
+        None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
+        q_descale, k_descale, v_descale,
+        softmax_scale,
+        causal,
+        window[0], window[1],
+        softcap,
+        True,             # is_rotary_interleaved (no rotary here)
+        scheduler_metadata,
+        num_splits,
+        None,             # pack_gqa: heuristic
+        0,                # sm_margin
+        s_aux,
+        cp_world_size,
+        cp_rank,
+        cp_tot_seqused_k,
+    )
+    return results[0], results[1]

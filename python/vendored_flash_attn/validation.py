@@ -1,0 +1,326 @@
+"""Argument checks for ``flash_attn_varlen_func``, run before any kernel.
+
+The C++ ops check most of this too, but a failed check there comes late (after
+allocations, sometimes after a kernel), reads worse, and some mistakes it does not
+catch at all (FA3 silently ignores several arguments). Everything here reads tensor
+metadata only: no ``.item()``, no reductions, no device sync. The expensive checks
+(index ranges, monotonic offsets) run only when ``VFA_DEBUG_CHECKS=1``
+(see ``debug_checks``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .build_info import ComponentInfo
+from .errors import FlashAttnInputError, FlashAttnTypeError
+from .kernels import dtype_name, dtype_problem, feature_problem, head_size_problem
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What the checks learned about a call; the dispatcher uses it."""
+
+    batch: int
+    num_heads: int
+    num_heads_k: int
+    head_size: int
+    head_size_v: int
+    paged: bool
+    fp8: bool
+
+
+def _fail(message: str) -> None:
+    raise FlashAttnInputError(message)
+
+
+def _tensor(name: str, x, optional: bool = False) -> None:
+    if x is None and optional:
+        return
+    if not isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _integer(name: str, x, minimum: int = 0) -> int:
+    if isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(
+            f"{name} must be a Python int, got a tensor; convert it once on the host "
+            "(reading a GPU tensor here would sync the device on every call)")
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise FlashAttnTypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < minimum:
+        _fail(f"{name} must be >= {minimum}, got {x}")
+    return int(x)
+
+
+def _same_device(name: str, x, q) -> None:
+    if x is not None and x.device != q.device:
+        _fail(f"{name} is on {x.device} but q is on {q.device}; all tensors of a call must be "
+              "on the same device")
+
+
+def _index_tensor(name: str, x, q, shape: Optional[tuple] = None, dims: int = 1) -> None:
+    """int32 index tensors: cu_seqlens_*, seqused_k, block_table, scheduler_metadata."""
+    _tensor(name, x)
+    _same_device(name, x, q)
+    if x.dtype != torch.int32:
+        raise FlashAttnTypeError(f"{name} must have dtype torch.int32, got {x.dtype}; "
+                                 f"convert it with {name}.to(torch.int32)")
+    if x.dim() != dims:
+        _fail(f"{name} must be {dims}-D, got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != shape:
+        _fail(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if dims == 1 and not x.is_contiguous():
+        _fail(f"{name} must be contiguous; pass {name}.contiguous()")
+    if dims == 2 and x.stride(-1) != 1:
+        _fail(f"{name} must have a contiguous last dimension (stride 1); pass {name}.contiguous()")
+
+
+def check_q_device(q, device_type: str) -> None:
+    if q.device.type != device_type:
+        _fail(f"q is on {q.device}, but FlashAttention runs on {device_type.upper()} devices; move "
+              f"q, k, v and the index tensors to the GPU (e.g. q.to('{device_type}'))")
+
+
+def check_varlen_call(
+    version: int,
+    comp: ComponentInfo,
+    device_type: str,
+    *,
+    q, k, v,
+    max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+    cu_seqlens_k, seqused_k, q_v,
+    dropout_p, causal, window, softcap, alibi_slopes,
+    block_table, out, scheduler_metadata,
+    q_descale, k_descale, v_descale,
+    num_splits, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k,
+) -> CallShape:
+    """Raise FlashAttnInputError/FlashAttnTypeError for anything ``version`` cannot run."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q)):
+        _tensor(name, x)
+    optional = (("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k), ("q_v", q_v),
+                ("alibi_slopes", alibi_slopes), ("block_table", block_table), ("out", out),
+                ("scheduler_metadata", scheduler_metadata), ("q_descale", q_descale),
+                ("k_descale", k_descale), ("v_descale", v_descale), ("s_aux", s_aux),
+                ("cp_tot_seqused_k", cp_tot_seqused_k))
+    for name, x in optional:
+        _tensor(name, x, optional=True)
+
+    # Device: q decides, everything else follows it.
+    check_q_device(q, device_type)
+    for name, x in (("k", k), ("v", v)) + optional:
+        _same_device(name, x, q)
+
+    # Dtypes.
+    qname = dtype_name(q.dtype)
+    problem = dtype_problem(version, comp, qname, shown=str(q.dtype))
+    if problem:
+        raise FlashAttnTypeError(f"q: {problem}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise FlashAttnTypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v "
+                                     "must have the same dtype")
+    fp8 = qname == "e4m3"
+
+    # KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched (FA3).
+    paged = block_table is not None
+    if paged and (seqused_k is None or cu_seqlens_k is not None):
+        _fail("block_table (paged KV cache) needs seqused_k (the KV length of each sequence) "
+              "and no cu_seqlens_k")
+    if cu_seqlens_k is None and seqused_k is None:
+        _fail("pass cu_seqlens_k (packed K/V) or seqused_k (with block_table for a paged cache); "
+              "got neither")
+    if cu_seqlens_k is not None and seqused_k is not None:
+        _fail("pass either cu_seqlens_k or seqused_k, not both")
+    if version == 2 and not paged and cu_seqlens_k is None:
+        # FA2 takes K offsets from cu_seqlens_k unless the cache is paged.
+        _fail("FA2 needs cu_seqlens_k for an unpaged K/V (it says where each sequence starts); "
+              "seqused_k alone is only valid with block_table")
+
+    # Shapes.
+    if q.dim() != 3:
+        _fail(f"q must be 3-D (total_q, num_heads, head_size), got shape {tuple(q.shape)}")
+    total_q, num_heads, head_size = q.shape
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+        _fail("cu_seqlens_q must be 1-D with batch_size + 1 >= 2 entries, got shape "
+              f"{tuple(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    _index_tensor("cu_seqlens_q", cu_seqlens_q, q)
+    kv_dims = 4 if (paged or cu_seqlens_k is None) else 3
+    layout = {3: "(total_k, num_heads_k, head_size)",
+              4: "(num_blocks, block_size, num_heads_k, head_size)" if paged
+              else "(batch_size, seqlen_k, num_heads_k, head_size)"}[kv_dims]
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != kv_dims:
+            _fail(f"{name} must be {kv_dims}-D {layout} here, got shape {tuple(x.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        _fail(f"k and v must agree in all but the last dimension, got {tuple(k.shape)} and "
+              f"{tuple(v.shape)}")
+    num_heads_k = k.shape[-2]
+    head_size_v = v.shape[-1]
+    if k.shape[-1] != head_size:
+        _fail(f"k has head size {k.shape[-1]} but q has {head_size}; they must match")
+    if num_heads_k == 0 or num_heads % num_heads_k:
+        _fail(f"q has {num_heads} heads and k/v have {num_heads_k}; the number of q heads must be "
+              "a multiple of the number of k/v heads (GQA/MQA)")
+    problem = head_size_problem(version, comp, head_size, head_size_v, qname)
+    if problem:
+        _fail(problem)
+    if cu_seqlens_k is not None:
+        _index_tensor("cu_seqlens_k", cu_seqlens_k, q, shape=(batch + 1,))
+    if seqused_k is not None:
+        _index_tensor("seqused_k", seqused_k, q, shape=(batch,))
+    if paged:
+        _index_tensor("block_table", block_table, q, dims=2)
+        if block_table.shape[0] != batch:
+            _fail(f"block_table has {block_table.shape[0]} rows but cu_seqlens_q describes {batch} "
+                  "sequences; it needs one row per sequence")
+        if version == 2 and k.shape[1] % 16:
+            _fail(f"FA2 needs a paged KV block size divisible by 16, got {k.shape[1]}")
+        if version == 3:
+            _feature(comp, "paged")
+    elif kv_dims == 4 and k.shape[0] != batch:
+        _fail(f"k/v hold {k.shape[0]} sequences but cu_seqlens_q describes {batch}")
+
+    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
+
+    # Output buffer: written in place, so never silently copied.
+    if out is not None:
+        want = torch.bfloat16 if fp8 else q.dtype
+        if out.dtype != want:
+            raise FlashAttnTypeError(f"out has dtype {out.dtype}; it must be {want}"
+                                     + (" (FP8 attention writes bf16)" if fp8 else " like q"))
+        if tuple(out.shape) != (total_q, num_heads, head_size_v):
+            _fail(f"out must have shape {(total_q, num_heads, head_size_v)}, got {tuple(out.shape)}")
+        if out.stride(-1) != 1:
+            _fail("out must have a contiguous last dimension (stride 1)")
+
+    # Options.
+    if float(dropout_p) != 0.0:
+        _fail(f"dropout_p must be 0.0: these kernels are inference-only and built without dropout "
+              f"(got {dropout_p})")
+    if softcap < 0:
+        _fail(f"softcap must be >= 0 (0 turns it off), got {softcap}")
+    num_splits = _integer("num_splits", num_splits)
+    cp_world_size = _integer("cp_world_size", cp_world_size, minimum=1)
+    cp_rank = _integer("cp_rank", cp_rank)
+
+    if version == 2:
+        _check_fa2_only(num_heads, batch, q, alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v,
+                        num_splits=num_splits, scheduler_metadata=scheduler_metadata,
+                        cp_world_size=cp_world_size)
+    else:
+        _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size_v, fp8,
+                        total_q=total_q, causal=causal, window=window, softcap=softcap,
+                        alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v, num_splits=num_splits,
+                        scheduler_metadata=scheduler_metadata,
+                        descales=(("q_descale", q_descale), ("k_descale", k_descale),
+                                  ("v_descale", v_descale)),
+                        cp_world_size=cp_world_size, cp_rank=cp_rank,
+                        cp_tot_seqused_k=cp_tot_seqused_k)
+    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)
+
+
+def _feature(comp: ComponentInfo, feature: str) -> None:
+    problem = feature_problem(comp, feature)
+    if problem:
+        _fail(problem)
+
+
+def _check_fa2_only(num_heads, batch, q, *, alibi_slopes, s_aux, q_v, num_splits,
+                    scheduler_metadata, cp_world_size) -> None:
+    if s_aux is not None:
+        _fail("s_aux (attention sinks) needs FA3; FA2 has no sinks support")
+    if q_v is not None:
+        _fail("q_v needs FA3; FA2 does not support it")
+    if num_splits > 1:
+        _fail(f"FA2 does not take num_splits > 1 (got {num_splits}); pass 0 for its heuristic")
+    if scheduler_metadata is not None:
+        _fail("scheduler_metadata comes from get_scheduler_metadata and is FA3-only; pass None "
+              "with FA2")
+    if cp_world_size != 1:
+        _fail("context parallelism (cp_world_size > 1) needs FA3")
+    if alibi_slopes is not None:
+        if alibi_slopes.dtype != torch.float32:
+            raise FlashAttnTypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+        if tuple(alibi_slopes.shape) not in ((num_heads,), (batch, num_heads)):
+            _fail(f"alibi_slopes must have shape ({num_heads},) or ({batch}, {num_heads}), got "
+                  f"{tuple(alibi_slopes.shape)}")
+        if alibi_slopes.stride(-1) != 1:
+            _fail("alibi_slopes must have a contiguous last dimension (stride 1)")
+
+
+def _is_local(window, causal) -> bool:
+    # Same normalisation as FA3's mha_fwd, minus its clamping to the batch's max seqlen:
+    # a sliding-window model needs the local kernels whatever the current batch looks like.
+    left, right = window
+    if causal:
+        right = 0
+    is_causal = left < 0 and right == 0
+    return (left >= 0 or right >= 0) and not is_causal
+
+
+def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size_v, fp8, *,
+                    total_q, causal, window, softcap, alibi_slopes, s_aux, q_v, num_splits,
+                    scheduler_metadata, descales, cp_world_size, cp_rank, cp_tot_seqused_k) -> None:
+    if alibi_slopes is not None:
+        _fail("ALiBi (alibi_slopes) is not supported by FA3; pass fa_version=2 or leave "
+              "fa_version=None so the selector picks FA2")
+    if softcap > 0:
+        _feature(comp, "softcap")
+    if _is_local(window, causal):
+        _feature(comp, "local")
+    if num_splits > 1:
+        _feature(comp, "split")
+        if num_splits > 256:
+            _fail(f"FA3 supports num_splits up to 256, got {num_splits}")
+    if scheduler_metadata is not None:
+        _index_tensor("scheduler_metadata", scheduler_metadata, q)
+    if fp8:
+        for name, d in descales:
+            if d is None:
+                continue
+            if d.dtype != torch.float32:
+                raise FlashAttnTypeError(f"{name} must be float32, got {d.dtype}")
+            if tuple(d.shape) != (batch, num_heads_k):
+                _fail(f"{name} must have shape (num_seqs, num_kv_heads) = {(batch, num_heads_k)}, "
+                      f"got {tuple(d.shape)}; expand a per-tensor scale with "
+                      f"scale.expand({batch}, {num_heads_k}) or use make_fp8_descales")
+    if s_aux is not None:
+        if s_aux.dtype != torch.bfloat16:
+            raise FlashAttnTypeError(f"s_aux must be bfloat16, got {s_aux.dtype}")
+        if tuple(s_aux.shape) != (num_heads,):
+            _fail(f"s_aux must have shape ({num_heads},) (one sink per q head), got "
+                  f"{tuple(s_aux.shape)}")
+        if not s_aux.is_contiguous():
+            _fail("s_aux must be contiguous")
+        if num_heads > 64:
+            _fail(f"FA3 supports s_aux with at most 64 q heads, got {num_heads}")
+        if head_size != head_size_v:
+            _fail("FA3 does not support s_aux with different Q/K and V head sizes")
+    if q_v is not None:
+        if head_size > 64 or head_size_v < 256:
+            _fail("q_v needs a Q/K head size <= 64 and a V head size >= 256, got "
+                  f"{head_size} and {head_size_v}")
+        if fp8 or q_v.dtype != q.dtype:
+            raise FlashAttnTypeError(f"q_v must have q's dtype, fp16 or bf16; got {q_v.dtype}")
+        if tuple(q_v.shape) != (total_q, num_heads, head_size_v):
+            _fail(f"q_v must have shape {(total_q, num_heads, head_size_v)}, got {tuple(q_v.shape)}")
+        if q_v.stride(-1) != 1:
+            _fail("q_v must have a contiguous last dimension (stride 1)")
+    if cp_world_size == 1 and cp_rank != 0:
+        _fail(f"cp_rank must be 0 without context parallelism (cp_world_size=1), got {cp_rank}")
+    if cp_world_size > 1:
+        if cp_tot_seqused_k is None:
+            _fail("context parallelism (cp_world_size > 1) needs cp_tot_seqused_k")
+        if cp_rank >= cp_world_size:
+            _fail(f"cp_rank must be < cp_world_size ({cp_world_size}), got {cp_rank}")
+        if _is_local(window, causal):
+            _fail("sliding-window attention is not supported with context parallelism")
+    if cp_tot_seqused_k is not None:
+        _index_tensor("cp_tot_seqused_k", cp_tot_seqused_k, q, shape=(batch,))
