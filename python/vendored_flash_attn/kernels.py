@@ -113,7 +113,7 @@ def head_size_problem(
 
 def dtype_problem(version: int, info: ComponentInfo, dtype: Optional[str], shown: str = "") -> Optional[str]:
     """Why this wheel cannot run ``dtype`` (a build-info name) with ``version``."""
-    shown = shown or str(dtype)
+    shown = shown or _torch_names([str(dtype)])[0]
     supported = FA2_DTYPES if version == 2 else FA3_DTYPES
     if dtype not in supported:
         extra = "; FP8 (float8_e4m3fn) needs FA3 on a Hopper GPU" if (version == 2 and dtype == "e4m3") else ""

@@ -53,7 +53,7 @@ def resolve_device_index(device=None) -> tuple[Optional[int], Optional[str]]:
     env = current_environment()
     count = env.device_count()
     if count == 0:
-        return None, f"no {env.device_type.upper()} GPU is visible to this process"
+        return None, "no CUDA GPU is visible to this process"
     if device is None:
         index = env.current_device()
     elif isinstance(device, int):
@@ -62,11 +62,11 @@ def resolve_device_index(device=None) -> tuple[Optional[int], Optional[str]]:
         import torch
 
         dev = torch.device(device)
-        if dev.type != env.device_type:
-            return None, f"device {dev} is not a {env.device_type.upper()} device"
+        if dev.type not in ("cuda", env.device_type):  # device_type differs only in tests
+            return None, f"device {dev} is not a CUDA device"
         index = env.current_device() if dev.index is None else dev.index
     if not 0 <= index < count:
-        return None, f"there is no {env.device_type} device {index} ({count} visible)"
+        return None, f"there is no CUDA device {index} ({count} visible)"
     return index, None
 
 

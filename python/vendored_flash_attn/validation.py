@@ -117,7 +117,7 @@ def check_varlen_call(
 
     # Dtypes.
     qname = dtype_name(q.dtype)
-    problem = dtype_problem(version, comp, qname, shown=str(q.dtype))
+    problem = dtype_problem(version, comp, qname, shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
     for name, x in (("k", k), ("v", v)):

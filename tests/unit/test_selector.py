@@ -1,0 +1,217 @@
+"""The version selector over a table of machines, builds and requests."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from conftest import ADA, AMPERE, BLACKWELL, BLACKWELL_12, HOPPER, TURING, make_build
+from vendored_flash_attn import selector
+from vendored_flash_attn.environment import SystemEnvironment, set_environment
+from vendored_flash_attn.errors import FlashAttnFallbackWarning
+
+NO_FP16_FA3 = make_build("full", fa3={"dtypes": ["bf16", "e4m3"]})
+FA3_128_ONLY = make_build("full", fa3={"head_dims": [128]})
+NO_FA3 = make_build("full", fa3={"built": False, "reason": "nvcc 12.2 is older than 12.3"})
+NO_E4M3 = make_build("full", fa3={"dtypes": ["bf16", "fp16"]})
+NO_HDIMDIFF = make_build("full", fa3={"features": ["paged", "split"]})
+LOAD_ERROR = "ImportError: undefined symbol: _ZN5flash12run_mha_fwd"
+
+# (id, capabilities, VLLM_FLASH_ATTN_VERSION, build, module errors, request) ->
+#     (version, reason fragment, warning fragment or None)
+CASES = [
+    ("hopper-default", HOPPER, None, "full", {}, {}, 3, "default for compute capability 9.0", None),
+    ("hopper-minimal", HOPPER, None, "minimal", {}, {}, 3, "FA3 is built and loads", None),
+    ("ampere-default", AMPERE, None, "full", {}, {}, 2, "default for compute capability 8.0", None),
+    ("ada-default", ADA, None, "full", {}, {}, 2, "sm_90a only", None),
+    ("blackwell-default", BLACKWELL, None, "full", {}, {}, 2, "compute capability 10.0", None),
+    ("blackwell12-default", BLACKWELL_12, None, "full", {}, {}, 2, "compute capability 12.0", None),
+    ("env-2-on-hopper", HOPPER, "2", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=2", None),
+    ("env-3-on-hopper", HOPPER, "3", "full", {}, {}, 3, "VLLM_FLASH_ATTN_VERSION=3", None),
+    ("env-empty-is-unset", HOPPER, " ", "full", {}, {}, 3, "default", None),
+    ("env-3-on-ampere", AMPERE, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "sm_90a only"),
+    ("env-3-on-ada", ADA, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "compute capability 8.9"),
+    ("env-3-on-blackwell", BLACKWELL, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "10.0"),
+    ("env-3-on-blackwell12", BLACKWELL_12, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "12.0"),
+    ("alibi-on-hopper", HOPPER, None, "full", {}, {"requires_alibi": True}, 2, "default", "ALiBi"),
+    ("alibi-env-3", HOPPER, "3", "full", {}, {"requires_alibi": True}, 2, "=3", "ALiBi"),
+    ("alibi-on-ampere", AMPERE, None, "full", {}, {"requires_alibi": True}, 2, "default", None),
+    ("head-size-not-in-fa3", HOPPER, None, FA3_128_ONLY, {}, {"head_size": 256}, 2, "default",
+     "larger than the largest FA3 head dim"),
+    ("head-size-rounds-up-fa3", HOPPER, None, FA3_128_ONLY, {}, {"head_size": 64}, 3, "default", None),
+    ("head-size-nowhere", HOPPER, None, "minimal", {}, {"head_size": 256}, None, "hdim256", "FA3 cannot serve"),
+    ("head-size-odd", AMPERE, None, "full", {}, {"head_size": 36}, None, "multiples of 8", None),
+    ("head-size-72-fa2", AMPERE, None, "full", {}, {"head_size": 72}, 2, "default", None),
+    ("dtype-not-in-fa3", HOPPER, None, NO_FP16_FA3, {}, {"dtype": torch.float16}, 2, "default",
+     "no FA3 kernels for float16"),
+    ("dtype-nowhere", HOPPER, None, "minimal", {}, {"dtype": torch.float16}, None,
+     "no FA2 kernels for float16", "no FA3 kernels for float16"),
+    ("fp8-hopper", HOPPER, None, "full", {}, {"dtype": torch.float8_e4m3fn}, 3, "default", None),
+    ("fp8-ampere", AMPERE, None, "full", {}, {"dtype": torch.float8_e4m3fn}, None, "FP8", None),
+    ("fp8-not-built", HOPPER, None, NO_E4M3, {}, {"dtype": "fp8"}, None, "FA2 supports dtypes",
+     "no FA3 kernels for float8_e4m3fn"),
+    ("float32-nowhere", HOPPER, None, "full", {}, {"dtype": torch.float32}, None, "got float32",
+     "FA3 supports dtypes"),
+    ("hdimdiff-hopper", HOPPER, None, "full", {}, {"head_size": 192, "head_size_v": 128}, 3, "default", None),
+    ("hdimdiff-not-built", HOPPER, None, NO_HDIMDIFF, {}, {"head_size": 192, "head_size_v": 128},
+     None, "same head size for V", "hdimdiff"),
+    ("sinks-hopper", HOPPER, None, "full", {}, {"has_sinks": True}, 3, "default", None),
+    ("sinks-ampere", AMPERE, None, "full", {}, {"has_sinks": True}, None, "sinks", None),
+    ("fa3-fails-to-import", HOPPER, None, "full", {3: LOAD_ERROR}, {}, 2, "failed to import",
+     "FA3 is built but unusable"),
+    ("fa3-fails-env-3", HOPPER, "3", "full", {3: LOAD_ERROR}, {}, 2, "=3", "failed to import"),
+    ("fa3-not-built", HOPPER, None, NO_FA3, {}, {}, 2, "built without FA3: nvcc 12.2", None),
+    ("fa2-fails-to-import", AMPERE, None, "full", {2: LOAD_ERROR}, {}, None, "undefined symbol", None),
+    ("both-fail-hopper", HOPPER, None, "full", {2: LOAD_ERROR, 3: LOAD_ERROR}, {}, None,
+     "FA2 cannot be used", "FA3 is built but unusable"),
+    ("turing", TURING, None, "full", {}, {}, None, "compute capability 7.5", None),
+    ("no-gpu", None, None, "full", {}, {}, None, "no CUDA GPU is visible", None),
+    ("no-gpu-env-3", None, "3", "full", {}, {}, None, "no CUDA GPU", None),
+    ("no-build-info", HOPPER, None, None, {}, {}, None, "build_info.json is missing", None),
+]
+
+
+def _fallback_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, FlashAttnFallbackWarning)]
+
+
+@pytest.mark.parametrize(
+    "caps, env_value, build, errors, request_, version, reason, warning",
+    [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_selector_table(describe, caps, env_value, build, errors, request_, version, reason, warning):
+    describe(caps=() if caps is None else (caps,), build=build, module_errors=errors,
+             env={} if env_value is None else {"VLLM_FLASH_ATTN_VERSION": env_value})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        selection = selector.select_flash_attn_version(**request_)
+        again = selector.get_flash_attn_version(**request_)
+    assert selection.version == version
+    assert again == version
+    assert reason in selection.reason
+    emitted = _fallback_warnings(record)
+    if warning is None:
+        assert emitted == [] and selection.fallbacks == ()
+    else:
+        # Exactly one warning, even though the question was asked twice.
+        assert len(emitted) == 1, emitted
+        assert warning in emitted[0]
+        assert selection.fallbacks == (emitted[0],)
+
+
+def test_one_warning_per_distinct_reason(describe):
+    describe(caps=(HOPPER,), build=FA3_128_ONLY)
+    with pytest.warns(FlashAttnFallbackWarning, match="ALiBi") as record:
+        for _ in range(3):
+            assert selector.get_flash_attn_version(requires_alibi=True) == 2
+            assert selector.get_flash_attn_version(requires_alibi=True, head_size=128) == 2
+    assert len(_fallback_warnings(record)) == 1
+    with pytest.warns(FlashAttnFallbackWarning, match="head dim") as record:
+        selector.get_flash_attn_version(head_size=256)
+        selector.get_flash_attn_version(head_size=256)
+    assert len(_fallback_warnings(record)) == 1
+
+
+@pytest.mark.parametrize("value", ["4", "1", "fa3", "3.0", "v2", "2,3", "-1"])
+def test_invalid_env_value_raises_without_gpu(describe, value):
+    describe(caps=(), env={"VLLM_FLASH_ATTN_VERSION": value})
+    with pytest.raises(ValueError, match="VLLM_FLASH_ATTN_VERSION"):
+        selector.get_flash_attn_version()
+    with pytest.raises(ValueError, match=f"VLLM_FLASH_ATTN_VERSION={value!r}"):
+        selector.select_flash_attn_version(requires_alibi=True, head_size=128)
+
+
+def test_invalid_env_value_raises_on_this_machine(monkeypatch):
+    # The real probe, on the CPU-only test machine.
+    set_environment(SystemEnvironment())
+    monkeypatch.setenv("VLLM_FLASH_ATTN_VERSION", "three")
+    with pytest.raises(ValueError, match="VLLM_FLASH_ATTN_VERSION='three'.*set it to 2 or 3"):
+        selector.get_flash_attn_version()
+    monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION")
+    if not torch.cuda.is_available():
+        assert selector.get_flash_attn_version() is None
+        assert "no CUDA GPU" in selector.flash_attn_version_reason()
+
+
+def test_per_device_answers(describe):
+    describe(caps=(AMPERE, HOPPER))
+    assert selector.get_flash_attn_version(device=0) == 2
+    assert selector.get_flash_attn_version(device=1) == 3
+    assert selector.get_flash_attn_version(device="cuda:1") == 3
+    assert selector.get_flash_attn_version(device=torch.device("cuda", 0)) == 2
+    assert selector.get_flash_attn_version() == 2  # current device is 0
+    missing = selector.select_flash_attn_version(device=5)
+    assert missing.version is None and "no CUDA device 5 (2 visible)" in missing.reason
+
+
+def test_supported_and_reason(describe):
+    describe(caps=(AMPERE,))
+    assert selector.is_fa_version_supported(2)
+    assert selector.fa_version_unsupported_reason(2) is None
+    assert not selector.is_fa_version_supported(3)
+    assert "sm_90a only" in selector.fa_version_unsupported_reason(3)
+    # vLLM probes FA4 on newer GPUs: an answer, not an error.
+    assert not selector.is_fa_version_supported(4)
+    assert "FA4" in selector.fa_version_unsupported_reason(4)
+    with pytest.raises(ValueError, match="must be 2 or 3"):
+        selector.is_fa_version_supported(1)
+
+
+def test_supported_without_gpu_or_build(describe):
+    describe(caps=())
+    assert "no CUDA GPU" in selector.fa_version_unsupported_reason(2)
+    describe(caps=(HOPPER,), build=None)
+    assert not selector.is_fa_version_supported(3)
+    assert "build_info.json is missing" in selector.fa_version_unsupported_reason(3)
+
+
+@pytest.mark.parametrize("caps, build, expected", [
+    (HOPPER, "full", True), (HOPPER, "minimal", True), (HOPPER, NO_E4M3, False),
+    (AMPERE, "full", False), (BLACKWELL, "full", False), (None, "full", False),
+])
+def test_supports_fp8(describe, caps, build, expected):
+    describe(caps=() if caps is None else (caps,), build=build)
+    assert selector.flash_attn_supports_fp8() is expected
+
+
+def test_supports_fp8_follows_env_override(describe):
+    describe(caps=(HOPPER,), env={"VLLM_FLASH_ATTN_VERSION": "2"})
+    assert selector.flash_attn_supports_fp8() is False
+
+
+def test_module_import_is_cached(describe):
+    machine = describe(caps=(HOPPER,))
+    for _ in range(5):
+        selector.get_flash_attn_version()
+        selector.get_flash_attn_version(head_size=128)
+        selector.is_fa_version_supported(3)
+    # Selections are cached; the support query asks the environment (whose real
+    # implementation caches the import) but never re-selects.
+    assert machine.load_calls.count(2) <= 1
+
+
+def test_system_environment_probes_once(monkeypatch):
+    calls = []
+
+    def fake_import(version, name):
+        calls.append(name)
+        return "ImportError: nope"
+
+    machine = SystemEnvironment()
+    monkeypatch.setattr("vendored_flash_attn.environment._import_module", fake_import)
+    assert machine.load_module(3) == "ImportError: nope"
+    assert machine.load_module(3) == "ImportError: nope"
+    assert len(calls) == 1
+    capability_calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda index: capability_calls.append(index) or (9, 0))
+    assert machine.capability(0) == (9, 0) and machine.capability(0) == (9, 0)
+    assert capability_calls == [0]
+
+
+def test_missing_module_is_reported_not_raised():
+    from vendored_flash_attn.environment import _import_module
+
+    error = _import_module(3, "_no_such_module")
+    assert error.startswith("ModuleNotFoundError") and "_no_such_module" in error
