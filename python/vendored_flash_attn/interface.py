@@ -99,7 +99,7 @@ def get_scheduler_metadata(
     if headdim_v is None:
         headdim_v = headdim
     name = dtype_name(qkv_dtype)
-    problem = dtype_problem(3, comp, name, shown=str(qkv_dtype)) or head_size_problem(
+    problem = dtype_problem(3, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
         3, comp, int(headdim), int(headdim_v), name)
     if problem:
         raise FlashAttnInputError(f"get_scheduler_metadata: {problem}")
