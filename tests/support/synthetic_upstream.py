@@ -1,0 +1,538 @@
+"""A synthetic upstream for hermetic build tests.
+
+Two local git repositories with the layout and file naming of the pinned
+upstream (vllm-project/flash-attention: FA2 in csrc/flash_attn, FA3 in hopper/;
+NVIDIA/cutlass: include/), but tiny kernels: every instantiation file defines
+the same symbols upstream's does, each backed by a one-line CUDA kernel, and
+the dispatchers reference those symbols under the same FLASHATTENTION_* switches.
+So a build whose file list and defines disagree fails exactly like the real one
+would (an undefined symbol at import), in seconds instead of an hour.
+
+The op registrations use the torch stable ABI like upstream, so the modules
+load with `import torch` first on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+FA2_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+FA2_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
+FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
+FA3_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
+# variant suffix -> (Split, PagedKVNonTMA, Has_softcap, PackGQA), as upstream's generate_kernels.py
+FA3_VARIANTS = {
+    "": (False, False, False, False),
+    "softcap": (False, False, True, False),
+    "packgqa": (False, False, False, True),
+    "softcap_packgqa": (False, False, True, True),
+    "split": (True, False, False, True),
+    "split_softcap": (True, False, True, True),
+    "paged": (False, True, False, True),
+    "paged_softcap": (False, True, True, True),
+    "paged_split": (True, True, False, True),
+    "paged_split_softcap": (True, True, True, True),
+}
+FA3_HDIMDIFF = {"64_256": (64, 256, ("bf16", "fp16")), "64_512": (64, 512, ("bf16", "fp16")),
+                "192_128": (192, 128, ("bf16", "fp16", "e4m3"))}
+
+REGISTRATION_H = r"""#pragma once
+#include <Python.h>
+#define _CONCAT(A, B) A##B
+#define CONCAT(A, B) _CONCAT(A, B)
+#define _STRINGIFY(A) #A
+#define STRINGIFY(A) _STRINGIFY(A)
+#define STABLE_TORCH_LIBRARY_EXPAND(NAME, MODULE) STABLE_TORCH_LIBRARY(NAME, MODULE)
+#define STABLE_TORCH_LIBRARY_IMPL_EXPAND(NAME, KEY, MODULE) STABLE_TORCH_LIBRARY_IMPL(NAME, KEY, MODULE)
+#define REGISTER_EXTENSION(NAME)                                               \
+  PyMODINIT_FUNC CONCAT(PyInit_, NAME)() {                                     \
+    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,                 \
+                                        STRINGIFY(NAME), nullptr, 0, nullptr}; \
+    return PyModule_Create(&module);                                           \
+  }
+"""
+
+NAMESPACE_CONFIG_H = """#pragma once
+#ifndef FLASH_NAMESPACE
+#define FLASH_NAMESPACE flash
+#endif
+"""
+
+FA2_FLASH_H = """#pragma once
+#include "namespace_config.h"
+#include <cuda.h>
+#include <cuda_runtime.h>
+namespace FLASH_NAMESPACE {
+struct Flash_fwd_params { int d; bool is_bf16; bool is_causal; int num_splits; float *out; };
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream);
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_splitkv_dispatch(Flash_fwd_params &params, cudaStream_t stream);
+}  // namespace FLASH_NAMESPACE
+"""
+
+FA2_FLASH_SPARSE_H = """#pragma once
+#include "flash.h"
+namespace FLASH_NAMESPACE {
+struct Flash_fwd_params_sparse : public Flash_fwd_params { int nnz; };
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_sparse_(Flash_fwd_params_sparse &params, cudaStream_t stream);
+}  // namespace FLASH_NAMESPACE
+"""
+
+FA2_STATIC_SWITCH_H = """#pragma once
+#define BOOL_SWITCH(COND, CONST_NAME, ...) [&] { if (COND) { constexpr static bool CONST_NAME = true; return __VA_ARGS__(); } \\
+  else { constexpr static bool CONST_NAME = false; return __VA_ARGS__(); } }()
+#define FP16_SWITCH(COND, ...) [&] { if (COND) { using elem_type = cutlass::half_t; return __VA_ARGS__(); } \\
+  else { using elem_type = cutlass::bfloat16_t; return __VA_ARGS__(); } }()
+#define HEADDIM_SWITCH(HEADDIM, ...) [&] { \\
+  if (HEADDIM <= 32) { constexpr static int kHeadDim = 32; return __VA_ARGS__(); } \\
+  else if (HEADDIM <= 64) { constexpr static int kHeadDim = 64; return __VA_ARGS__(); } \\
+  else if (HEADDIM <= 96) { constexpr static int kHeadDim = 96; return __VA_ARGS__(); } \\
+  else if (HEADDIM <= 128) { constexpr static int kHeadDim = 128; return __VA_ARGS__(); } \\
+  else if (HEADDIM <= 192) { constexpr static int kHeadDim = 192; return __VA_ARGS__(); } \\
+  else { constexpr static int kHeadDim = 256; return __VA_ARGS__(); } }()
+"""
+
+FA2_LAUNCH_TEMPLATE_H = """#pragma once
+#include <cutlass/numeric_types.h>
+#include "flash.h"
+namespace FLASH_NAMESPACE {
+template<int Headdim, bool Is_causal, int Kind>
+__global__ void tiny_fwd_kernel(float *out) { if (out) { out[threadIdx.x] = float(Headdim * 4 + Is_causal * 2 + Kind); } }
+template<typename T, int Headdim, bool Is_causal>
+void run_mha_fwd_hdim(Flash_fwd_params &params, cudaStream_t stream) {
+    tiny_fwd_kernel<Headdim, Is_causal, 0><<<1, 32, 0, stream>>>(params.out);
+}
+template<typename T, int Headdim, bool Is_causal>
+void run_mha_fwd_splitkv_align(Flash_fwd_params &params, cudaStream_t stream) {
+    tiny_fwd_kernel<Headdim, Is_causal, 1><<<1, 32, 0, stream>>>(params.out);
+}
+template<typename T, int Headdim, bool Is_causal>
+void run_mha_fwd_splitkv_dispatch(Flash_fwd_params &params, cudaStream_t stream) {
+    run_mha_fwd_splitkv_align<T, Headdim, Is_causal>(params, stream);
+}
+}  // namespace FLASH_NAMESPACE
+"""
+
+FA2_SPARSE_LAUNCH_TEMPLATE_H = """#pragma once
+#include "flash_fwd_launch_template.h"
+#include "flash_sparse.h"
+"""
+
+FA2_FLASH_API_CPP = """#include <cutlass/numeric_types.h>
+#include "namespace_config.h"
+#include "flash.h"
+#include "static_switch.h"
+namespace FLASH_NAMESPACE {
+void run_mha_fwd(Flash_fwd_params &params, cudaStream_t stream, bool force_split_kernel) {
+    FP16_SWITCH(!params.is_bf16, [&] {
+        HEADDIM_SWITCH(params.d, [&] {
+            BOOL_SWITCH(params.is_causal, Is_causal, [&] {
+                if (params.num_splits <= 1 && !force_split_kernel) {
+                    run_mha_fwd_<elem_type, kHeadDim, Is_causal>(params, stream);
+                } else {
+                    run_mha_fwd_splitkv_dispatch<elem_type, kHeadDim, Is_causal>(params, stream);
+                }
+            });
+        });
+    });
+}
+}  // namespace FLASH_NAMESPACE
+"""
+
+FA2_FLASH_API_SPARSE_CPP = """#include <cutlass/numeric_types.h>
+#include "namespace_config.h"
+#include "flash_sparse.h"
+#include "static_switch.h"
+namespace FLASH_NAMESPACE {
+void run_mha_fwd_sparse(Flash_fwd_params_sparse &params, cudaStream_t stream) {
+    FP16_SWITCH(!params.is_bf16, [&] {
+        constexpr static int kHeadDim = 128;
+        BOOL_SWITCH(params.is_causal, Is_causal, [&] {
+            run_mha_fwd_sparse_<elem_type, kHeadDim, Is_causal>(params, stream);
+        });
+    });
+}
+}  // namespace FLASH_NAMESPACE
+"""
+
+FA2_TORCH_LIB_CPP = """#include "namespace_config.h"
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include "registration.h"
+#include "flash_sparse.h"
+using torch::stable::Tensor;
+namespace FLASH_NAMESPACE {
+void run_mha_fwd(Flash_fwd_params &params, cudaStream_t stream, bool force_split_kernel);
+void run_mha_fwd_sparse(Flash_fwd_params_sparse &params, cudaStream_t stream);
+Tensor varlen_fwd(Tensor q, int64_t head_dim, bool is_bf16, bool is_causal, int64_t num_splits, bool sparse) {
+    Flash_fwd_params_sparse params{};
+    params.d = static_cast<int>(head_dim);
+    params.is_bf16 = is_bf16;
+    params.is_causal = is_causal;
+    params.num_splits = static_cast<int>(num_splits);
+    params.out = static_cast<float *>(q.data_ptr());
+    if (sparse) { run_mha_fwd_sparse(params, nullptr); } else { run_mha_fwd(params, nullptr, false); }
+    return q;
+}
+}  // namespace FLASH_NAMESPACE
+STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+    ops.def("varlen_fwd(Tensor! q, int head_dim, bool is_bf16, bool is_causal, int num_splits, bool sparse) -> Tensor");
+}
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
+    ops.impl("varlen_fwd", TORCH_BOX(&FLASH_NAMESPACE::varlen_fwd));
+}
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
+"""
+
+FA3_FLASH_H = """#pragma once
+#include <cuda_runtime.h>
+struct Flash_fwd_params { int d; int dv; bool is_bf16; bool is_e4m3; int num_splits; bool paged; float softcap; bool pack_gqa; float *out; };
+template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, bool Has_softcap, bool PackGQA>
+void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream);
+template <typename T, typename Tpartial, int kBlockK>
+void run_mha_fwd_combine_(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+void prepare_varlen_num_blocks(Flash_fwd_params &params, cudaStream_t stream, bool packgqa, int blockM, int blockN, bool enable_pdl);
+"""
+
+FA3_LAUNCH_TEMPLATE_H = """#pragma once
+#include <cutlass/numeric_types.h>
+#include "flash.h"
+template <int kHeadDim, int kHeadDimV, int Flags>
+__global__ void tiny_fa3_kernel(float *out) { if (out) { out[threadIdx.x] = float(kHeadDim + kHeadDimV + Flags); } }
+template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, bool Has_softcap, bool PackGQA>
+void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {
+    static_assert(Arch == 90, "sm90 only");
+    tiny_fa3_kernel<kHeadDim, kHeadDimV, Split * 8 + PagedKVNonTMA * 4 + Has_softcap * 2 + PackGQA><<<1, 32, 0, stream>>>(params.out);
+}
+"""
+
+FA3_STATIC_SWITCH_H = """#pragma once
+#define BOOL_SWITCH(COND, CONST_NAME, ...) [&] { if (COND) { constexpr static bool CONST_NAME = true; return __VA_ARGS__(); } \\
+  else { constexpr static bool CONST_NAME = false; return __VA_ARGS__(); } }()
+#define FALSE_SWITCH(COND, CONST_NAME, ...) [&] { constexpr static bool CONST_NAME = false; return __VA_ARGS__(); }()
+#ifdef FLASHATTENTION_DISABLE_SOFTCAP
+  #define SOFTCAP_SWITCH FALSE_SWITCH
+#else
+  #define SOFTCAP_SWITCH BOOL_SWITCH
+#endif
+#ifdef FLASHATTENTION_DISABLE_PAGEDKV
+  #define PAGEDKV_SWITCH FALSE_SWITCH
+#else
+  #define PAGEDKV_SWITCH BOOL_SWITCH
+#endif
+#ifdef FLASHATTENTION_DISABLE_SPLIT
+  #define SPLIT_SWITCH FALSE_SWITCH
+#else
+  #define SPLIT_SWITCH BOOL_SWITCH
+#endif
+#define PACKGQA_SWITCH BOOL_SWITCH
+"""
+
+FA3_COMBINE_CU = """#include <cutlass/numeric_types.h>
+#include "flash.h"
+template <int kBlockK> __global__ void tiny_combine_kernel(float *out) { if (out) { out[threadIdx.x] = float(kBlockK); } }
+template <typename T, typename Tpartial, int kBlockK>
+void run_mha_fwd_combine_(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl) {
+    tiny_combine_kernel<kBlockK><<<1, 32, 0, stream>>>(params.out);
+}
+template void run_mha_fwd_combine_<float, float, 64>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+template void run_mha_fwd_combine_<float, float, 128>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+template void run_mha_fwd_combine_<cutlass::half_t, float, 64>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+template void run_mha_fwd_combine_<cutlass::half_t, float, 128>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+template void run_mha_fwd_combine_<cutlass::bfloat16_t, float, 64>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+template void run_mha_fwd_combine_<cutlass::bfloat16_t, float, 128>(Flash_fwd_params &params, cudaStream_t stream, bool enable_pdl);
+"""
+
+FA3_PREPARE_SCHEDULER_CU = """#include "flash.h"
+__global__ void tiny_prepare_kernel(float *out) { if (out) { out[threadIdx.x] = 1.0f; } }
+void prepare_varlen_num_blocks(Flash_fwd_params &params, cudaStream_t stream, bool packgqa, int blockM, int blockN, bool enable_pdl) {
+    tiny_prepare_kernel<<<1, 32, 0, stream>>>(params.out);
+}
+"""
+
+FA3_TORCH_LIB_CPP = """#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include "registration.h"
+#include "flash.h"
+using torch::stable::Tensor;
+void run_mha_fwd(Flash_fwd_params &params, cudaStream_t stream);
+Tensor fwd(Tensor q, int64_t head_dim, int64_t head_dim_v, int64_t dtype, bool paged, int64_t num_splits, double softcap) {
+    Flash_fwd_params params{};
+    params.d = static_cast<int>(head_dim);
+    params.dv = static_cast<int>(head_dim_v);
+    params.is_bf16 = dtype == 0;
+    params.is_e4m3 = dtype == 2;
+    params.paged = paged;
+    params.num_splits = static_cast<int>(num_splits);
+    params.softcap = static_cast<float>(softcap);
+    params.out = static_cast<float *>(q.data_ptr());
+    run_mha_fwd(params, nullptr);
+    return q;
+}
+STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+    ops.def("fwd(Tensor! q, int head_dim, int head_dim_v, int dtype, bool paged, int num_splits, float softcap) -> Tensor");
+}
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
+    ops.impl("fwd", TORCH_BOX(&fwd));
+}
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
+"""
+
+CUTLASS_NUMERIC_TYPES_H = """#pragma once
+#include <cstdint>
+namespace cutlass {
+struct bfloat16_t { uint16_t storage; };
+struct half_t { uint16_t storage; };
+struct float_e4m3_t { uint8_t storage; };
+}  // namespace cutlass
+"""
+
+
+def _fa2_instantiations() -> dict[str, str]:
+    files: dict[str, str] = {}
+    head = '#include "namespace_config.h"\n#include "flash_fwd_launch_template.h"\n\nnamespace FLASH_NAMESPACE {\n\n'
+    for hdim in FA2_HEAD_DIMS:
+        for dtype, ctype in FA2_DTYPES.items():
+            for causal in (False, True):
+                c = "true" if causal else "false"
+                suffix = "_causal" if causal else ""
+                args = f"{ctype}, {hdim}, {c}"
+                sig = "(Flash_fwd_params &params, cudaStream_t stream)"
+                files[f"flash_fwd_hdim{hdim}_{dtype}{suffix}_sm80.cu"] = (
+                    f"{head}template<>\nvoid run_mha_fwd_<{args}>{sig} {{\n"
+                    f"    run_mha_fwd_hdim<{args}>(params, stream);\n}}\n\n}} // namespace FLASH_NAMESPACE\n")
+                files[f"flash_fwd_split_hdim{hdim}_{dtype}{suffix}_sm80.cu"] = (
+                    f"{head}extern template void run_mha_fwd_splitkv_align<{args}>{sig};\n\n"
+                    f"template void run_mha_fwd_splitkv_dispatch<{args}>{sig};\n\n}} // namespace FLASH_NAMESPACE\n")
+                files[f"flash_fwd_split_align_hdim{hdim}_{dtype}{suffix}_sm80.cu"] = (
+                    f"{head}template void run_mha_fwd_splitkv_align<{args}>{sig};\n\n}} // namespace FLASH_NAMESPACE\n")
+                if hdim == 128:
+                    sparse_head = head.replace("flash_fwd_launch_template.h", "flash_fwd_sparse_launch_template.h")
+                    files[f"flash_fwd_sparse_hdim{hdim}_{dtype}{suffix}_sm80.cu"] = (
+                        f"{sparse_head}template<>\nvoid run_mha_fwd_sparse_<{args}>"
+                        "(Flash_fwd_params_sparse &params, cudaStream_t stream) {\n"
+                        f"    run_mha_fwd_hdim<{args}>(params, stream);\n}}\n\n}} // namespace FLASH_NAMESPACE\n")
+    return files
+
+
+def _fa3_instantiation(name: str, dtype: str, hdim: int, hdimv: int, variant: str) -> tuple[str, str]:
+    split, paged, softcap, packgqa = (str(b).lower() for b in FA3_VARIANTS[variant])
+    tail = f"_{variant}" if variant else ""
+    filename = f"flash_fwd_hdim{name}_{dtype}{tail}_sm90.cu"
+    text = (
+        '#include "flash_fwd_launch_template.h"\n\n'
+        f"#ifndef FLASHATTENTION_DISABLE_HDIM{hdim}\n"
+        f"template void run_mha_fwd_<90, {FA3_DTYPES[dtype]}, {hdim}, {hdimv}, {split}, {paged}, {softcap}, {packgqa}>"
+        "(Flash_fwd_params &params, cudaStream_t stream);\n#endif\n")
+    return filename, text
+
+
+def _fa3_instantiations() -> dict[str, str]:
+    files: dict[str, str] = {}
+    for dtype in FA3_DTYPES:
+        for hdim in FA3_HEAD_DIMS:
+            for variant in FA3_VARIANTS:
+                name, text = _fa3_instantiation(str(hdim), dtype, hdim, hdim, variant)
+                files[name] = text
+    for name, (hdim, hdimv, dtypes) in FA3_HDIMDIFF.items():
+        for dtype in dtypes:
+            for variant in FA3_VARIANTS:
+                fname, text = _fa3_instantiation(name, dtype, hdim, hdimv, variant)
+                files[fname] = text
+    return files
+
+
+def _fa3_dispatch_block(ctype: str, fp8: bool) -> str:
+    """The per-dtype head-dim dispatch, with upstream's #ifndef switches."""
+    call = lambda h, hv, pack: (  # noqa: E731
+        f"return run_mha_fwd_<90, {ctype}, {h}, {hv}, Split, PagedKVNonTMA, Has_softcap, {pack}>(params, stream);")
+    lines = ["#ifndef FLASHATTENTION_DISABLE_HDIM64", "if (params.d <= 64) {"]
+    if not fp8:
+        lines += ["#ifndef FLASHATTENTION_DISABLE_HDIMDIFF64",
+                  f"if (params.dv > 256) {{ {call(64, 512, 'PackGQA_HDIMDIFF')} }}",
+                  f"if (params.dv > 64) {{ {call(64, 256, 'PackGQA_HDIMDIFF')} }}",
+                  "#endif"]
+    lines += [call(64, 64, "PackGQA"), "}", "#endif"]
+    for h in (96, 128):
+        lines += [f"#ifndef FLASHATTENTION_DISABLE_HDIM{h}", f"if (params.d <= {h}) {{ {call(h, h, 'PackGQA')} }}", "#endif"]
+    lines += ["#ifndef FLASHATTENTION_DISABLE_HDIM192", "if (params.d <= 192) {",
+              "#ifndef FLASHATTENTION_DISABLE_HDIMDIFF192",
+              f"if (params.dv <= 128) {{ {call(192, 128, 'PackGQA_HDIMDIFF')} }}",
+              "#endif", call(192, 192, "PackGQA"), "}", "#endif",
+              "#ifndef FLASHATTENTION_DISABLE_HDIM256", f"if (params.d <= 256) {{ {call(256, 256, 'PackGQA')} }}", "#endif"]
+    return "\n".join(lines)
+
+
+def _fa3_flash_api_cpp() -> str:
+    return f"""#include <cutlass/numeric_types.h>
+#include <torch/headeronly/util/Exception.h>
+#include "flash.h"
+#include "static_switch.h"
+void run_mha_fwd(Flash_fwd_params &params, cudaStream_t stream) {{
+    SPLIT_SWITCH(params.num_splits > 1, Split, [&] {{
+        PAGEDKV_SWITCH(params.paged, PagedKVNonTMA, [&] {{
+            PACKGQA_SWITCH(params.pack_gqa, PackGQA_, [&] {{
+                #ifdef FLASHATTENTION_PACKGQA_ONLY
+                static constexpr bool PackGQA = true;
+                #else
+                static constexpr bool PackGQA = PackGQA_ || PagedKVNonTMA || Split;
+                #endif
+                static constexpr bool PackGQA_HDIMDIFF = PackGQA_ || PagedKVNonTMA || Split;
+                SOFTCAP_SWITCH(params.softcap > 0.0, Has_softcap, [&] {{
+                    if (!params.is_e4m3) {{
+                        if (params.is_bf16) {{
+{_fa3_dispatch_block("cutlass::bfloat16_t", fp8=False)}
+                        }} else {{
+                            #ifndef FLASHATTENTION_DISABLE_FP16
+{_fa3_dispatch_block("cutlass::half_t", fp8=False)}
+                            #else
+                            STD_TORCH_CHECK(false, "This flash attention build does not support FP16.");
+                            #endif
+                        }}
+                    }} else {{
+                        #ifndef FLASHATTENTION_DISABLE_FP8
+{_fa3_dispatch_block("cutlass::float_e4m3_t", fp8=True)}
+                        #else
+                        STD_TORCH_CHECK(false, "This flash attention build does not support FP8.");
+                        #endif
+                    }}
+                }});
+            }});
+        }});
+    }});
+    #ifndef FLASHATTENTION_DISABLE_SPLIT
+    if (params.num_splits > 1) {{
+        if (params.is_bf16) {{ run_mha_fwd_combine_<cutlass::bfloat16_t, float, 128>(params, stream, false); }}
+        else {{ run_mha_fwd_combine_<cutlass::half_t, float, 64>(params, stream, false); }}
+        run_mha_fwd_combine_<float, float, 64>(params, stream, false);
+    }}
+    #endif
+    prepare_varlen_num_blocks(params, stream, true, 128, 128, false);
+}}
+"""
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "synthetic", "GIT_AUTHOR_EMAIL": "synthetic@example.invalid",
+           "GIT_COMMITTER_NAME": "synthetic", "GIT_COMMITTER_EMAIL": "synthetic@example.invalid",
+           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+           "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(cwd)}
+    out = subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def flash_attention_files() -> dict[str, str]:
+    files = {
+        "CMakeLists.txt": "# synthetic upstream: built by vendored-flash-attn's own CMake\n",
+        "csrc/common/registration.h": REGISTRATION_H,
+        "csrc/flash_attn/flash_api.cpp": FA2_FLASH_API_CPP,
+        "csrc/flash_attn/flash_api_sparse.cpp": FA2_FLASH_API_SPARSE_CPP,
+        "csrc/flash_attn/flash_api_torch_lib.cpp": FA2_TORCH_LIB_CPP,
+        "csrc/flash_attn/src/namespace_config.h": NAMESPACE_CONFIG_H,
+        "csrc/flash_attn/src/flash.h": FA2_FLASH_H,
+        "csrc/flash_attn/src/flash_sparse.h": FA2_FLASH_SPARSE_H,
+        "csrc/flash_attn/src/static_switch.h": FA2_STATIC_SWITCH_H,
+        "csrc/flash_attn/src/flash_fwd_launch_template.h": FA2_LAUNCH_TEMPLATE_H,
+        "csrc/flash_attn/src/flash_fwd_sparse_launch_template.h": FA2_SPARSE_LAUNCH_TEMPLATE_H,
+        "hopper/flash.h": FA3_FLASH_H,
+        "hopper/static_switch.h": FA3_STATIC_SWITCH_H,
+        "hopper/flash_fwd_launch_template.h": FA3_LAUNCH_TEMPLATE_H,
+        "hopper/flash_api.cpp": _fa3_flash_api_cpp(),
+        "hopper/flash_api_torch_lib.cpp": FA3_TORCH_LIB_CPP,
+        "hopper/flash_fwd_combine.cu": FA3_COMBINE_CU,
+        "hopper/flash_prepare_scheduler.cu": FA3_PREPARE_SCHEDULER_CU,
+        # Large files the build never reads stay out of the sparse checkout.
+        "assets/big_figure.bin": "x" * 4096,
+    }
+    files.update({f"csrc/flash_attn/src/{k}": v for k, v in _fa2_instantiations().items()})
+    files.update({f"hopper/instantiations/{k}": v for k, v in _fa3_instantiations().items()})
+    return files
+
+
+def cutlass_files() -> dict[str, str]:
+    return {
+        "include/cutlass/cutlass.h": "#pragma once\n#define CUTLASS_SYNTHETIC 1\n",
+        "include/cutlass/numeric_types.h": CUTLASS_NUMERIC_TYPES_H,
+        "include/cute/tensor.hpp": "#pragma once\n",
+        "media/large.bin": "y" * 4096,
+    }
+
+
+@dataclass
+class SyntheticUpstream:
+    """Handles to the two synthetic repositories and their pinned commits."""
+
+    root: Path
+    flash_attention: Path
+    cutlass: Path
+    fa_commit: str
+    cutlass_commit: str
+
+    @property
+    def fa_url(self) -> str:
+        return self.flash_attention.as_uri()
+
+    @property
+    def cutlass_url(self) -> str:
+        return self.cutlass.as_uri()
+
+    def write_pin(self, path: Path, *, fa_tag: str = "", fa_commit: str | None = None,
+                  fa_url: str | None = None, cutlass_url: str | None = None) -> Path:
+        """A pin file in the real pin's format, naming the synthetic repositories."""
+        real_pin = json.loads((Path(__file__).parents[2] / "vendor/flash-attention/pin.json").read_text())
+        pin = {
+            "flash_attention": dict(real_pin["flash_attention"], url=fa_url or self.fa_url,
+                                    commit=fa_commit or self.fa_commit, tag=fa_tag),
+            "cutlass": dict(real_pin["cutlass"], url=cutlass_url or self.cutlass_url,
+                            commit=self.cutlass_commit, tag=""),
+        }
+        path.write_text(json.dumps(pin, indent=2))
+        return path
+
+    def new_fa_commit(self, message: str = "another commit") -> str:
+        """A second commit on flash-attention (for moved tags and other-commit sources)."""
+        readme = self.flash_attention / "README.md"
+        readme.write_text(readme.read_text() + message + "\n" if readme.exists() else message + "\n")
+        _git(self.flash_attention, "add", "README.md")
+        _git(self.flash_attention, "commit", "-q", "-m", message)
+        return _git(self.flash_attention, "rev-parse", "HEAD")
+
+    def tag_fa(self, tag: str, commit: str) -> None:
+        _git(self.flash_attention, "tag", "-f", tag, commit)
+
+
+def make_synthetic_upstream(root: Path) -> SyntheticUpstream:
+    root.mkdir(parents=True, exist_ok=True)
+    cutlass = root / "cutlass"
+    cutlass.mkdir()
+    _git(cutlass, "init", "-q", "-b", "main")
+    _write_tree(cutlass, cutlass_files())
+    _git(cutlass, "add", "-A")
+    _git(cutlass, "commit", "-q", "-m", "synthetic cutlass")
+    cutlass_commit = _git(cutlass, "rev-parse", "HEAD")
+
+    fa = root / "flash-attention"
+    fa.mkdir()
+    _git(fa, "init", "-q", "-b", "main")
+    _write_tree(fa, flash_attention_files())
+    _git(fa, "add", "-A")
+    # CUTLASS as a submodule at csrc/cutlass, like upstream (a gitlink only).
+    _git(fa, "update-index", "--add", "--cacheinfo", f"160000,{cutlass_commit},csrc/cutlass")
+    (fa / ".gitmodules").write_text('[submodule "csrc/cutlass"]\n\tpath = csrc/cutlass\n\turl = ../cutlass\n')
+    _git(fa, "add", ".gitmodules")
+    _git(fa, "commit", "-q", "-m", "synthetic flash-attention")
+    fa_commit = _git(fa, "rev-parse", "HEAD")
+    # Serve filters and by-commit fetches as a hosted remote would.
+    for repo in (fa, cutlass):
+        _git(repo, "config", "uploadpack.allowFilter", "true")
+        _git(repo, "config", "uploadpack.allowAnySHA1InWant", "true")
+    return SyntheticUpstream(root, fa, cutlass, fa_commit, cutlass_commit)
