@@ -1,0 +1,186 @@
+"""The exact arguments handed to the ops, against fake ops with the upstream schemas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from calls import descales, paged_call, varlen_call
+from conftest import AMPERE, HOPPER
+from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata, make_fp8_descales
+
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+
+
+def same(a, b) -> bool:
+    """The op saw this very tensor (same storage and layout), not a copy."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
+def test_fa2_varlen(describe, fake_ops):
+    describe(caps=(AMPERE,))
+    call = varlen_call()
+    out = torch.empty(6, 8, 128, dtype=BF16)
+    alibi = torch.rand(8)
+    result, lse = flash_attn_varlen_func(**call, out=out, causal=True, window_size=[63, 0], softcap=5.0,
+                                         alibi_slopes=alibi, return_softmax_lse=True)
+    args = fake_ops.last("varlen_fwd")
+    for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"):
+        assert same(args[name], call[name]), name
+    assert same(args["out"], out) and same(args["alibi_slopes"], alibi)
+    assert args["seqused_k"] is None and args["leftpad_k"] is None and args["block_table"] is None
+    assert (args["max_seqlen_q"], args["max_seqlen_k"]) == (4, 7)
+    assert args["p_dropout"] == 0.0 and args["zero_tensors"] is False
+    assert args["softmax_scale"] == pytest.approx(128 ** -0.5)
+    assert args["is_causal"] is True
+    assert (args["window_size_left"], args["window_size_right"]) == (63, 0)
+    assert args["softcap"] == 5.0 and args["return_softmax"] is False
+    assert args["num_splits"] == 0 and args["gen"] is None
+    assert result.shape == (6, 8, 128) and lse.shape == (8, 6)
+
+
+def test_fa2_paged_gets_defined_cu_seqlens_k(describe, fake_ops):
+    describe(caps=(AMPERE,))
+    call = paged_call()
+    flash_attn_varlen_func(**call, softmax_scale=0.125, num_splits=1)
+    args = fake_ops.last("varlen_fwd")
+    assert same(args["block_table"], call["block_table"]) and same(args["seqused_k"], call["seqused_k"])
+    # FA2 reads cu_seqlens_k[b] and [b+1] even when paged; it must be defined memory.
+    cu_k = args["cu_seqlens_k"]
+    assert cu_k.dtype == torch.int32 and cu_k.shape == (3,) and cu_k.is_contiguous()
+    assert torch.equal(cu_k, torch.zeros(3, dtype=torch.int32))
+    assert args["softmax_scale"] == 0.125 and args["num_splits"] == 1
+    assert (args["window_size_left"], args["window_size_right"]) == (-1, -1)
+
+
+def test_fa2_ignores_descales_of_16bit_inputs(describe, fake_ops):
+    # vLLM passes k/v descales on every call, FP8 or not; for bf16 data they mean nothing.
+    describe(caps=(AMPERE,))
+    flash_attn_varlen_func(**paged_call(), **descales(), fa_version=2)
+    assert "q_descale" not in fake_ops.last("varlen_fwd")
+
+
+def test_fa3_paged(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    call = paged_call()
+    sinks = torch.zeros(8, dtype=BF16)
+    metadata = torch.zeros(9, dtype=torch.int32)
+    out = flash_attn_varlen_func(**call, causal=True, window_size=(-1, -1), softcap=0.0, s_aux=sinks,
+                                 scheduler_metadata=metadata, num_splits=3)
+    args = fake_ops.last("fwd")
+    for name in ("q", "k", "v", "cu_seqlens_q", "seqused_k"):
+        assert same(args[name], call[name]), name
+    assert same(args["page_table"], call["block_table"])
+    assert same(args["s_aux"], sinks) and same(args["scheduler_metadata"], metadata)
+    for name in ("k_new", "v_new", "q_v", "out", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q",
+                 "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin", "seqlens_rotary",
+                 "q_descale", "k_descale", "v_descale", "pack_gqa", "cp_tot_seqused_k"):
+        assert args[name] is None, name
+    assert (args["max_seqlen_q"], args["max_seqlen_k"]) == (4, 20)
+    assert args["softmax_scale"] == pytest.approx(128 ** -0.5) and args["is_causal"] is True
+    assert (args["window_size_left"], args["window_size_right"]) == (-1, -1)
+    assert args["softcap"] == 0.0 and args["is_rotary_interleaved"] is True
+    assert args["num_splits"] == 3 and args["sm_margin"] == 0
+    assert (args["cp_world_size"], args["cp_rank"]) == (1, 0)
+    assert isinstance(out, torch.Tensor) and out.shape == (6, 8, 128)
+
+
+def test_fa3_varlen_hdimdiff(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    call = varlen_call(d=192, dv=128)
+    out, lse = flash_attn_varlen_func(**call, return_softmax_lse=True)
+    args = fake_ops.last("fwd")
+    assert same(args["cu_seqlens_k"], call["cu_seqlens_k"]) and args["seqused_k"] is None
+    assert args["page_table"] is None
+    assert args["softmax_scale"] == pytest.approx(192 ** -0.5)
+    assert out.shape == (6, 8, 128)
+
+
+def test_fa3_fp8_passes_descales_with_their_strides(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    call = paged_call(FP8)
+    q_descale, k_descale, v_descale = make_fp8_descales(None, torch.tensor(0.5), torch.tensor([1.0, 2.0]),
+                                                        num_seqs=2, num_kv_heads=2)
+    out = torch.empty(6, 8, 128, dtype=BF16)
+    flash_attn_varlen_func(**call, out=out, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    args = fake_ops.last("fwd")
+    assert args["q"].dtype == FP8 and same(args["out"], out)
+    assert same(args["q_descale"], q_descale) and args["q_descale"].stride() == (0, 0)
+    assert same(args["k_descale"], k_descale)
+    assert same(args["v_descale"], v_descale) and args["v_descale"].stride() == (0, 1)
+
+
+def test_fa3_fp8_with_only_some_descales(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    d = descales()
+    flash_attn_varlen_func(**paged_call(FP8), k_descale=d["k_descale"])
+    args = fake_ops.last("fwd")
+    assert args["q_descale"] is None and args["v_descale"] is None
+    assert same(args["k_descale"], d["k_descale"])
+
+
+def test_fa3_drops_descales_of_16bit_inputs(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    flash_attn_varlen_func(**paged_call(), **descales())
+    args = fake_ops.last("fwd")
+    assert args["q_descale"] is None and args["k_descale"] is None and args["v_descale"] is None
+
+
+@pytest.mark.parametrize("caps, kwargs, op", [
+    ((HOPPER,), {}, "fwd"),
+    ((AMPERE,), {}, "varlen_fwd"),
+    ((HOPPER,), {"alibi_slopes": torch.rand(8)}, "varlen_fwd"),
+])
+def test_fa_version_none_asks_the_selector(describe, fake_ops, caps, kwargs, op):
+    describe(caps=caps)
+    with pytest.warns() if kwargs else _nothing():
+        flash_attn_varlen_func(**paged_call(), **kwargs)
+    assert [name for name, _ in fake_ops.calls] == [op]
+
+
+def test_env_override_applies_to_calls(describe, fake_ops):
+    describe(caps=(HOPPER,), env={"VLLM_FLASH_ATTN_VERSION": "2"})
+    flash_attn_varlen_func(**paged_call())
+    assert [name for name, _ in fake_ops.calls] == ["varlen_fwd"]
+
+
+def test_strided_qkv_are_made_contiguous_like_upstream(describe, fake_ops):
+    describe(caps=(AMPERE,))
+    call = varlen_call()
+    call["q"] = torch.randn(6, 8, 256, dtype=BF16)[..., ::2]
+    flash_attn_varlen_func(**call)
+    q = fake_ops.last("varlen_fwd")["q"]
+    assert q.stride(-1) == 1 and torch.equal(q, call["q"])
+
+
+def test_get_scheduler_metadata(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    seqlens = torch.tensor([5, 20], dtype=torch.int32)
+    cu_q = torch.tensor([0, 2, 6], dtype=torch.int32)
+    result = get_scheduler_metadata(2, 4, 20, 8, 2, 128, seqlens, qkv_dtype=FP8, cu_seqlens_q=cu_q,
+                                    page_size=16, causal=True, window_size=(127, 0), has_softcap=True,
+                                    num_splits=2, pack_gqa=True, sm_margin=4)
+    args = fake_ops.last("get_scheduler_metadata")
+    assert (args["batch_size"], args["max_seqlen_q"], args["max_seqlen_k"], args["num_heads"],
+            args["num_heads_k"], args["headdim"], args["headdim_v"]) == (2, 4, 20, 8, 2, 128, 128)
+    assert args["qkv_dtype"] == FP8
+    assert same(args["seqused_k"], seqlens) and same(args["cu_seqlens_q"], cu_q)
+    assert args["cu_seqlens_k"] is None and args["seqused_q"] is None and args["leftpad_k"] is None
+    assert args["page_size"] == 16 and args["max_seqlen_k_new"] == 0 and args["is_causal"] is True
+    assert (args["window_size_left"], args["window_size_right"]) == (127, 0)
+    assert args["has_softcap"] is True and args["num_splits"] == 2
+    assert args["pack_gqa"] is True and args["sm_margin"] == 4
+    assert result.dtype == torch.int32
+
+
+class _nothing:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
