@@ -1,0 +1,71 @@
+"""``python -m vendored_flash_attn info``: text and JSON reports, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import AMPERE, HOPPER, make_build
+from vendored_flash_attn import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_report_with_two_gpus(describe, capsys):
+    describe(caps=(AMPERE, HOPPER), module_errors={3: "ImportError: libcuda.so.1: cannot open"})
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "upstream flash-attention: 617264c1c7955c9e84817654ebeedff069f3c5f1 (matches pin: yes)" in text
+    assert "FA2: _vendored_fa2_C  archs sm_80, compute_80  head dims 32, 64, 96, 128, 192, 256" in text
+    assert "FA3: _vendored_fa3_C  archs sm_90a" in text
+    assert "compiler cache: sccache (enabled)" in text
+    assert "FA2 module: loads" in text
+    assert "FA3 module: does not load: ImportError: libcuda.so.1" in text
+    assert "cuda:0 GPU 0 (compute capability 8.0): FA2" in text
+    assert "cuda:1 GPU 1 (compute capability 9.0): FA2" in text
+    assert "fallback: FA3 is built but unusable on GPU 1" in text
+
+
+def test_json_report(describe, capsys):
+    describe(caps=(HOPPER,), build=make_build("minimal"), env={"VLLM_FLASH_ATTN_VERSION": "2"})
+    assert cli.main(["info", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["build"]["preset"] == "minimal"
+    assert report["build"]["fa3"]["features"] == ["paged", "split", "local"]
+    assert report["modules"]["fa3"] == {"built": True, "loads": True, "error": None}
+    assert report["environment"]["VLLM_FLASH_ATTN_VERSION"] == "2"
+    [device] = report["devices"]
+    assert device["selected"] == 2 and device["reason"] == "VLLM_FLASH_ATTN_VERSION=2"
+    assert device["unsupported"] == {"fa2": None, "fa3": None}
+
+
+def test_no_gpu_and_bad_env_is_reported_not_raised(describe, capsys):
+    describe(caps=(), env={"VLLM_FLASH_ATTN_VERSION": "auto"})
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "CONFIG ERROR: VLLM_FLASH_ATTN_VERSION='auto'" in text
+    assert "none visible" in text
+
+
+def test_missing_build_info_exits_1(describe, capsys):
+    describe(caps=(), build=None)
+    assert cli.main(["info", "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["build"] is None and "missing" in report["build_error"]
+    assert report["selection"] == {"version": None, "reason": "no CUDA GPU is visible to this process"}
+    assert "no build info" in captured.err
+
+
+def test_module_entry_point_runs_on_this_machine():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    env.pop("VLLM_FLASH_ATTN_VERSION", None)
+    result = subprocess.run([sys.executable, "-m", "vendored_flash_attn", "info"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+    assert "Build info" in result.stdout and "GPUs" in result.stdout
+    if result.returncode == 1:  # a source tree without an installed build_info.json
+        assert "MISSING" in result.stdout and "no build info" in result.stderr
