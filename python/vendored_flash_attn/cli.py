@@ -163,9 +163,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     info = sub.add_parser("info", help="show build info, loadable modules and the version picked per GPU")
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in ("info", "-h", "--help"):
+        argv = ["info", *argv]  # `info` is the default command
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["info", *(argv or [])])
     report = collect()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
