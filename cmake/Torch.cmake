@@ -43,6 +43,9 @@ macro(vfa_find_python_and_torch)
   list(APPEND CMAKE_PREFIX_PATH "${_vfa_torch_prefix}")
 
   vfa_export_cuda_toolkit_root()
+  # torch reads the arch list from the environment; give it ours (its -gencode
+  # list is dropped below anyway, this only keeps its log truthful).
+  set(ENV{TORCH_CUDA_ARCH_LIST} "${TORCH_CUDA_ARCH_LIST}")
   find_package(Torch REQUIRED)
 
   # torch appends its own -gencode list to CMAKE_CUDA_FLAGS; the archs are set
