@@ -1,0 +1,131 @@
+"""Real wheel builds of the synthetic upstream with nvcc: contents, import, and
+compiler-cache hits from a second checkout path and build dir."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import PROJECT, clean_env, run, tool
+
+MODULES = ("_vendored_fa2_C", "_vendored_fa3_C")
+
+
+def checkout_copy(dest: Path) -> Path:
+    """The project's tracked (and new, not ignored) files, as a fresh clone would have them."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=PROJECT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    for rel in listed:
+        src = PROJECT / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(src.read_bytes())
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sccache_env(tmp_path_factory):
+    """A private sccache server (own port, own local cache dir) for this module."""
+    root = tmp_path_factory.mktemp("sccache")
+    env = clean_env(SCCACHE_DIR=str(root / "cache"), SCCACHE_SERVER_PORT=str(free_port()),
+                    SCCACHE_IDLE_TIMEOUT="0", SCCACHE_LOG="", SCCACHE_ERROR_LOG=str(root / "server.log"))
+    yield env
+    run([tool("sccache"), "--stop-server"], env=env)
+
+
+def stats(env) -> dict:
+    out = run([tool("sccache"), "--show-stats", "--stats-format=json"], env=env)
+    assert out.returncode == 0, out.output
+    return json.loads(out.stdout)["stats"]
+
+
+def hit_rate(s: dict) -> tuple[int, int]:
+    hits = sum(s["cache_hits"]["counts"].values())
+    misses = sum(s["cache_misses"]["counts"].values())
+    return hits, misses
+
+
+def build_wheel(project: Path, out: Path, env: dict, knobs: dict[str, str]) -> tuple[Path, str]:
+    config = [f"-Ccmake.define.{k}={v}" for k, v in knobs.items()]
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
+                  "-w", str(out), *config, "-Cbuild.verbose=true", str(project)], env=env, timeout=3000)
+    assert result.returncode == 0, result.output[-8000:]
+    wheels = list(out.glob("vendored_flash_attn-*.whl"))
+    assert len(wheels) == 1
+    return wheels[0], result.output
+
+
+@pytest.fixture(scope="module")
+def built(synthetic, sccache_env, tmp_path_factory):
+    root = tmp_path_factory.mktemp("wheel")
+    pin = synthetic.write_pin(root / "pin.json")
+    knobs = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(root / "source-cache"), "VFA_PRESET": "minimal"}
+    first_checkout = checkout_copy(root / "checkout-a")
+    wheel, log = build_wheel(first_checkout, root / "dist-a", sccache_env, knobs)
+    first = stats(sccache_env)
+    return {"root": root, "knobs": knobs, "wheel": wheel, "log": log, "first": first}
+
+
+def test_wheel_holds_both_modules_and_the_build_info(built, synthetic):
+    wheel = built["wheel"]
+    assert "-cp310-abi3-" in wheel.name and "linux_x86_64" in wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    for module in MODULES:
+        assert f"vendored_flash_attn/{module}.abi3.so" in names
+    assert "vendored_flash_attn/build_info.json" in names
+    assert "vendored_flash_attn/__init__.py" in names
+    info = json.loads(zipfile.ZipFile(wheel).read("vendored_flash_attn/build_info.json"))
+    assert info["preset"] == "minimal"
+    assert info["upstream"]["commit"] == synthetic.fa_commit and info["upstream"]["matches_pin"] is True
+    assert info["cutlass"]["commit"] == synthetic.cutlass_commit
+    assert info["fa3"]["built"] and info["fa2"]["built"]
+    assert info["compiler_cache"]["enabled"] is True
+    # Nothing of this machine's paths in the package's own record of knobs.
+    assert str(built["root"]) not in json.dumps(info["options"])
+
+
+def test_modules_load_and_register_their_ops(built, tmp_path):
+    site = tmp_path / "site"
+    zipfile.ZipFile(built["wheel"]).extractall(site)
+    code = (
+        "import torch, importlib\n"
+        "for m in ('_vendored_fa2_C', '_vendored_fa3_C'):\n"
+        "    importlib.import_module('vendored_flash_attn.' + m)\n"
+        "print(torch.ops._vendored_fa2_C.varlen_fwd.default._schema)\n"
+        "print(torch.ops._vendored_fa3_C.fwd.default._schema)\n"
+    )
+    result = run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(site)))
+    assert result.returncode == 0, result.output
+    assert "_vendored_fa2_C::varlen_fwd(" in result.stdout
+    assert "_vendored_fa3_C::fwd(" in result.stdout
+
+
+def test_build_prints_compiler_cache_statistics(built):
+    log = built["log"]
+    assert "sccache --show-stats" in log or "Compiler cache statistics" in log, log[-3000:]
+    assert "Compile requests" in log and "Cache hits rate" in log
+
+
+def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, sccache_env):
+    hits_before, misses_before = hit_rate(built["first"])
+    assert misses_before > 0, "the first build must have compiled something"
+    second = checkout_copy(built["root"] / "checkout-b")
+    run([tool("sccache"), "--zero-stats"], env=sccache_env)
+    wheel, _ = build_wheel(second, built["root"] / "dist-b", sccache_env, built["knobs"])
+    hits, misses = hit_rate(stats(sccache_env))
+    assert hits + misses > 0
+    assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"
+    assert wheel.name == built["wheel"].name
