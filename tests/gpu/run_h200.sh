@@ -4,7 +4,7 @@
 # from another checkout path and build dir (warm cache), install the wheel,
 # print its build info, and run the GPU tests with a JUnit report.
 #
-#   tests/gpu/run_h200.sh [build] [test] [bench]      (default: build test)
+#   tests/gpu/run_h200.sh [build] [smoke] [test] [bench]      (default: build test)
 #
 # Environment:
 #   OUT                 where results.tgz (all logs, JSON, reports) and the wheel go
@@ -75,9 +75,13 @@ if [[ -n "${WHEEL:-}" ]]; then
   "$PY" -m pip install -q --no-deps --force-reinstall "$WHEEL"
 fi
 
-if [[ " $STAGES " == *" test "* ]]; then
+if [[ " $STAGES " == *" test "* || " $STAGES " == *" smoke "* ]]; then
   (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$OUT/info.txt"
   (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$OUT/info.json" || true
+  (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") 2>&1 | tee "$OUT/smoke.log"
+fi
+
+if [[ " $STAGES " == *" test "* ]]; then
   # The tests import the installed wheel, not the source tree.
   "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
     --junitxml="$OUT/gpu-junit.xml" -q -rs 2>&1 | tee "$OUT/gpu-tests.log"
