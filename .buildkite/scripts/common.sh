@@ -1,0 +1,57 @@
+# Shared by the pipeline's scripts (sourced, not run).
+# shellcheck shell=bash
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export PYTHONUNBUFFERED=1
+VFA_TORCH_VERSION=${VFA_TORCH_VERSION:-2.14.1}
+export VFA_TORCH_VERSION
+
+# "13.0" -> "130", the tag of PyTorch's per-CUDA wheel index.
+cuda_tag() { echo "${1//./}"; }
+cuda_major() { echo "${1%%.*}"; }
+
+# The manylinux_2_28 CUDA image (PyTorch's wheel builders) for a CUDA version and arch.
+cuda_image() {
+  local cuda=$1 arch=$2
+  case "$arch" in
+    x86_64) echo "pytorch/manylinux2_28-builder:cuda${cuda}" ;;
+    aarch64) echo "pytorch/manylinuxaarch64-builder:cuda${cuda}" ;;
+    *) echo "unknown arch $arch" >&2; return 1 ;;
+  esac
+}
+
+# The index for torch of one CUDA version: $VFA_TORCH_INDEX_BASE/cu<tag> when the
+# agent sets a base, else whatever pip is configured with.
+torch_index_for() {
+  if [ -n "${VFA_TORCH_INDEX_BASE:-}" ]; then
+    echo "${VFA_TORCH_INDEX_BASE%/}/cu$(cuda_tag "$1")"
+  else
+    echo "${VFA_TORCH_INDEX_URL:-}"
+  fi
+}
+
+# A throwaway venv with the project's tools (no torch unless asked).
+tools_venv() {
+  local venv=$1
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "${@:2}"
+}
+
+# Pull requests read the shared cache but never write it.
+cache_mode_for_build() {
+  if [ "${BUILDKITE_PULL_REQUEST:-false}" != "false" ]; then
+    export SCCACHE_S3_RW_MODE=READ_ONLY SCCACHE_REDIS_RW_MODE=READ_ONLY
+    echo "--- compiler cache: read-only (pull request ${BUILDKITE_PULL_REQUEST})"
+  else
+    export SCCACHE_S3_RW_MODE=${SCCACHE_S3_RW_MODE:-READ_WRITE}
+    echo "--- compiler cache: read-write"
+  fi
+  if [ -z "${SCCACHE_BUCKET:-}${SCCACHE_REDIS_ENDPOINT:-}" ]; then
+    echo "^^^ +++"
+    echo "warning: neither SCCACHE_BUCKET nor SCCACHE_REDIS_ENDPOINT is set: the build uses a local cache only" >&2
+  else
+    echo "shared cache: ${SCCACHE_BUCKET:+s3 bucket $SCCACHE_BUCKET ${SCCACHE_S3_KEY_PREFIX:-}}${SCCACHE_REDIS_ENDPOINT:+redis}"
+  fi
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU tests of a built wheel (downloaded as an artifact of the wheel step):
+#   fa2: on the A100 queue, FA2 kernels (the selector must pick FA2 there);
+#   fa3: on the H100/H200 queue, FA3 kernels including FP8 (e4m3).
+#
+#   .buildkite/scripts/gpu-test.sh fa2|fa3 CUDA
+source "$(dirname "$0")/common.sh"
+PART=${1:?usage: gpu-test.sh fa2|fa3 CUDA}
+CUDA=${2:?usage: gpu-test.sh fa2|fa3 CUDA}
+cd "$ROOT"
+rm -rf wheelhouse && mkdir -p wheelhouse
+buildkite-agent artifact download "wheelhouse/cu${CUDA}-x86_64/*.whl" .
+nvidia-smi || true
+index=$(torch_index_for "$CUDA")
+tools_venv .venv-gpu pytest numpy
+.venv-gpu/bin/python -m pip install -q ${index:+--index-url "$index"} "torch==${VFA_TORCH_VERSION}"
+.venv-gpu/bin/python -m pip install -q --no-deps wheelhouse/cu"${CUDA}"-x86_64/*.whl
+# Run from outside the checkout so the installed package, not python/, is imported.
+cd "$(mktemp -d)"
+"$ROOT/.venv-gpu/bin/python" -m vendored_flash_attn info
+"$ROOT/.venv-gpu/bin/python" -m vendored_flash_attn.wheel_check installed \
+  --pin "$ROOT/vendor/flash-attention/pin.json" --cuda-major "$(cuda_major "$CUDA")" --require fa2,fa3
+case "$PART" in
+  # A100: the selector picks FA2 by itself; FA3 tests skip off Hopper.
+  fa2) export VLLM_FLASH_ATTN_VERSION=2 ;;
+  # H100/H200: FA3 with FP8, and the FA2-vs-FA3 smoke check against SDPA.
+  fa3) export VLLM_FLASH_ATTN_VERSION=3
+       "$ROOT/.venv-gpu/bin/python" "$ROOT/tests/gpu/smoke_check.py" ;;
+  *) echo "unknown part $PART (fa2 or fa3)" >&2; exit 2 ;;
+esac
+rc=0
+"$ROOT/.venv-gpu/bin/python" -m pytest "$ROOT/tests/gpu" -m gpu -q -p no:cacheprovider \
+  --junitxml="$ROOT/junit-gpu-$PART.xml" || rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "no GPU test was collected: a GPU step that tests nothing must not pass" >&2
+  exit 1
+fi
+exit "$rc"
