@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Interface overhead: CPU time per call of ``flash_attn_varlen_func`` against calling
+the compiled op directly with the same tensors, and the selector's own cost.
+
+Inputs are decode-sized: 256 sequences x 1 token, 32 query / 8 KV heads, head dim 128,
+paged KV cache (page 16, block_table + seqused_k), bf16. Variants, per call:
+  (a) flash_attn_varlen_func(..., fa_version=3)
+  (b) flash_attn_varlen_func(..., fa_version=None)      (the selector picks)
+  (c) torch.ops._vendored_fa3_C.fwd(...) with exactly the arguments interface.py builds
+  (c') the same through the .default overload (no overload resolution), for reference
+  (d) get_flash_attn_version() and get_flash_attn_version(head_size=128, dtype=bf16)
+and, when FA2 is built, (a2) fa_version=2 against (c2) torch.ops._vendored_fa2_C.varlen_fwd
+(the raw call gets the zeros cu_seqlens_k that the interface makes for a paged cache
+precomputed, so the interface pays for making it, as it does in real use).
+
+Overhead = (a) - (c) and (b) - (c); the bar is <= 5 us per call.
+
+Making CPU time measurable. A decode kernel takes ~0.5 ms on the GPU, far longer than
+the ~10-50 us of Python and C++ host code per call; timed back to back, the launch
+queue fills and every call then waits for the GPU, so wall time per call would be GPU
+time. Two ways around it, both reported:
+  stalled  (default, the headline): before each batch of --batch calls a spin kernel
+           (torch.cuda._sleep) holds the stream for longer than the batch takes to
+           enqueue, so the calls only queue up (--batch x ~3 launches stays far below the
+           launch queue's ~1000 entries) and perf_counter over the batch is pure host time.
+           The JSON records whether the spin kernel was still running when the batch
+           finished enqueueing ("stall held"): if not, that batch is not counted.
+           Realistic context lengths (2048..2175), so the host code takes the same
+           decisions (split heuristics, allocations) as in the kernel benchmark.
+  free     tiny contexts (one 16-token page per sequence) so the kernel itself is a few
+           microseconds; N calls back to back with one synchronize at each end. The GPU
+           time per call is measured too; a row whose GPU time reaches 70% of its host time
+           is flagged as possibly GPU-bound.
+Rounds interleave the variants (a, b, c, ...) so drift in CPU clocks hits all alike;
+the median over rounds is reported. The Python garbage collector is off while timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from common import LLAMA_8B, PAGE_SIZE  # noqa: E402
+
+BAR_US = 5.0
+
+
+class DecodeInputs:
+    def __init__(self, num_seqs: int, ctx_lens: list[int], model=LLAMA_8B, seed: int = 0):
+        import math
+
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        h, hk, d = model.heads_q, model.heads_kv, model.head_dim
+        blocks = [math.ceil(n / PAGE_SIZE) for n in ctx_lens]
+        total = sum(blocks)
+        self.q = torch.randn(num_seqs, h, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.k = torch.randn(total, PAGE_SIZE, hk, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.randn(total, PAGE_SIZE, hk, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        perm = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
+        table = torch.zeros(num_seqs, max(blocks), dtype=torch.int32, device="cuda")
+        start = 0
+        for i, n in enumerate(blocks):
+            table[i, :n] = perm[start:start + n]
+            start += n
+        self.block_table = table
+        self.seqused_k = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
+        self.cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device="cuda")
+        self.cu_seqlens_k_zeros = torch.zeros_like(self.cu_seqlens_q)
+        self.max_seqlen_q = 1
+        self.max_seqlen_k = max(ctx_lens)
+        self.softmax_scale = d ** -0.5
+
+
+def variants(inp: DecodeInputs, fa2: bool) -> dict[str, Callable[[], object]]:
+    import torch
+
+    import vendored_flash_attn as vfa
+    from vendored_flash_attn import flash_attn_varlen_func, get_flash_attn_version
+
+    common_kwargs = dict(max_seqlen_q=inp.max_seqlen_q, cu_seqlens_q=inp.cu_seqlens_q,
+                         max_seqlen_k=inp.max_seqlen_k, seqused_k=inp.seqused_k,
+                         block_table=inp.block_table, causal=True)
+    q, k, v = inp.q, inp.k, inp.v
+    fa3_ops = torch.ops._vendored_fa3_C
+    # The argument list of interface._fa3_forward for this call, in schema order.
+    fa3_args = (
+        q, k, v,
+        None, None,           # k_new, v_new
+        None,                 # q_v
+        None,                 # out
+        inp.cu_seqlens_q,
+        None,                 # cu_seqlens_k
+        None,                 # cu_seqlens_k_new
+        None, inp.seqused_k,  # seqused_q, seqused_k
+        inp.max_seqlen_q, inp.max_seqlen_k,
+        inp.block_table,      # page_table
+        None, None,           # kv_batch_idx, leftpad_k
+        None, None, None,     # rotary
+        None, None, None,     # descales (dropped for bf16 by the interface)
+        float(inp.softmax_scale),
+        True,                 # causal
+        -1, -1,               # window
+        0.0,                  # softcap
+        True,                 # is_rotary_interleaved
+        None,                 # scheduler_metadata
+        0,                    # num_splits
+        None,                 # pack_gqa
+        0,                    # sm_margin
+        None,                 # s_aux
+        1, 0, None,           # cp_world_size, cp_rank, cp_tot_seqused_k
+    )
+    fwd = fa3_ops.fwd
+    fwd_default = fa3_ops.fwd.default
+    out = {
+        "a_interface_fa3": lambda: flash_attn_varlen_func(q, k, v, fa_version=3, **common_kwargs),
+        "b_interface_selector": lambda: flash_attn_varlen_func(q, k, v, **common_kwargs),
+        "c_raw_fa3": lambda: fwd(*fa3_args),
+        "c_raw_fa3_default": lambda: fwd_default(*fa3_args),
+        "d_selector": lambda: get_flash_attn_version(),
+        "d_selector_args": lambda: get_flash_attn_version(head_size=128, dtype=torch.bfloat16),
+    }
+    if fa2:
+        fa2_args = (q, k, v, None, inp.cu_seqlens_q, inp.cu_seqlens_k_zeros, inp.seqused_k, None,
+                    inp.block_table, None, inp.max_seqlen_q, inp.max_seqlen_k, 0.0,
+                    float(inp.softmax_scale), False, True, -1, -1, 0.0, False, 0, None)
+        fa2_fwd = torch.ops._vendored_fa2_C.varlen_fwd
+        out["a2_interface_fa2"] = lambda: flash_attn_varlen_func(q, k, v, fa_version=2, **common_kwargs)
+        out["c2_raw_fa2"] = lambda: fa2_fwd(*fa2_args)
+    del vfa
+    return out
+
+
+def stalled_batch_us(fn: Callable[[], object], batch: int, spin_cycles: int) -> tuple[float, bool]:
+    """Host microseconds per call for one batch queued behind a spin kernel; and whether
+    the spin kernel was still running when the batch was enqueued."""
+    import torch
+
+    torch.cuda._sleep(spin_cycles)
+    spin_done = torch.cuda.Event()
+    spin_done.record()
+    t0 = time.perf_counter()
+    for _ in range(batch):
+        fn()
+    t1 = time.perf_counter()
+    held = not spin_done.query()
+    torch.cuda.synchronize()
+    return (t1 - t0) / batch * 1e6, held
+
+
+def free_run_us(fn: Callable[[], object], n: int) -> tuple[float, float]:
+    """(host us per call over n back-to-back calls with a sync at both ends, GPU us per call)."""
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, start.elapsed_time(end) / n * 1e3
+
+
+def overhead_rows(medians: dict[str, Optional[float]]) -> list[dict]:
+    """Interface minus raw op, per pair present, with the bar's verdict (pure function)."""
+    pairs = [("a_interface_fa3", "c_raw_fa3", "fa_version=3 vs raw FA3 op"),
+             ("b_interface_selector", "c_raw_fa3", "fa_version=None vs raw FA3 op"),
+             ("a2_interface_fa2", "c2_raw_fa2", "fa_version=2 vs raw FA2 op")]
+    rows = []
+    for a, c, label in pairs:
+        if medians.get(a) is None or medians.get(c) is None:
+            continue
+        diff = medians[a] - medians[c]
+        rows.append({"comparison": label, "interface": a, "raw": c, "overhead_us": diff,
+                     "bar_us": BAR_US, "verdict": common.bar_verdict(diff, BAR_US, higher_is_better=False)})
+    return rows
+
+
+def measure(args) -> dict:
+    import torch
+
+    import vendored_flash_attn as vfa
+
+    machine = common.machine_info()
+    build = common.build_info_dict()
+    reason = vfa.fa_version_unsupported_reason(3)
+    if reason is not None:
+        return {"benchmark": "overhead", "machine": machine, "build_info": build,
+                "error": f"FA3 cannot run here: {reason}"}
+    fa2 = vfa.is_fa_version_supported(2) and not args.no_fa2
+    ctx = common.seed_decode_context_lengths(args.num_seqs)
+    results: dict[str, dict] = {}
+    spin_cycles = int(args.spin_ms * 1e-3 * 2.0e9)  # ~2 GHz SM clock; the JSON says if it held
+    for mode in ("stalled", "free"):
+        inp = DecodeInputs(args.num_seqs, ctx if mode == "stalled" else [PAGE_SIZE] * args.num_seqs)
+        fns = variants(inp, fa2)
+        for fn in fns.values():  # warm up: module loads, selector caches, allocator, JIT
+            for _ in range(3):
+                fn()
+        torch.cuda.synchronize()
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        gpu: dict[str, list[float]] = {name: [] for name in fns}
+        dropped: dict[str, int] = {name: 0 for name in fns}
+        unheld: dict[str, list[float]] = {name: [] for name in fns}
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(args.rounds):
+                for name, fn in fns.items():
+                    if mode == "stalled":
+                        us, held = stalled_batch_us(fn, args.batch, spin_cycles)
+                        if held or name.startswith("d_"):  # the selector launches nothing
+                            samples[name].append(us)
+                        else:
+                            dropped[name] += 1
+                            unheld[name].append(us)
+                    else:
+                        us, g = free_run_us(fn, args.calls)
+                        samples[name].append(us)
+                        gpu[name].append(g)
+        finally:
+            gc.enable()
+        mode_rows = {}
+        for name in fns:
+            xs = samples[name]
+            row = {"samples": len(xs), "dropped_batches": dropped[name]}
+            if not xs and unheld[name]:
+                # Every batch outlived the spin kernel: the call waits for the GPU somewhere
+                # (a device sync in the path) or the spin was too short. Report, flagged.
+                xs = unheld[name]
+                row["stall_never_held"] = True
+            row["median_us"] = statistics.median(xs) if xs else None
+            row["min_us"] = min(xs) if xs else None
+            if gpu[name]:
+                row["gpu_us"] = statistics.median(gpu[name])
+                row["gpu_bound_suspect"] = row["gpu_us"] >= 0.7 * row["median_us"]
+            mode_rows[name] = row
+        results[mode] = {
+            "rows": mode_rows,
+            "overhead": overhead_rows({k: v["median_us"] for k, v in mode_rows.items()}),
+            "context": "2048..2175 (seed decode)" if mode == "stalled" else f"{PAGE_SIZE} (one page)",
+        }
+        del inp, fns
+        torch.cuda.empty_cache()
+    return {
+        "benchmark": "overhead",
+        "machine": machine,
+        "build_info": build,
+        "shape": {"num_seqs": args.num_seqs, "query_tokens_per_seq": 1, "heads_q": LLAMA_8B.heads_q,
+                  "heads_kv": LLAMA_8B.heads_kv, "head_dim": LLAMA_8B.head_dim, "page_size": PAGE_SIZE,
+                  "dtype": "bf16"},
+        "settings": {"rounds": args.rounds, "batch": args.batch, "calls": args.calls,
+                     "spin_ms": args.spin_ms, "fa2": fa2},
+        "modes": results,
+        "bar_us": BAR_US,
+        "headline_mode": "stalled",
+    }
+
+
+LABELS = {
+    "a_interface_fa3": "(a) flash_attn_varlen_func fa_version=3",
+    "b_interface_selector": "(b) flash_attn_varlen_func fa_version=None",
+    "c_raw_fa3": "(c) torch.ops._vendored_fa3_C.fwd",
+    "c_raw_fa3_default": "(c') torch.ops._vendored_fa3_C.fwd.default",
+    "d_selector": "(d) get_flash_attn_version()",
+    "d_selector_args": "(d) get_flash_attn_version(head_size, dtype)",
+    "a2_interface_fa2": "(a2) flash_attn_varlen_func fa_version=2",
+    "c2_raw_fa2": "(c2) torch.ops._vendored_fa2_C.varlen_fwd",
+}
+
+
+def print_results(result: dict, plain: bool = False) -> None:
+    if "error" in result:
+        print(f"overhead: {result['error']}")
+        return
+    modes = result["modes"]
+    rows = []
+    for name, label in LABELS.items():
+        if name not in modes["stalled"]["rows"]:
+            continue
+        s, f = modes["stalled"]["rows"][name], modes["free"]["rows"][name]
+        gpu = common.fmt(f.get("gpu_us"), 1)
+        if f.get("gpu_bound_suspect"):
+            gpu += " (GPU-bound?)"
+        rows.append([label, "", common.fmt(s["median_us"], 2), common.fmt(s["min_us"], 2),
+                     common.fmt(f["median_us"], 2), gpu])
+    notes = []
+    for mode in ("stalled", "free"):
+        for o in modes[mode]["overhead"]:
+            notes.append(f"{'BAR ' + o['verdict'] if mode == 'stalled' else '    ' + o['verdict']} "
+                         f"[{mode}] {o['comparison']}: {o['overhead_us']:+.2f} us per call (bar <= {o['bar_us']:.0f} us)")
+    dropped = sum(r["dropped_batches"] for r in modes["stalled"]["rows"].values())
+    if dropped:
+        notes.append(f"{dropped} stalled batches dropped: the spin kernel ended before the batch was "
+                     "enqueued (raise --spin-ms)")
+    common.print_table("Per-call host time, us (stalled: GPU held by a spin kernel; free: tiny kernels)",
+                       ["variant", "", "stalled median", "stalled min", "free median", "free GPU us"],
+                       rows, notes, plain=plain)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for overhead.json")
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per variant (median)")
+    p.add_argument("--batch", type=int, default=64, help="calls per stalled batch")
+    p.add_argument("--calls", type=int, default=500, help="calls per free-running sample")
+    p.add_argument("--spin-ms", type=float, default=40.0, help="spin kernel length before each stalled batch")
+    p.add_argument("--no-fa2", action="store_true", help="skip the FA2 pair")
+    p.add_argument("--plain", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("overhead.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = measure(args)
+    path = common.write_json(args.out / "overhead.json", result)
+    print(f"[overhead] wrote {path}", file=sys.stderr)
+    print_results(result, plain=args.plain)
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
