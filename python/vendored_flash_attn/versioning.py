@@ -4,7 +4,8 @@
 
 * ``base`` is the project's own version (``base-version`` in pyproject.toml's
   ``[[tool.dynamic-metadata]]`` entry for this provider).
-* the upstream commit comes from ``vendor/flash-attention/pin.json``;
+* the upstream commit comes from ``vendor/flash-attention/pin.json`` (or the pin
+  named by ``VFA_PIN_FILE``, as the CMake build reads it);
 * the CUDA major from ``torch.version.cuda`` (read without importing torch),
   else from ``nvcc --version`` (``CUDA_HOME``/``CUDA_PATH`` first, then PATH).
 
@@ -64,8 +65,19 @@ class VersionParts:
     cuda_source: str = ""
 
 
-def upstream_commit(project_dir: Path) -> str:
-    pin_path = Path(project_dir) / PIN_FILE
+def pin_path(project_dir: Path, env: Optional[Mapping[str, str]] = None) -> Path:
+    """The pin the build reads: $VFA_PIN_FILE (as CMake reads it), else the project's."""
+    env = os.environ if env is None else env
+    override = env.get("VFA_PIN_FILE", "").strip()
+    return Path(project_dir) / (override or PIN_FILE)
+
+
+def upstream_commit(project_dir: Path, env: Optional[Mapping[str, str]] = None) -> str:
+    pin_path_ = pin_path(project_dir, env)
+    return _pin_commit(pin_path_)
+
+
+def _pin_commit(pin_path: Path) -> str:
     try:
         pin = json.loads(pin_path.read_text())
         commit = pin["flash_attention"]["commit"]
@@ -173,7 +185,7 @@ def compute(base: str, project_dir: Path, env: Optional[Mapping[str, str]] = Non
         raise VersionSchemeError(f"base-version {base!r} is not a PEP 440 version: {exc}") from exc
     if parsed.local is not None:
         raise VersionSchemeError(f"base-version {base!r} must not carry a local label; the build adds it")
-    commit = upstream_commit(project_dir)
+    commit = upstream_commit(project_dir, env)
     local = want_local(env, from_sdist)
     major, source = (None, "")
     label = None

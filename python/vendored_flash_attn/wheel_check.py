@@ -1,0 +1,380 @@
+"""Release checks for a built wheel (or an installed package).
+
+    python -m vendored_flash_attn.wheel_check all WHEEL [--max-mb N] [--pin PIN] [--cuda-major N] ...
+    python -m vendored_flash_attn.wheel_check size WHEEL --max-mb N
+    python -m vendored_flash_attn.wheel_check symbols WHEEL
+    python -m vendored_flash_attn.wheel_check abi3 WHEEL
+    python -m vendored_flash_attn.wheel_check build-info WHEEL [--pin PIN] [--cuda-major N] [--arch-list L]
+                                                               [--preset P] [--require fa2,fa3]
+    python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
+
+* size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
+  else 400 MB); on failure it lists the largest members.
+* symbols: every compiled module of the wheel loads (``dlopen`` with ``RTLD_NOW``,
+  after ``import torch``) with no undefined symbol, and imports as a Python module.
+* abi3: the wheel is tagged ``cp3X-abi3``, every module is named ``*.abi3.so``, and
+  ``abi3audit --strict`` finds no violation.
+* build-info: ``vendored_flash_attn/build_info.json`` says what was asked for: the
+  pinned upstream and CUTLASS commits, the CUDA major, arch list, preset, the
+  components; and agrees with the wheel's version (its local label).
+
+Each check prints one PASS/FAIL line (details below a failure); the exit status
+is 1 when any failed. Nothing here needs a GPU. Standard library + packaging only,
+plus abi3audit for the abi3 check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+PACKAGE = "vendored_flash_attn"
+BUILD_INFO = f"{PACKAGE}/build_info.json"
+DEFAULT_MAX_MB = 400.0
+ENV_MAX_MB = "VFA_WHEEL_MAX_MB"
+MB = 1024 * 1024
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    summary: str
+    details: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [f"{'PASS' if self.ok else 'FAIL'} {self.name}: {self.summary}"]
+        lines += [f"    {line}" for line in self.details]
+        return "\n".join(lines)
+
+
+# --- helpers -------------------------------------------------------------------
+
+def wheel_metadata(wheel: Path) -> dict[str, str]:
+    """Name, version and tags of a wheel, from its .dist-info."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        dist_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+        meta = HeaderParser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
+        wheel_file = HeaderParser().parsestr(zf.read(f"{dist_info}/WHEEL").decode())
+    return {"name": meta["Name"], "version": meta["Version"], "tags": wheel_file.get_all("Tag") or []}
+
+
+def compiled_members(names: Iterable[str]) -> list[str]:
+    return sorted(n for n in names if n.startswith(f"{PACKAGE}/") and re.search(r"\.so(\.|$)", n))
+
+
+def _human(size: float) -> str:
+    return f"{size / MB:.1f} MB"
+
+
+# --- size ----------------------------------------------------------------------
+
+def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> CheckResult:
+    if max_mb is None:
+        max_mb = float(os.environ.get(ENV_MAX_MB) or DEFAULT_MAX_MB)
+    size = wheel.stat().st_size
+    limit = int(max_mb * MB)
+    with zipfile.ZipFile(wheel) as zf:
+        infos = sorted(zf.infolist(), key=lambda i: i.compress_size, reverse=True)
+    largest = [f"{_human(i.compress_size):>10} compressed {_human(i.file_size):>10} unpacked  {i.filename}"
+               for i in infos[:top]]
+    summary = f"{wheel.name} is {_human(size)} (limit {max_mb:g} MB)"
+    if size <= limit:
+        return CheckResult("size", True, summary)
+    return CheckResult("size", False, summary + f"; over by {_human(size - limit)}. Largest members:", largest)
+
+
+# --- symbols -------------------------------------------------------------------
+
+_LOAD_SCRIPT = r"""
+import ctypes, importlib, json, os, sys
+root, modules = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, root)
+results = {}
+try:
+    import torch  # the modules resolve libtorch/libc10 symbols through torch's libraries
+except Exception as exc:
+    print(json.dumps({"__torch__": f"import torch failed: {exc!r}"}))
+    sys.exit(0)
+for rel in modules:
+    path = os.path.join(root, rel)
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        name = rel[:-len(".so")].split(".")[0].replace("/", ".")
+        importlib.import_module(name)
+        results[rel] = None
+    except Exception as exc:
+        results[rel] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(results))
+"""
+
+
+def _load_modules(root: Path, members: Sequence[str], python: str) -> dict[str, Optional[str]]:
+    proc = subprocess.run([python, "-c", _LOAD_SCRIPT, str(root), json.dumps(list(members))],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONNOUSERSITE": "1"})
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"__python__": f"the loader exited with {proc.returncode}: {proc.stderr[-2000:]}"}
+
+
+def check_symbols(wheel: Path, python: str = sys.executable) -> CheckResult:
+    with tempfile.TemporaryDirectory(prefix="vfa-wheel-") as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            members = compiled_members(zf.namelist())
+            zf.extractall(tmp)
+        if not members:
+            return CheckResult("symbols", False, f"{wheel.name} holds no compiled module")
+        results = _load_modules(Path(tmp), members, python)
+    return _symbols_result(members, results)
+
+
+def _symbols_result(members: Sequence[str], results: dict[str, Optional[str]]) -> CheckResult:
+    failed = {k: v for k, v in results.items() if v}
+    missing = [m for m in members if m not in results]
+    if failed or missing:
+        details = [f"{k}: {v}" for k, v in failed.items()] + [f"{m}: not checked" for m in missing]
+        return CheckResult("symbols", False, "modules that do not load (undefined symbols?):", details)
+    return CheckResult("symbols", True, f"{len(members)} modules load with every symbol resolved: "
+                       + ", ".join(Path(m).name for m in members))
+
+
+# --- abi3 ----------------------------------------------------------------------
+
+def _abi3audit_command() -> list[str]:
+    exe = Path(sys.executable).parent / "abi3audit"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("abi3audit")
+    return [found] if found else [sys.executable, "-m", "abi3audit"]
+
+
+def check_abi3(wheel: Path, min_python: str = "3.10") -> CheckResult:
+    details: list[str] = []
+    tags = wheel_metadata(wheel)["tags"]
+    want_py = "cp" + min_python.replace(".", "")
+    bad_tags = [t for t in tags if not re.fullmatch(rf"{want_py}-abi3-(manylinux|linux)_\w+", t)]
+    if not tags or bad_tags:
+        details.append(f"wheel tags {tags}: expected {want_py}-abi3-<platform> only")
+    with zipfile.ZipFile(wheel) as zf:
+        members = compiled_members(zf.namelist())
+    not_abi3 = [m for m in members if not m.endswith(".abi3.so")]
+    if not_abi3:
+        details.append(f"modules not named *.abi3.so: {not_abi3}")
+    if not members:
+        details.append("no compiled module in the wheel")
+    proc = subprocess.run([*_abi3audit_command(), "--strict", "--report", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    report: dict[str, Any] = {}
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        pass
+    if proc.returncode != 0:
+        details.append(f"abi3audit --strict failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-3000:]}")
+    else:
+        for spec in report.get("specs", {}).values():
+            for so in spec.get("wheel", []) if isinstance(spec.get("wheel"), list) else []:
+                result = so.get("result", {})
+                if result.get("non_abi3_symbols") or not result.get("is_abi3", True) \
+                        or not result.get("is_abi3_baseline_compatible", True):
+                    details.append(f"abi3audit: {so.get('name')}: {result}")
+    if details:
+        return CheckResult("abi3", False, f"{wheel.name} is not a clean abi3 wheel:", details)
+    return CheckResult("abi3", True, f"tags {', '.join(tags)}; {len(members)} *.abi3.so modules; abi3audit --strict clean")
+
+
+# --- build info ----------------------------------------------------------------
+
+@dataclass
+class Expectations:
+    pin: Optional[Path] = None           # pin.json: upstream and CUTLASS commits
+    cuda_major: Optional[int] = None
+    arch_list: Optional[str] = None      # TORCH_CUDA_ARCH_LIST as given to the build
+    preset: Optional[str] = None
+    require: tuple[str, ...] = ()        # components that must be built: fa2, fa3
+
+
+def _normalise_archs(text: str) -> list[str]:
+    return sorted(t for t in re.split(r"[ ,;]+", text.strip()) if t)
+
+
+def compare_build_info(info: dict[str, Any], expect: Expectations, version: Optional[str] = None) -> list[str]:
+    """Every way ``info`` differs from what was asked for (empty: it matches)."""
+    problems: list[str] = []
+    if info.get("schema") != 1:
+        problems.append(f"build info schema {info.get('schema')!r}, expected 1")
+    if expect.pin is not None:
+        pin = json.loads(Path(expect.pin).read_text())
+        for key, name in (("upstream", "flash_attention"), ("cutlass", "cutlass")):
+            got = info.get(key, {})
+            want = pin[name]["commit"]
+            if got.get("commit") != want:
+                problems.append(f"{key} commit {got.get('commit')!r}, the pin names {want}")
+            if got.get("matches_pin") is not True:
+                problems.append(f"{key}.matches_pin is {got.get('matches_pin')!r}: not built from the pinned commit")
+    torch_cuda = str(info.get("torch", {}).get("cuda") or "")
+    nvcc_cuda = str(info.get("cuda", {}).get("version") or "")
+    if expect.cuda_major is not None:
+        for what, value in (("torch CUDA", torch_cuda), ("nvcc", nvcc_cuda)):
+            if value.split(".")[0] != str(expect.cuda_major):
+                problems.append(f"{what} version {value!r}, expected CUDA {expect.cuda_major}.x")
+    if expect.arch_list is not None and _normalise_archs(str(info.get("cuda_arch_list", ""))) != _normalise_archs(expect.arch_list):
+        problems.append(f"cuda_arch_list {info.get('cuda_arch_list')!r}, expected {expect.arch_list!r}")
+    if expect.preset is not None and info.get("preset") != expect.preset:
+        problems.append(f"preset {info.get('preset')!r}, expected {expect.preset!r}")
+    for comp in expect.require:
+        if not info.get(comp, {}).get("built"):
+            problems.append(f"{comp} was not built: {info.get(comp, {}).get('reason') or 'no reason given'}")
+    if version is not None:
+        problems += _compare_version(info, version)
+    return problems
+
+
+def _compare_version(info: dict[str, Any], version: str) -> list[str]:
+    from .versioning import VersionSchemeError, parse_local
+
+    problems = []
+    recorded = info.get("package_version")
+    if recorded and recorded != version and "+" in recorded:
+        problems.append(f"build info package_version {recorded!r} differs from the wheel's version {version!r}")
+    try:
+        label = parse_local(version)
+    except VersionSchemeError as exc:
+        return problems + [str(exc)]
+    if label:
+        commit = str(info.get("upstream", {}).get("commit", ""))
+        if not commit.startswith(label["upstream"]):
+            problems.append(f"version {version} names upstream {label['upstream']}, the build used {commit}")
+        torch_cuda = str(info.get("torch", {}).get("cuda") or "")
+        if torch_cuda.split(".")[0] != str(label["cuda_major"]):
+            problems.append(f"version {version} says CUDA {label['cuda_major']}, the build used torch CUDA {torch_cuda!r}")
+    return problems
+
+
+def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
+    with zipfile.ZipFile(wheel) as zf:
+        if BUILD_INFO not in zf.namelist():
+            return CheckResult("build-info", False, f"{wheel.name} has no {BUILD_INFO}")
+        info = json.loads(zf.read(BUILD_INFO))
+    version = wheel_metadata(wheel)["version"]
+    return _build_info_result(info, expect, version)
+
+
+def _build_info_result(info: dict[str, Any], expect: Expectations, version: Optional[str]) -> CheckResult:
+    problems = compare_build_info(info, expect, version)
+    built = [c for c in ("fa2", "fa3") if info.get(c, {}).get("built")]
+    summary = (f"version {version}, upstream {str(info.get('upstream', {}).get('commit', ''))[:12]}, "
+               f"torch CUDA {info.get('torch', {}).get('cuda')}, archs {info.get('cuda_arch_list')!r}, "
+               f"preset {info.get('preset')!r}, built {'+'.join(built) or 'nothing'}")
+    if problems:
+        return CheckResult("build-info", False, summary + " - differs from what was asked for:", problems)
+    return CheckResult("build-info", True, summary)
+
+
+# --- installed package (cibuildwheel's test-command) ------------------------------
+
+def check_installed(expect: Expectations) -> list[CheckResult]:
+    import importlib
+    from importlib import metadata
+
+    from .build_info import load_build_info
+
+    info = load_build_info().raw
+    version = metadata.version("vendored-flash-attn")
+    results = [_build_info_result(info, expect, version)]
+    import torch  # noqa: F401  (the modules need torch's libraries loaded)
+
+    loaded: dict[str, Optional[str]] = {}
+    members = []
+    for comp in ("fa2", "fa3"):
+        if info.get(comp, {}).get("built"):
+            module = info[comp]["module"]
+            members.append(module)
+            try:
+                importlib.import_module(f"{PACKAGE}.{module}")
+                loaded[module] = None
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                loaded[module] = f"{type(exc).__name__}: {exc}"
+    results.append(_symbols_result(members, loaded))
+    return results
+
+
+# --- CLI -------------------------------------------------------------------------
+
+def _expectations(args: argparse.Namespace) -> Expectations:
+    require = tuple(c for c in re.split(r"[ ,]+", args.require or "") if c)
+    for comp in require:
+        if comp not in ("fa2", "fa3"):
+            raise SystemExit(f"--require: {comp!r} is not fa2 or fa3")
+    return Expectations(pin=args.pin, cuda_major=args.cuda_major, arch_list=args.arch_list,
+                        preset=args.preset, require=require)
+
+
+def _add_expectations(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pin", type=Path, help="pin.json whose commits the build must carry")
+    p.add_argument("--cuda-major", type=int, help="CUDA major the build must have used (torch and nvcc)")
+    p.add_argument("--arch-list", help="TORCH_CUDA_ARCH_LIST the build must have used")
+    p.add_argument("--preset", help="kernel preset the build must have used (full, minimal)")
+    p.add_argument("--require", help="components that must be built, e.g. fa2,fa3")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.wheel_check", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    checks: dict[str, Callable[[argparse.Namespace, Path], list[CheckResult]]] = {
+        "size": lambda a, w: [check_size(w, a.max_mb)],
+        "symbols": lambda a, w: [check_symbols(w)],
+        "abi3": lambda a, w: [check_abi3(w)],
+        "build-info": lambda a, w: [check_build_info(w, _expectations(a))],
+        "all": lambda a, w: [check_size(w, a.max_mb), check_abi3(w), check_build_info(w, _expectations(a)),
+                             check_symbols(w)],
+    }
+    for name in checks:
+        p = sub.add_parser(name)
+        p.add_argument("wheels", nargs="+", type=Path, help="wheel files (or folders of them)")
+        if name in ("size", "all"):
+            p.add_argument("--max-mb", type=float, default=None,
+                           help=f"size limit in MB (default: ${ENV_MAX_MB}, else {DEFAULT_MAX_MB:g})")
+        if name in ("build-info", "all"):
+            _add_expectations(p)
+    installed = sub.add_parser("installed", help="check the installed package (build info, modules load)")
+    _add_expectations(installed)
+    args = parser.parse_args(argv)
+
+    results: list[CheckResult] = []
+    if args.command == "installed":
+        results = check_installed(_expectations(args))
+    else:
+        wheels: list[Path] = []
+        for path in args.wheels:
+            wheels += sorted(path.glob("*.whl")) if path.is_dir() else [path]
+        if not wheels:
+            print("FAIL no wheel found in " + " ".join(map(str, args.wheels)))
+            return 1
+        for wheel in wheels:
+            print(f"== {wheel}")
+            for result in checks[args.command](args, wheel):
+                print(result.render(), flush=True)
+                results.append(result)
+        return 0 if all(r.ok for r in results) else 1
+    for result in results:
+        print(result.render())
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""tests/dist: packaging and release: version scheme, wheel checks, cibuildwheel
+config, Buildkite pipeline, sdist, and the shared (Redis) compiler cache.
+
+Every test here is marked ``dist``; the ones that run cmake/nvcc are also
+marked ``build`` (they reuse tests/support, like tests/build)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.synthetic_upstream import SyntheticUpstream, make_synthetic_upstream  # noqa: E402
+
+HEAVY = {"test_sdist.py", "test_shared_cache.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "dist: packaging and release tests (tests/dist)")
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.fspath))
+        if here in path.parents:
+            item.add_marker(pytest.mark.dist)
+            if path.name in HEAVY:
+                item.add_marker(pytest.mark.build)
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory) -> SyntheticUpstream:
+    if shutil.which("git") is None:
+        pytest.fail("git is required for the build tests (the build fetches with git)")
+    return make_synthetic_upstream(tmp_path_factory.mktemp("upstream"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
