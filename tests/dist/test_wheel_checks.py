@@ -1,0 +1,169 @@
+"""The wheel checks (python -m vendored_flash_attn.wheel_check) on small wheels
+made here: real ELF modules compiled with the host compiler, so dlopen and
+abi3audit see what they would see in a release wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import PROJECT, clean_env, run
+from vendored_flash_attn.wheel_check import (Expectations, check_abi3, check_build_info, check_size,
+                                             check_symbols, compare_build_info)
+
+PIN = json.loads((PROJECT / "vendor/flash-attention/pin.json").read_text())
+FA = PIN["flash_attention"]["commit"]
+CUTLASS = PIN["cutlass"]["commit"]
+VERSION = f"0.1.0+fa{FA[:7]}.cu13"
+
+MODULE_C = """
+{defines}
+#include <Python.h>
+{extra_decl}
+static struct PyModuleDef m = {{PyModuleDef_HEAD_INIT, "{name}", NULL, 0, NULL}};
+PyMODINIT_FUNC PyInit_{name}(void) {{ {extra_call} return PyModule_Create(&m); }}
+"""
+
+
+def build_info(**changes) -> dict:
+    info = {"schema": 1, "package_version": VERSION, "preset": "full",
+            "upstream": {"commit": FA, "matches_pin": True}, "cutlass": {"commit": CUTLASS, "matches_pin": True},
+            "fa2": {"built": True, "module": "_vendored_fa2_C"}, "fa3": {"built": True, "module": "_vendored_fa3_C"},
+            "cuda_arch_list": "8.0;9.0", "torch": {"version": "2.14.1+cu130", "cuda": "13.0"},
+            "cuda": {"version": "13.0.88"}}
+    info.update(changes)
+    return info
+
+
+def compile_module(tmp: Path, name: str, *, limited=True, undefined=False, future_api=False) -> bytes:
+    src = tmp / f"{name}.c"
+    decl, call = "", ""
+    if undefined:
+        decl, call = "void vfa_missing_kernel(void);", "vfa_missing_kernel();"
+    if future_api:  # a 3.12 limited-API function in a cp310 wheel
+        decl, call = "", "PyObject_Vectorcall(NULL, NULL, 0, NULL);"
+    src.write_text(MODULE_C.format(defines="#define Py_LIMITED_API 0x030A0000" if limited else "",
+                                   name=name, extra_decl=decl, extra_call=call))
+    out = tmp / f"{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    return out.read_bytes()
+
+
+def make_wheel(tmp: Path, *, tag="cp310-abi3-linux_x86_64", version=VERSION, suffix=".abi3.so",
+               info: dict | None = None, padding: int = 0, **module_kwargs) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    dist = f"vendored_flash_attn-{version}.dist-info"
+    wheel = tmp / f"vendored_flash_attn-{version}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("vendored_flash_attn/__init__.py", "")
+        zf.writestr("vendored_flash_attn/build_info.json", json.dumps(info or build_info()))
+        for name in ("_vendored_fa2_C", "_vendored_fa3_C"):
+            zf.writestr(f"vendored_flash_attn/{name}{suffix}", compile_module(tmp, name, **module_kwargs))
+        if padding:
+            zf.writestr("vendored_flash_attn/padding.bin", bytes(range(256)) * (padding // 256), zipfile.ZIP_STORED)
+        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.2\nName: vendored-flash-attn\nVersion: {version}\n")
+        zf.writestr(f"{dist}/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n")
+        zf.writestr(f"{dist}/RECORD", "")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    return make_wheel(tmp_path_factory.mktemp("good"))
+
+
+def test_size_gate_passes_under_the_limit(good):
+    result = check_size(good, max_mb=1)
+    assert result.ok, result.render()
+
+
+def test_size_gate_fails_over_the_limit_and_lists_the_largest_members(tmp_path):
+    wheel = make_wheel(tmp_path, padding=300_000)
+    result = check_size(wheel, max_mb=0.2)
+    assert not result.ok
+    assert "limit 0.2 MB" in result.summary and "over by" in result.summary
+    assert "vendored_flash_attn/padding.bin" in result.details[0]  # largest first
+    assert any("_vendored_fa2_C.abi3.so" in line for line in result.details)
+
+
+def test_size_limit_from_the_environment(good, monkeypatch):
+    monkeypatch.setenv("VFA_WHEEL_MAX_MB", "0.001")
+    assert not check_size(good).ok
+    monkeypatch.setenv("VFA_WHEEL_MAX_MB", "5")
+    assert check_size(good).ok
+
+
+def test_modules_that_load_pass_the_symbol_check(good):
+    result = check_symbols(good)
+    assert result.ok, result.render()
+    assert "_vendored_fa3_C.abi3.so" in result.summary
+
+
+def test_an_undefined_symbol_fails_the_symbol_check(tmp_path):
+    result = check_symbols(make_wheel(tmp_path, undefined=True))
+    assert not result.ok
+    assert any("undefined symbol: vfa_missing_kernel" in line for line in result.details), result.render()
+
+
+def test_clean_abi3_wheel(good):
+    result = check_abi3(good)
+    assert result.ok, result.render()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tag": "cp311-cp311-linux_x86_64"}, "expected cp310-abi3"),
+    ({"suffix": ".cpython-311-x86_64-linux-gnu.so"}, "not named *.abi3.so"),
+    ({"future_api": True}, "abi3audit"),
+])
+def test_abi3_problems_are_caught(tmp_path, kwargs, message):
+    result = check_abi3(make_wheel(tmp_path, **kwargs))
+    assert not result.ok
+    assert message in "\n".join(result.details), result.render()
+
+
+def test_build_info_as_asked(good):
+    expect = Expectations(pin=PROJECT / "vendor/flash-attention/pin.json", cuda_major=13, arch_list="9.0 8.0",
+                          preset="full", require=("fa2", "fa3"))
+    result = check_build_info(good, expect)
+    assert result.ok, result.render()
+
+
+@pytest.mark.parametrize("changes, expect, message", [
+    ({"upstream": {"commit": "f" * 40, "matches_pin": False}}, {}, "the pin names"),
+    ({"cutlass": {"commit": CUTLASS, "matches_pin": False}}, {}, "cutlass.matches_pin"),
+    ({}, {"cuda_major": 12}, "expected CUDA 12.x"),
+    ({"cuda_arch_list": "8.0"}, {}, "cuda_arch_list"),
+    ({"preset": "minimal"}, {}, "preset 'minimal'"),
+    ({"fa3": {"built": False, "reason": "TORCH_CUDA_ARCH_LIST has no 9.0"}}, {"require": ("fa3",)}, "fa3 was not built"),
+    ({"torch": {"cuda": "12.9"}, "cuda": {"version": "12.9.86"}}, {"cuda_major": None}, "says CUDA 13"),
+    ({"schema": 2}, {}, "schema"),
+])
+def test_build_info_mismatches_are_caught(changes, expect, message):
+    base = dict(pin=PROJECT / "vendor/flash-attention/pin.json", cuda_major=13, arch_list="8.0;9.0", preset="full")
+    base.update(expect)
+    problems = compare_build_info(build_info(**changes), Expectations(**base), VERSION)
+    assert any(message in p for p in problems), problems
+
+
+def test_version_label_must_name_the_built_upstream():
+    problems = compare_build_info(build_info(), Expectations(), "0.1.0+fa1234567.cu13")
+    assert any("names upstream 1234567" in p for p in problems)
+
+
+def test_cli_exit_status_and_output(good, tmp_path):
+    env = clean_env(PYTHONPATH=str(PROJECT / "python"))
+    ok = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(good), "--max-mb", "1",
+              "--pin", str(PROJECT / "vendor/flash-attention/pin.json"), "--cuda-major", "13"], env=env)
+    assert ok.returncode == 0, ok.output
+    assert [line.split()[:2] for line in ok.stdout.splitlines() if line[:4] in ("PASS", "FAIL")] == [
+        ["PASS", "size:"], ["PASS", "abi3:"], ["PASS", "build-info:"], ["PASS", "symbols:"]]
+    bad = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "size", str(good.parent), "--max-mb", "0.0001"],
+              env=env)
+    assert bad.returncode == 1 and "FAIL size:" in bad.stdout
