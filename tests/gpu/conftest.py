@@ -1,0 +1,79 @@
+"""GPU tests: run on a CUDA machine with the built wheel installed; skipped elsewhere.
+
+Every test here carries the ``gpu`` marker. Without a GPU, without the build info (the
+source tree imported instead of the installed wheel) or with neither compiled module
+importable, every test is skipped with the reason. A test that needs one version is
+skipped with that version's reason (``version`` parameter, or gpu_helpers.require).
+
+Run on the GPU machine against the installed wheel, not the source tree:
+
+    python -m pytest tests/gpu -m gpu -o pythonpath= -rs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_helpers import MEASURED, Rand, gpu_skip_reason, version_skip_reason
+
+HERE = Path(__file__).resolve().parent
+
+
+def _in_this_dir(item) -> bool:
+    try:
+        return Path(str(getattr(item, "path", None) or item.fspath)).resolve().is_relative_to(HERE)
+    except (OSError, ValueError):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    mine = [item for item in items if _in_this_dir(item)]
+    for item in mine:
+        item.add_marker(pytest.mark.gpu)
+    if not mine:
+        return
+    reason = gpu_skip_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"GPU tests: {reason}")
+        for item in mine:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _needs_version(request):
+    """Skip a test parametrised with ``version`` when that FA version cannot run here."""
+    callspec = getattr(request.node, "callspec", None)
+    version = callspec.params.get("version") if callspec is not None else None
+    if version in (2, 3):
+        reason = version_skip_reason(version)
+        if reason:
+            pytest.skip(f"FA{version} not usable: {reason}")
+    yield
+
+
+@pytest.fixture
+def rng(request) -> Rand:
+    """Fresh random inputs per test, seeded from the test id."""
+    return Rand(request.node.nodeid)
+
+
+@pytest.fixture
+def real_machine():
+    """The selector's view of the real machine, with its caches and warning memory cleared
+    before and after (VLLM_FLASH_ATTN_VERSION and VFA_DEBUG_CHECKS are read afresh)."""
+    from vendored_flash_attn.environment import current_environment, set_environment
+
+    set_environment(None)
+    yield current_environment()
+    set_environment(None)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not MEASURED:
+        return
+    terminalreporter.section("GPU accuracy: relative L2 error of the output, max |LSE error|")
+    for label, dtype, err, lse_err in MEASURED:
+        lse = "-" if lse_err is None else f"{lse_err:.2e}"
+        terminalreporter.write_line(f"{err:.3e}  lse {lse:>8}  {dtype:5}  {label}")
