@@ -1,0 +1,250 @@
+"""CPU checks of the benchmark scripts' pure helpers: FLOP/byte counting, the build-time
+projection model, ninja-log and sccache-statistics parsing, and that every script's
+--help works without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+SCRIPTS = ("kernels", "overhead", "first_call", "fp8_accuracy", "build")
+
+
+def load(name: str):
+    """Import benchmarks/<name>.py under a private module name (no clash with PyPI names)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"vfa_bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+common = load("common")
+build = load("build")
+
+
+# --- FLOPs and bytes -------------------------------------------------------------------
+
+def brute_causal_pairs(lq: int, lk: int) -> int:
+    return sum(1 for i in range(lq) for j in range(lk) if j <= lk - lq + i)
+
+
+@pytest.mark.parametrize("lq,lk", [(1, 1), (4, 4), (1, 10), (3, 10), (10, 3), (7, 7), (16, 40), (0, 5)])
+def test_causal_pairs_match_brute_force(lq, lk):
+    assert common.causal_pairs(lq, lk) == brute_causal_pairs(lq, lk)
+
+
+def test_flops_conventions():
+    h, d = 32, 128
+    # ANCHORS.md convention: 4 * b * s^2 * h * d, halved for causal
+    assert common.attention_flops([2048] * 8, [2048] * 8, h, d, False, "half") == 4 * 8 * 2048**2 * h * d
+    assert common.attention_flops([2048] * 8, [2048] * 8, h, d, True, "half") == 2 * 8 * 2048**2 * h * d
+    # exact causal pairs: s(s+1)/2 per sequence
+    assert common.attention_flops([2048] * 8, [2048] * 8, h, d, True) == 4 * 8 * (2048 * 2049 // 2) * h * d
+    # decode: one query sees its whole context
+    ctx = common.seed_decode_context_lengths(256)
+    assert common.attention_flops([1] * 256, ctx, h, d, True) == 4 * sum(ctx) * h * d
+    with pytest.raises(ValueError):
+        common.attention_flops([1], [1], h, d, True, "bogus")
+
+
+def test_seed_decode_contexts_spread_uniformly():
+    ctx = common.seed_decode_context_lengths(256)
+    assert len(ctx) == 256 and min(ctx) == 2048 and max(ctx) == 2175
+    assert all(ctx.count(c) == 2 for c in range(2048, 2176))
+
+
+def test_decode_bytes_count_kv_once_plus_q_and_out():
+    # 64 x ctx 4096, 8 KV heads, d 128, bf16: the anchor's ~1.07 GB of K/V
+    b = common.decode_bytes([4096] * 64, 32, 8, 128, kv_elem=2, q_elem=2)
+    kv = 2 * 64 * 4096 * 8 * 128 * 2
+    assert b == kv + 64 * 32 * 128 * 4
+    fp8 = common.decode_bytes([4096] * 64, 32, 8, 128, kv_elem=1, q_elem=1)
+    assert fp8 == kv // 2 + 64 * 32 * 128 * 3
+
+
+def test_kernel_cases_and_filter():
+    kernels = load("kernels")
+    names = [c.name for c in kernels.all_cases()]
+    assert {"paged_prefill_seed", "paged_decode_seed", "paged_decode_64x4k", "varlen_2k_full",
+            "varlen_8k_causal"} <= set(names)
+    seed = next(c for c in kernels.all_cases() if c.name == "paged_prefill_seed")
+    assert sum(seed.q_lens) == common.SEED_BATCH_TOKENS and seed.causal
+    assert "sdpa" not in seed.impls  # SDPA only on the varlen cases
+    assert common.matches_filter("paged_decode_seed", ["decode"])
+    assert common.matches_filter("varlen_2k_full", ["varlen_*_full"])
+    assert not common.matches_filter("varlen_2k_full", ["paged"])
+    assert common.matches_filter("anything", None)
+
+
+def test_quantile_and_verdicts():
+    assert common.quantile([1, 2, 3, 4, 5], 0.5) == 3
+    assert common.quantile([1, 2], 0.5) == 1.5
+    assert common.bar_verdict(1.8, 1.7) == "PASS"
+    assert common.bar_verdict(1.6, 1.7) == "FAIL"
+    assert common.bar_verdict(4.0, 5.0, higher_is_better=False) == "PASS"
+    assert common.bar_verdict(None, 5.0) == "n/a"
+
+
+def test_input_sets_rotate_only_small_inputs():
+    l2 = 60 * 2**20
+    assert common.input_sets_for(2 * 2**30, l2) == 1
+    assert common.input_sets_for(10 * 2**20, l2) == 8  # capped
+    assert common.input_sets_for(50 * 2**20, l2) == 3
+
+
+# --- ninja log ---------------------------------------------------------------------------
+
+NINJA_LOG = """# ninja log v7
+0\t1000\t0\tCMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api.cpp.o\tabc
+5\t200000\t0\tCMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_paged_sm90.cu.o\tdef
+5\t240000\t0\tCMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_e4m3_sm90.cu.o\tdef
+10\t60000\t0\tCMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_fwd_combine.cu.o\tx
+10\t150000\t0\tCMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_hdim128_bf16_sm80.cu.o\ty
+20\t30000\t0\tCMakeFiles/_vendored_fa2_C.dir/cache/generated/fa2_missing_kernels_0123.cpp.o\tz
+240000\t250000\t0\t_vendored_fa3_C.abi3.so\tq
+"""
+
+
+def test_parse_ninja_log_and_classes():
+    entries = build.parse_ninja_log(NINJA_LOG)
+    assert len(entries) == 7
+    stats = build.unit_stats(entries)
+    classes = stats["classes"]
+    assert classes["fa3_instantiation"]["count"] == 2
+    assert classes["fa3_instantiation"]["mean_s"] == pytest.approx((199.995 + 239.995) / 2)
+    assert classes["fa3_cpp"]["count"] == 1 and classes["fa3_cuda_other"]["count"] == 1
+    assert classes["fa2_instantiation"]["count"] == 1 and classes["fa2_stubs"]["count"] == 1
+    assert classes["fa3_link"]["max_s"] == pytest.approx(10.0)
+    assert stats["span_s"] == pytest.approx(250.0)
+    assert stats["units"][0]["seconds"] == pytest.approx(239.995)  # longest first
+
+
+def test_ninja_log_keeps_the_last_session_and_last_entry():
+    text = ("# ninja log v5\n"
+            "0\t100\t0\ta.cu.o\th\n0\t500\t0\tb.cu.o\th\n"      # session 1
+            "0\t50\t0\ta.cu.o\th\n0\t70\t0\tc.cu.o\th\n")        # session 2 (end time drops)
+    last = build.parse_ninja_log(text, session="last")
+    assert sorted(e.output for e in last) == ["a.cu.o", "c.cu.o"]
+    assert next(e for e in last if e.output == "a.cu.o").end_ms == 50
+    every = build.parse_ninja_log(text, session="all")
+    assert sorted(e.output for e in every) == ["a.cu.o", "b.cu.o", "c.cu.o"]
+    assert next(e for e in every if e.output == "a.cu.o").end_ms == 50  # last one wins
+
+
+# --- sccache statistics ---------------------------------------------------------------
+
+def test_sccache_rates_all_and_inner_rows():
+    stats = {"stats": {"compile_requests": 12,
+                       "cache_hits": {"counts": {"C/C++": 4, "CUDA (Device code)": 8, "PTX": 8, "CUBIN": 8}},
+                       "cache_misses": {"counts": {"CUDA": 8}},
+                       "cache_errors": {"counts": {}}},
+             "version": "0.16.0"}
+    r = build.parse_sccache_stats(json.dumps(stats))
+    assert r["inner"]["hits"] == 24 and r["inner"]["misses"] == 0 and r["inner"]["rate"] == 1.0
+    assert r["outer_cuda"]["rate"] == 0.0  # the outer row can read 0% while everything hit
+    assert r["all"]["hits"] == 28 and r["all"]["misses"] == 8
+    assert r["all"]["rate"] == pytest.approx(28 / 36)
+    assert r["host"]["rate"] == 1.0
+    empty = build.parse_sccache_stats({"stats": {"cache_hits": {"counts": {}}, "cache_misses": {"counts": {}}}})
+    assert empty["all"]["rate"] is None
+
+
+# --- projection model ---------------------------------------------------------------------
+
+def test_lpt_makespan():
+    assert build.lpt_makespan([3, 3, 2, 2, 2], 2) == 7  # LPT, not the optimum (6)
+    assert build.lpt_makespan([4, 3, 3, 2], 2) == 6
+    assert build.lpt_makespan([5], 4) == 5
+    assert build.lpt_makespan([1] * 10, 3) == 4
+    assert build.lpt_makespan([], 2) == 0.0
+
+
+def test_projection_of_the_full_preset():
+    costs = {"fa3_instantiation": 240.0, "fa3_cuda_other": 60.0, "fa3_cpp": 60.0,
+             "fa2_instantiation": 180.0, "fa2_cpp": 50.0}
+    rows = build.project_build(costs, build.FULL_PRESET_UNITS, [16, 1000], link_s=10.0)
+    units = sum(build.FULL_PRESET_UNITS.values())
+    assert units == 190 + 2 + 2 + 76 + 3
+    total = 190 * 240 + 2 * 60 + 2 * 60 + 76 * 180 + 3 * 50
+    r16 = rows[0]
+    assert r16["units"] == units
+    assert r16["lower_bound_s"] == pytest.approx(total / 16 + 10)
+    assert r16["lower_bound_s"] <= r16["lpt_s"] <= r16["lower_bound_s"] + 240
+    mean = total / units
+    assert r16["homogeneous_s"] == pytest.approx(18 * mean + 10)  # ceil(273 / 16) = 18
+    assert rows[1]["lpt_s"] == pytest.approx(240 + 10)  # one unit per worker: the longest unit
+
+
+def test_class_costs_fill_missing_classes():
+    classes = {"fa3_instantiation": {"count": 8, "mean_s": 200.0}, "fa2_cpp": {"count": 3, "mean_s": 40.0},
+               "fa2_instantiation": {"count": 6, "mean_s": 150.0}}
+    costs = build.class_costs(classes)
+    assert costs["fa3_cpp"] == 40.0 and costs["fa3_cuda_other"] == 40.0
+
+
+def test_time_log_and_unit_keys():
+    log = "obj/a.cu.o\t12.5 4404000\nbad line\nobj/b.cpp.o\t3.0 1024\n"
+    parsed = build.parse_time_log(log)
+    assert parsed["obj/a.cu.o"]["wall_s"] == 12.5
+    assert parsed["obj/b.cpp.o"]["max_rss_mb"] == pytest.approx(1.0)
+    key = build.unit_key_from_cmdline
+    assert key(["nvcc", "-c", "/x/hopper/instantiations/flash_fwd_hdim128_bf16_sm90.cu", "-o", "y.cu.o"]) \
+        == "flash_fwd_hdim128_bf16_sm90"
+    assert key(["cicc", "/tmp/tmpxft_0001a2b3_00000000-6_flash_fwd_hdim128_bf16_sm90.cpp1.ii"]) \
+        == "flash_fwd_hdim128_bf16_sm90"
+    assert key(["ptxas", "-arch=sm_90a", "/tmp/x/flash_api.ptx"]) == "flash_api"
+    assert key(["ld", "-o", "lib.so"]) is None
+
+
+def test_two_level_tag_from_build_info():
+    fp8 = load("fp8_accuracy")
+    on = {"options": {"VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION": {"value": "ON", "origin": "default"}},
+          "fa3": {"defines": ["FLASHATTENTION_DISABLE_BACKWARD"]}}
+    off = {"options": {"VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION": {"value": "OFF", "origin": "cmake"}},
+           "fa3": {"defines": ["FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION"]}}
+    assert fp8.two_level_tag(on) == "two_level_on"
+    assert fp8.two_level_tag(off) == "two_level_off"
+    assert fp8.two_level_tag({"error": "missing"}) == "two_level_unknown"
+
+
+def test_overhead_rows_against_the_bar():
+    overhead = load("overhead")
+    rows = overhead.overhead_rows({"a_interface_fa3": 30.0, "b_interface_selector": 37.0, "c_raw_fa3": 27.0})
+    assert [r["verdict"] for r in rows] == ["PASS", "FAIL"]
+    assert rows[0]["overhead_us"] == pytest.approx(3.0)
+
+
+def test_summary_bars_of_the_build_experiment():
+    builds = {"cold": {"wall_s": 240.0, "analysis": {"ninja": {"span_s": 220.0}, "jobs": 16}},
+              "warm": {"wall_s": 9.0, "analysis": {"ninja": {"span_s": 4.0},
+                                                   "sccache": build.parse_sccache_stats(
+                                                       {"stats": {"cache_hits": {"counts": {"PTX": 19, "C/C++": 4}},
+                                                                  "cache_misses": {"counts": {"CUDA": 1}}}})}}}
+    s = build.summarise(builds)
+    assert s["warm_over_cold"] == pytest.approx(9 / 240)
+    assert [b["verdict"] for b in s["bars"]] == ["PASS", "PASS"]
+
+
+def test_plain_table_renders():
+    text = common.render_plain("T", ["a", "b", "c"], [["x", "y", "1.0"], ["long name", "z", "22.5"]], ["note"])
+    lines = text.splitlines()
+    assert lines[0] == "T" and lines[-1] == "note"
+    assert lines[3].endswith(" 1.0") and lines[4].endswith("22.5")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_works_without_a_gpu(script):
+    result = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout
