@@ -67,12 +67,16 @@ if [[ " $STAGES " == *" build "* && -z "${WHEEL:-}" ]]; then
   printf '{"cold_s": %s, "warm_s": %s}\n' "$cold" "$warm" > "$OUT/build-times.json"
   WHEEL=$(ls "$ROOT"/dist/vendored_flash_attn-*.whl)
   ls -l "$WHEEL" "$ROOT"/build/*/*.so | tee "$OUT/sizes.txt"
-  cp "$WHEEL" "$FINAL/"
+  # The device tool brings back plain names only: '+' (local label) becomes '_'.
+  cp "$WHEEL" "$FINAL/$(basename "$WHEEL" | tr '+' '_')"
   echo "cold build ${cold}s, warm rebuild from $other ${warm}s"
 fi
 
 if [[ -n "${WHEEL:-}" ]]; then
-  "$PY" -m pip install -q --no-deps --force-reinstall "$WHEEL"
+  # Undo the '_' for '+' swap of a wheel that travelled through the device tool.
+  fixed=/tmp/$(basename "$WHEEL" | sed 's/_\(fa[0-9a-f]*\.cu[0-9]*\)-/+\1-/')
+  cp "$WHEEL" "$fixed"
+  "$PY" -m pip install -q --no-deps --force-reinstall "$fixed"
 fi
 
 if [[ " $STAGES " == *" test "* || " $STAGES " == *" smoke "* ]]; then
