@@ -277,7 +277,11 @@ _NV_TMP_RE = re.compile(r"([\w+-]+?)\.(?:cpp\d\.ii|cudafe1\.\w+|module_id|fatbin
 def unit_key_from_cmdline(args: list[str]) -> Optional[str]:
     """The translation unit a compiler process works on, from its arguments: the stem of
     its .cu/.cpp source (or .o output), or of nvcc's intermediate files (x.cpp1.ii,
-    tmpxft_..._x.cudafe1.cpp, x.ptx, ...). None when nothing looks like one."""
+    tmpxft_..._x.cudafe1.cpp, x.ptx, ...). A link (output *.so) is "(link NAME)", not the
+    unit of its first object file. None when nothing looks like one."""
+    for prev, a in zip(args, args[1:]):
+        if prev == "-o" and a.endswith((".so", ".dylib")):
+            return f"(link {a.rsplit('/', 1)[-1]})"
     for a in args:
         base = a.rsplit("/", 1)[-1]
         m = _TMP_RE.search(base)

@@ -203,7 +203,10 @@ def test_time_log_and_unit_keys():
     assert key(["cicc", "/tmp/tmpxft_0001a2b3_00000000-6_flash_fwd_hdim128_bf16_sm90.cpp1.ii"]) \
         == "flash_fwd_hdim128_bf16_sm90"
     assert key(["ptxas", "-arch=sm_90a", "/tmp/x/flash_api.ptx"]) == "flash_api"
-    assert key(["ld", "-o", "lib.so"]) is None
+    assert key(["ld", "-o", "lib.so"]) == "(link lib.so)"
+    assert key(["c++", "-shared", "a/flash_fwd_x.cu.o", "-o", "_vendored_fa3_C.abi3.so"]) == \
+        "(link _vendored_fa3_C.abi3.so)"
+    assert key(["as", "--64"]) is None
 
 
 def test_two_level_tag_from_build_info():
