@@ -354,7 +354,7 @@ def make_problem(r: Rand, *, dtype: str, num_heads: int, num_heads_k: int, head_
     block_table + seqused_k. K/V slots no sequence uses hold large finite garbage."""
     q_lens, k_lens = list(q_lens), list(k_lens)
     batch = len(q_lens)
-    assert len(k_lens) == batch and all(1 <= q <= k for q, k in zip(q_lens, k_lens))
+    assert len(k_lens) == batch and all(1 <= q <= k for q, k in zip(q_lens, k_lens, strict=True))
     assert num_heads % num_heads_k == 0
     group = num_heads // num_heads_k
     descales = None
@@ -362,7 +362,9 @@ def make_problem(r: Rand, *, dtype: str, num_heads: int, num_heads_k: int, head_
         descales = descale_tensors(r, batch, num_heads_k, descale_kind)
     qs, q_ref, ks, k_ref, vs, v_ref = [], [], [], [], [], []
     for b in range(batch):
-        row = (lambda i, g=1: descales[i][b].repeat_interleave(g)) if descales else (lambda i, g=1: None)
+        def row(i, g=1, b=b):
+            return descales[i][b].repeat_interleave(g) if descales else None
+
         t, ref = _to_kernel(dtype, r.activations(q_lens[b], num_heads, head_dim, scale=q_scale),
                             row(0, group))
         qs.append(t)

@@ -78,7 +78,7 @@ def attention_ref(q_seqs: Sequence[torch.Tensor], k_seqs: Sequence[torch.Tensor]
     head_size = q_seqs[0].shape[-1]
     scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
     outs, lses = [], []
-    for q, k, v in zip(q_seqs, k_seqs, v_seqs):
+    for q, k, v in zip(q_seqs, k_seqs, v_seqs, strict=True):
         out, lse = attention_one(q, k, v, softmax_scale=scale, causal=causal, window=window,
                                  softcap=softcap)
         outs.append(out)

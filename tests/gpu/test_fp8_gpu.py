@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_helpers import (OUT_TOL, built_head_dims, check, chunked_lengths, component,
+from gpu_helpers import (OUT_TOL, built_head_dims, chunked_lengths, component,
                          decode_lengths, expect_refused, fa3_has_fp8, make_problem,
                          prefill_lengths, primary_head_dim, reference, relative_l2, require,
                          require_fp8, run_attention, run_checked)
