@@ -13,7 +13,7 @@ Data (Llama-3.1-8B heads: 32 q / 8 KV, d=128; generated in float32, stored as bf
 which is "the model's activations" the reference starts from):
   gaussian     q, k, v ~ N(0, 1)
   heavy_tail   Student-t, 3 degrees of freedom (rare values 10-30x the typical one)
-  outliers     N(0, 1) with 4 of 128 channels x8 in q and k (the same channels, as
+  outliers     N(0, 1) with 4 of 128 channels x5 in q and k (the same channels, as
                massive activations / low-frequency RoPE dims do) and 2 channels x10 in v
   head_scales  per-head magnitudes log-uniform over [1/4, 4] (q, k) and [1/10, 10] (v)
   llama_like   a RoPE-like per-channel magnitude profile in q and k, per-head scales,
@@ -105,8 +105,8 @@ def make_qkv(dist: str, q_lens, k_lens, seed: int, model=LLAMA_8B):
     elif dist == "outliers":
         q, k, v = normal(tq, h, d), normal(tk, hk, d), normal(tk, hk, d)
         ch = torch.randperm(d, generator=g, device="cuda")[:4]
-        q[..., ch] *= 8.0
-        k[..., ch] *= 8.0
+        q[..., ch] *= 5.0
+        k[..., ch] *= 5.0
         v[..., ch[:2]] *= 10.0
     elif dist == "head_scales":
         q = normal(tq, h, d) * log_uniform(h, 0.25, 4.0).view(1, h, 1)

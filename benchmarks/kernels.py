@@ -470,11 +470,14 @@ def plot(result: dict, path: Path) -> Optional[Path]:
             if xs:
                 ax.bar(xs, ys, width, label=IMPL_LABEL[impl], color=colors[impl])
         ax.axhline(ceiling, color="k", linestyle="--", linewidth=0.8)
-        ax.text(-0.5, ceiling, f" measured ceiling {ceiling:.0f}", va="bottom", fontsize=8)
+        ax.text(len(names) - 0.5, ceiling, f"measured ceiling {ceiling:.0f} ", va="bottom", ha="right", fontsize=8)
+        ax.set_xlim(-0.5, len(names) - 0.5)
+        ax.set_ylim(bottom=0, top=max([ceiling] + [r[key] for r in rows if r["case"] in names]) * 1.12)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels([n.replace("_", "\n", 1) for n in names], fontsize=8)
         ax.set_ylabel(unit)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     gpu = result["machine"].get("gpu", {}).get("name", "GPU")
     fig.suptitle(f"vendored-flash-attn kernels, Llama-3.1-8B attention (32/8 heads, d=128) on {gpu}")
     fig.tight_layout()
@@ -495,8 +498,8 @@ def print_results(result: dict, plain: bool = False) -> None:
             ok = r["status"] == "ok"
             pct = f"{r['pct_ceiling']:.0f}% {r['ceiling']}" if ok and r["pct_ceiling"] is not None else "-"
             status = "ok" if ok else r["status"]
-            if r.get("note"):
-                status += f" ({r['note'][:60]})"
+            if r.get("note") and r["status"] not in ("not built", "skipped"):
+                status += f" ({r['note'][:60]})"  # the JSON has the whole note
             table.append([name, IMPL_LABEL[impl],
                           common.fmt(r["median_ms"] * 1e3 if ok else None, 1),
                           common.fmt(r["tflops"] if ok else None, 1),
