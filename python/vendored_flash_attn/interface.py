@@ -14,11 +14,11 @@ import torch
 
 from .build_info import BuildInfoMissing, ComponentInfo
 from .debug_checks import debug_checks_enabled, run_debug_checks
-from .environment import current_environment
+from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .kernels import dtype_name, dtype_problem, head_size_problem
-from .selector import resolve_device_index, select_flash_attn_version, version_problem
-from .validation import check_q_device, check_varlen_call
+from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
+from .validation import check_q_device, check_varlen_call, quick_check_varlen_call
 
 OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
 
@@ -45,8 +45,26 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
+# (fa_version, device, VLLM_FLASH_ATTN_VERSION, traits) -> version: the answer for a
+# device and a kind of call does not change within one environment, and asking the
+# selector costs microseconds on every layer of every step.
+_resolved: dict = {}
+on_environment_change(_resolved.clear)
+
+
 def resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
     """The version a call runs with: the caller's, checked, or the selector's."""
+    key = (fa_version, tensor.get_device(),
+           current_environment().getenv(ENV_VAR) if fa_version is None else None,
+           *traits.values())
+    version = _resolved.get(key)
+    if version is None:
+        version = _resolve_version(fa_version, tensor, **traits)
+        _resolved[key] = version
+    return version
+
+
+def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
     if fa_version is None:
         selection = select_flash_attn_version(device=tensor.device, **traits)
         if selection.version is None:
@@ -184,7 +202,9 @@ def flash_attn_varlen_func(
     del deterministic, return_attn_probs  # forward-only kernels: nothing to do
     if not isinstance(q, torch.Tensor):
         raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    check_q_device(q, current_environment().device_type)  # before the selector looks at q.device
+    env = current_environment()
+    if q.is_cuda != (env.device_type == "cuda"):
+        check_q_device(q, env.device_type)  # raises before the selector looks at q.device
     if window_size is None:
         window = (-1, -1)
     else:
@@ -199,16 +219,30 @@ def flash_attn_varlen_func(
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
     comp = _component(version)
-    q, k, v = [maybe_contiguous(x) if isinstance(x, torch.Tensor) else x for x in (q, k, v)]
-    shape = check_varlen_call(
-        version, comp, current_environment().device_type,
-        q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
-        dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, block_table=block_table, out=out,
-        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
-        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if isinstance(k, torch.Tensor) and k.stride(-1) != 1:
+        k = k.contiguous()
+    if isinstance(v, torch.Tensor) and v.stride(-1) != 1:
+        v = v.contiguous()
+    shape = None
+    if (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
+            and cp_rank == 0 and cp_tot_seqused_k is None):
+        shape = quick_check_varlen_call(
+            version, comp, env.device_type == "cuda", q, k, v, max_seqlen_q, cu_seqlens_q,
+            max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
+            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits)
+    if shape is None:
+        shape = check_varlen_call(
+            version, comp, env.device_type,
+            q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
+            dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, block_table=block_table, out=out,
+            scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+            cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
     if debug_checks_enabled():
         run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, block_table=block_table,

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .build_info import ComponentInfo
+from .environment import on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError
 from .kernels import dtype_name, dtype_problem, feature_problem, head_size_problem
 
@@ -324,3 +325,128 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
             _fail("sliding-window attention is not supported with context parallelism")
     if cp_tot_seqused_k is not None:
         _index_tensor("cp_tot_seqused_k", cp_tot_seqused_k, q, shape=(batch,))
+
+
+# --- the hot path ---------------------------------------------------------------------
+#
+# check_varlen_call reads every argument through small helpers that build messages;
+# that costs ~15 us per call in Python, more than the op itself on a decode step. The
+# two call shapes serving engines make on every layer (packed varlen prefill, paged KV)
+# are checked here with a handful of flat metadata reads. What does not depend on the
+# step (dtype, head sizes, features against this wheel) is decided once per signature
+# by check_varlen_call's own rules and cached. Anything unusual, and every failure,
+# goes to check_varlen_call, so the messages and the verdicts stay its own: this is a
+# conservative shortcut, never a second set of rules.
+
+_ACCEPTED_SIGNATURES: set = set()
+on_environment_change(_ACCEPTED_SIGNATURES.clear)  # another build info, other verdicts
+
+
+def _static_ok(signature, version, comp) -> bool:
+    if signature in _ACCEPTED_SIGNATURES:
+        return True
+    (_, _, dtype, head_size, head_size_v, num_heads, num_heads_k, paged, softcap_on, local,
+     split, _, _, _) = signature
+    name = dtype_name(dtype)
+    ok = (
+        name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
+        and dtype_problem(version, comp, name, shown=str(dtype)) is None
+        and head_size_problem(version, comp, head_size, head_size_v, name) is None
+        and (version == 2 or (
+            (not paged or feature_problem(comp, "paged") is None)
+            and (not softcap_on or feature_problem(comp, "softcap") is None)
+            and (not local or feature_problem(comp, "local") is None)
+            and (not split or feature_problem(comp, "split") is None)))
+    )
+    if ok:
+        _ACCEPTED_SIGNATURES.add(signature)
+    return ok
+
+
+def _index_ok(x, device: int, length: int) -> bool:
+    return (x.dtype is torch.int32 and x.get_device() == device and x.dim() == 1
+            and x.shape[0] == length and x.is_contiguous())
+
+
+def quick_check_varlen_call(
+    version, comp, on_cuda: bool, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+    cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
+    scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
+) -> Optional[CallShape]:
+    """A CallShape when the call is one of the common shapes and valid; None: ask
+    check_varlen_call (which raises with the precise message, or accepts a rarer call).
+    The caller has already ruled out q_v, alibi_slopes, s_aux and context parallelism."""
+    try:
+        return _quick_check(version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+                            cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table,
+                            out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits)
+    except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
+        return None  # not tensors, odd types or devices: the full check explains
+
+
+def _quick_check(version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+                 cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
+                 scheduler_metadata, q_descale, k_descale, v_descale, num_splits):
+    if (q.is_cuda is not on_cuda or q.dim() != 3 or type(max_seqlen_q) is not int
+            or type(max_seqlen_k) is not int or max_seqlen_q < 0 or max_seqlen_k < 0
+            or type(num_splits) is not int or num_splits < 0 or dropout_p != 0 or softcap < 0):
+        return None
+    dtype = q.dtype
+    device = q.get_device()
+    if device < 0:
+        # Not a CUDA tensor (the CPU test machine): get_device() is -1 for cpu and meta
+        # alike, so compare whole devices there.
+        q_device = q.device
+        if any(x is not None and x.device != q_device for x in (
+                k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out, scheduler_metadata,
+                q_descale, k_descale, v_descale)):
+            return None
+    if (k.dtype is not dtype or v.dtype is not dtype or k.get_device() != device
+            or v.get_device() != device):
+        return None
+    total_q, num_heads, head_size = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch < 1 or not _index_ok(cu_seqlens_q, device, batch + 1):
+        return None
+    paged = block_table is not None
+    if paged:
+        if (cu_seqlens_k is not None or seqused_k is None or k.dim() != 4 or v.dim() != 4
+                or not _index_ok(seqused_k, device, batch) or block_table.dtype is not torch.int32
+                or block_table.get_device() != device or block_table.dim() != 2
+                or block_table.shape[0] != batch or block_table.stride(-1) != 1
+                or (version == 2 and k.shape[1] % 16)):
+            return None
+    elif (cu_seqlens_k is None or seqused_k is not None or k.dim() != 3 or v.dim() != 3
+          or not _index_ok(cu_seqlens_k, device, batch + 1)):
+        return None
+    if k.shape[:-1] != v.shape[:-1] or k.shape[-1] != head_size:
+        return None
+    num_heads_k = k.shape[-2]
+    head_size_v = v.shape[-1]
+    fp8 = dtype is torch.float8_e4m3fn
+    if out is not None and (
+            out.dtype is not (torch.bfloat16 if fp8 else dtype) or out.get_device() != device
+            or out.shape != (total_q, num_heads, head_size_v) or out.stride(-1) != 1):
+        return None
+    for d in (q_descale, k_descale, v_descale):
+        if d is not None and (d.get_device() != device or (fp8 and (
+                d.dtype is not torch.float32 or d.shape != (batch, num_heads_k)))):
+            return None
+    if version == 2:
+        if num_splits > 1 or scheduler_metadata is not None or fp8:
+            return None
+        local = split = False
+    else:
+        if scheduler_metadata is not None and (
+                scheduler_metadata.dtype is not torch.int32 or scheduler_metadata.dim() != 1
+                or scheduler_metadata.get_device() != device or not scheduler_metadata.is_contiguous()):
+            return None
+        if num_splits > 256:
+            return None
+        local = _is_local(window, causal)
+        split = num_splits > 1
+    signature = (version, id(comp), dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
+                 softcap > 0, local, split, out is not None, fp8, scheduler_metadata is not None)
+    if not _static_ok(signature, version, comp):
+        return None
+    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)

@@ -1,0 +1,131 @@
+"""The hot-path check must never accept a call the full check refuses, and must
+agree with it on what it accepts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from calls import descales, paged_call, varlen_call
+from conftest import make_build
+from vendored_flash_attn.validation import check_varlen_call, quick_check_varlen_call
+
+
+def _mutations():
+    """(label, builder) pairs: valid calls and one-thing-wrong variants of them."""
+    def base(kind, **kw):
+        return (varlen_call if kind == "varlen" else paged_call)(**kw)
+
+    for kind in ("varlen", "paged"):
+        yield f"{kind}-valid", lambda kind=kind: base(kind)
+        yield f"{kind}-gqa-8/1", lambda kind=kind: base(kind, kv_heads=1)
+        yield f"{kind}-bad-gqa", lambda kind=kind: base(kind, heads=6, kv_heads=4)
+        yield f"{kind}-fp16", lambda kind=kind: base(kind, dtype=torch.float16)
+        yield f"{kind}-fp8", lambda kind=kind: {**base(kind, dtype=torch.float8_e4m3fn), **descales()}
+        yield f"{kind}-fp8-bad-descale", lambda kind=kind: {
+            **base(kind, dtype=torch.float8_e4m3fn), **descales(batch=3)}
+        yield f"{kind}-fp8-f16-descale", lambda kind=kind: {
+            **base(kind, dtype=torch.float8_e4m3fn),
+            **{k: d.half() for k, d in descales().items()}}
+        yield f"{kind}-hdim64", lambda kind=kind: base(kind, d=64)
+        yield f"{kind}-hdim72", lambda kind=kind: base(kind, d=72)
+        yield f"{kind}-dv-diff", lambda kind=kind: base(kind, d=192, dv=128)
+
+        def k_dtype(kind=kind):
+            call = base(kind)
+            call["k"] = call["k"].half()
+            return call
+        yield f"{kind}-k-dtype", k_dtype
+
+        def idx64(kind=kind):
+            call = base(kind)
+            call["cu_seqlens_q"] = call["cu_seqlens_q"].long()
+            return call
+        yield f"{kind}-cu-int64", idx64
+
+        def short_cu(kind=kind):
+            call = base(kind)
+            call["cu_seqlens_q"] = call["cu_seqlens_q"][:2]
+            return call
+        yield f"{kind}-cu-short", short_cu
+
+        def out_ok(kind=kind):
+            call = base(kind)
+            call["out"] = torch.empty_like(call["q"])
+            return call
+        yield f"{kind}-out", out_ok
+
+        def out_bad(kind=kind):
+            call = base(kind)
+            call["out"] = torch.empty(call["q"].shape[0] + 1, *call["q"].shape[1:], dtype=call["q"].dtype)
+            return call
+        yield f"{kind}-out-shape", out_bad
+
+        def on_meta(kind=kind):
+            call = base(kind)
+            call["cu_seqlens_q"] = torch.empty(3, dtype=torch.int32, device="meta")
+            return call
+        yield f"{kind}-meta-index", on_meta
+
+        for extra in ({"softcap": 30.0}, {"window_size": (64, 0)}, {"num_splits": 4},
+                      {"max_seqlen_q": 4.0}, {"dropout_p": 0.1}, {"scheduler_metadata": torch.zeros(3, dtype=torch.int32)},
+                      {"scheduler_metadata": torch.zeros(3, dtype=torch.int64)}):
+            yield f"{kind}-{next(iter(extra))}", lambda kind=kind, extra=extra: {**base(kind), **extra}
+
+    def paged_no_seqused():
+        call = paged_call()
+        del call["seqused_k"]
+        return call
+    yield "paged-no-seqused", paged_no_seqused
+
+    def paged_with_cu():
+        call = paged_call()
+        call["cu_seqlens_k"] = torch.tensor([0, 5, 25], dtype=torch.int32)
+        return call
+    yield "paged-and-cu", paged_with_cu
+
+    def paged_rows():
+        call = paged_call()
+        call["block_table"] = call["block_table"][:1]
+        return call
+    yield "paged-block-rows", paged_rows
+
+    yield "paged-block-12", lambda: paged_call(block_size=12)
+
+
+def _full_args(call):
+    window = call.pop("window_size", (-1, -1))
+    args = dict(q_v=None, dropout_p=0.0, causal=True, window=window, softcap=0.0, alibi_slopes=None,
+                block_table=None, out=None, scheduler_metadata=None, q_descale=None, k_descale=None,
+                v_descale=None, num_splits=0, s_aux=None, cp_world_size=1, cp_rank=0,
+                cp_tot_seqused_k=None, cu_seqlens_k=None, seqused_k=None)
+    args.update(call)
+    return args
+
+
+CASES = list(_mutations())
+
+
+@pytest.mark.parametrize("preset, version", list(itertools.product(("minimal", "full"), (2, 3))))
+def test_quick_check_agrees_with_the_full_check(preset, version):
+    comp = make_build(preset).component(version)
+    accepted = 0
+    for label, build in CASES:
+        args = _full_args(build())
+        quick = quick_check_varlen_call(
+            version, comp, False, args["q"], args["k"], args["v"], args["max_seqlen_q"],
+            args["cu_seqlens_q"], args["max_seqlen_k"], args["cu_seqlens_k"], args["seqused_k"],
+            args["dropout_p"], args["causal"], args["window"], args["softcap"], args["block_table"],
+            args["out"], args["scheduler_metadata"], args["q_descale"], args["k_descale"],
+            args["v_descale"], args["num_splits"])
+        try:
+            full = check_varlen_call(version, comp, "cpu", **args)
+        except (ValueError, TypeError):
+            full = None
+        if quick is not None:
+            accepted += 1
+            assert full == quick, f"{label}: the quick check accepted what the full check gave {full}"
+    # The common calls do take the quick path.
+    assert accepted >= 4, accepted
