@@ -476,16 +476,21 @@ def tool(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
-def checkout_copy(project: Path, dest: Path) -> Path:
-    """The project's tracked and new (not ignored) files, as a fresh clone has them."""
+def checkout_copy(project: Path, dest: Path, exclude: Iterable[Path] = ()) -> Path:
+    """The project's tracked and new (not ignored) files, as a fresh clone has them,
+    minus anything under ``exclude`` (the benchmark's own work and output folders)."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=project,
                             capture_output=True, check=True).stdout.decode().split("\0")
+    skip = [Path(p).resolve() for p in exclude]
     if dest.exists():
         shutil.rmtree(dest)
     for rel in listed:
         if not rel:
             continue
         src = project / rel
+        if rel.split("/", 1)[0] in ("bench-results", "bench-build") or any(
+                src.resolve().is_relative_to(p) for p in skip):
+            continue
         if src.is_file():
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -568,7 +573,7 @@ def experiment(args) -> dict:
     try:
         plan = [("cold", "a")] + ([] if args.skip_warm else [("warm", "b")])
         for label, suffix in plan:
-            checkout = checkout_copy(project, work / f"checkout-{suffix}")
+            checkout = checkout_copy(project, work / f"checkout-{suffix}", exclude=(work, args.out))
             if exe:
                 subprocess.run([exe, "--zero-stats"], env=env, capture_output=True)
             print(f"[build] {label} build in {checkout} ...", file=sys.stderr, flush=True)
@@ -705,7 +710,9 @@ def parse_args(argv=None):
     p.add_argument("--live-stats", action="store_true", help="(analyse) ask the running sccache server")
     p.add_argument("--time-log", type=Path, help="(analyse) a VFA_TIME_LOG written by timed_compile.sh")
     p.add_argument("--project", type=Path, default=common.ROOT, help="project to build (default: this checkout)")
-    p.add_argument("--work", type=Path, default=Path("bench-build"), help="work folder (checkouts, builds, cache)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/vfa-bench-build"),
+                   help="work folder: checkouts, build dirs, wheels, private sccache cache, logs "
+                        "(default /tmp/vfa-bench-build; a few GB for the minimal preset)")
     p.add_argument("--define", action="append", default=[], metavar="K=V",
                    help="CMake define for both builds (-C cmake.define.K=V); default VFA_PRESET=minimal")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable for both builds")
