@@ -29,7 +29,8 @@ case "$PART" in
   *) echo "unknown part $PART (fa2 or fa3)" >&2; exit 2 ;;
 esac
 rc=0
-"$ROOT/.venv-gpu/bin/python" -m pytest "$ROOT/tests/gpu" -m gpu -q -p no:cacheprovider \
+# -o pythonpath=: test the installed wheel, not the source tree (pyproject adds python/).
+"$ROOT/.venv-gpu/bin/python" -m pytest "$ROOT/tests/gpu" -m gpu -q -rs -p no:cacheprovider -o pythonpath= \
   --junitxml="$ROOT/junit-gpu-$PART.xml" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "no GPU test was collected: a GPU step that tests nothing must not pass" >&2
