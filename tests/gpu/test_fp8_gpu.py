@@ -32,8 +32,8 @@ CASES = {
                                                          window=(128, 0)),
     "paged16-decode-gqa32_8-per_seq_head": dict(heads=(32, 8), lens="decode", page=16,
                                                 descales="per_seq_head", causal=True),
-    "paged256-chunked-mqa8_1-scalar_stride0": dict(heads=(8, 1), lens="chunked", page=256,
-                                                   descales="scalar", causal=True),
+    "paged256-chunked-gqa16_2-scalar_stride0": dict(heads=(16, 2), lens="chunked", page=256,
+                                                    descales="scalar", causal=True),
     "paged16-decode-gqa32_8-strided-splits3": dict(heads=(32, 8), lens="decode", page=16,
                                                    descales="strided", causal=True, num_splits=3),
 }
@@ -70,7 +70,7 @@ def test_fp8(case, head_dim, rng):
     p = make_fp8(rng, case, head_dim)
     qd, kd, vd = p.descales
     if spec["descales"] == "scalar":
-        assert all(d.stride() == (0, 0) for d in (qd, kd, vd))
+        assert all(d.stride() == (0, 0) for d in (qd, kd, vd)), [d.stride() for d in (qd, kd, vd)]
     if spec["descales"] == "reuse_k":
         assert qd.data_ptr() == kd.data_ptr()
     out, _ = run_checked(p, 3, f"FA3 fp8 {case}", causal=spec.get("causal", False),
