@@ -44,13 +44,13 @@ def fresh(monkeypatch, value):
 
 
 def test_default_is_fa3_and_fp8_is_supported(hopper_with_both, monkeypatch):
-    from vendored_flash_attn import (flash_attn_supports_fp8, flash_attn_version_reason,
-                                     get_flash_attn_version, is_fa_version_supported,
-                                     select_flash_attn_version)
+    from vendored_flash_attn import (FlashAttnFallbackWarning, flash_attn_supports_fp8,
+                                     flash_attn_version_reason, get_flash_attn_version,
+                                     is_fa_version_supported, select_flash_attn_version)
 
     fresh(monkeypatch, None)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback warning on the plain default
+        warnings.simplefilter("error", FlashAttnFallbackWarning)  # none on the plain default
         assert get_flash_attn_version() == 3, flash_attn_version_reason()
         selection = select_flash_attn_version()
     assert selection.fallbacks == ()
@@ -94,7 +94,7 @@ def test_alibi_falls_back_to_fa2_with_one_warning(hopper_with_both, monkeypatch)
     with pytest.warns(FlashAttnFallbackWarning, match="ALiBi"):
         assert get_flash_attn_version(requires_alibi=True) == 2
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per reason per process
+        warnings.simplefilter("error", FlashAttnFallbackWarning)  # once per reason per process
         assert get_flash_attn_version(requires_alibi=True) == 2
 
 
