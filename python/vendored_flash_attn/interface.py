@@ -65,6 +65,11 @@ def resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
 
 
 def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
+    if fa_version is None and dtype_name(tensor.dtype) is None:
+        # A dtype no FlashAttention kernel takes is the caller's mistake, not a reason for
+        # the selector to fall back or to call FA unavailable.
+        raise FlashAttnTypeError(f"q has dtype {tensor.dtype}; FlashAttention takes torch.bfloat16, "
+                                 "torch.float16 or torch.float8_e4m3fn (FP8 needs FA3)")
     if fa_version is None:
         selection = select_flash_attn_version(device=tensor.device, **traits)
         if selection.version is None:

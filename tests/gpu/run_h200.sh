@@ -93,7 +93,7 @@ fi
 if [[ " $STAGES " == *" test "* ]]; then
   # The tests import the installed wheel, not the source tree.
   "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
-    --junitxml="$OUT/gpu-junit.xml" -q -rs 2>&1 | tee "$OUT/gpu-tests.log"
+    --junitxml="$OUT/gpu-junit.xml" -q -ra 2>&1 | tee "$OUT/gpu-tests.log"
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
