@@ -38,6 +38,20 @@ def _ops(version: int):
     return getattr(torch.ops, OP_NAMESPACES[version])
 
 
+# version -> the forward op overload, looked up once: torch.ops attribute lookups
+# cost microseconds on every call.
+_forward_ops: dict = {}
+on_environment_change(_forward_ops.clear)
+
+
+def _forward_op(version: int):
+    op = _forward_ops.get(version)
+    if op is None:
+        op = getattr(_ops(version), "varlen_fwd" if version == 2 else "fwd").default
+        _forward_ops[version] = op
+    return op
+
+
 def _device_index(tensor: torch.Tensor) -> int:
     index, problem = resolve_device_index(tensor.device)
     if problem is not None:
@@ -52,16 +66,24 @@ _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
 
+_TRAITS = ("requires_alibi", "head_size", "head_size_v", "has_sinks", "dtype")
+
+
 def resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
     """The version a call runs with: the caller's, checked, or the selector's."""
+    return _resolve_cached(fa_version, tensor, tuple(traits.get(name) for name in _TRAITS))[0]
+
+
+def _resolve_cached(fa_version, tensor: torch.Tensor, traits: tuple) -> tuple:
+    """(version, its ComponentInfo), cached per device, override and kind of call;
+    ``traits`` holds the values of _TRAITS in that order."""
     key = (fa_version, tensor.get_device(),
-           current_environment().getenv(ENV_VAR) if fa_version is None else None,
-           *traits.values())
-    version = _resolved.get(key)
-    if version is None:
-        version = _resolve_version(fa_version, tensor, **traits)
-        _resolved[key] = version
-    return version
+           current_environment().getenv(ENV_VAR) if fa_version is None else None, traits)
+    hit = _resolved.get(key)
+    if hit is None:
+        version = _resolve_version(fa_version, tensor, **dict(zip(_TRAITS, traits)))
+        hit = _resolved[key] = (version, _component(version))
+    return hit
 
 
 def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
@@ -208,7 +230,8 @@ def flash_attn_varlen_func(
     if not isinstance(q, torch.Tensor):
         raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     env = current_environment()
-    if q.is_cuda != (env.device_type == "cuda"):
+    on_cuda = env.device_type == "cuda"
+    if q.is_cuda != on_cuda:
         check_q_device(q, env.device_type)  # raises before the selector looks at q.device
     if window_size is None:
         window = (-1, -1)
@@ -218,12 +241,10 @@ def flash_attn_varlen_func(
         window = (int(window_size[0]), int(window_size[1]))
     head_size = q.shape[-1]
     head_size_v = v.shape[-1] if isinstance(v, torch.Tensor) else None
-    version = resolve_version(
-        fa_version, q, requires_alibi=alibi_slopes is not None, head_size=head_size,
-        head_size_v=head_size_v, has_sinks=s_aux is not None, dtype=q.dtype)
+    version, comp = _resolve_cached(fa_version, q, (
+        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, q.dtype))
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
-    comp = _component(version)
     # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -235,7 +256,7 @@ def flash_attn_varlen_func(
     if (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
             and cp_rank == 0 and cp_tot_seqused_k is None):
         shape = quick_check_varlen_call(
-            version, comp, env.device_type == "cuda", q, k, v, max_seqlen_q, cu_seqlens_q,
+            version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q,
             max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
             block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits)
     if shape is None:
@@ -274,12 +295,14 @@ def _fa2_forward(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tabl
                  alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window: Tuple[int, int], softcap, num_splits):
     if cu_seqlens_k is None:
-        # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
-        # entries b and b+1, but with a block_table the values never reach an address or a
-        # length (seqused_k does). Zeros keep that read well-defined; upstream passes
-        # uninitialised memory here.
-        cu_seqlens_k = torch.zeros_like(cu_seqlens_q)
-    results = _ops(2).varlen_fwd(
+        # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read entries
+        # b and b+1, but with a block_table the values never reach an address or a length
+        # (block_info.h: K offsets come from the table, lengths from seqused_k). Any
+        # initialised int32 tensor of batch + 1 entries keeps that read well-defined;
+        # cu_seqlens_q is one, and costs no allocation or kernel launch per call.
+        # (Upstream passes uninitialised memory here.)
+        cu_seqlens_k = cu_seqlens_q
+    results = _forward_op(2)(
         q, k, v,
         out,
         cu_seqlens_q,
@@ -308,7 +331,7 @@ def _fa3_forward(q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block
                  max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale,
                  causal, window: Tuple[int, int], softcap, scheduler_metadata, num_splits,
                  s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
-    results = _ops(3).fwd(
+    results = _forward_op(3)(
         q, k, v,
         None, None,       # k_new, v_new
         q_v,

@@ -11,8 +11,7 @@ metadata only: no ``.item()``, no reductions, no device sync. The expensive chec
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -22,9 +21,9 @@ from .errors import FlashAttnInputError, FlashAttnTypeError
 from .kernels import dtype_name, dtype_problem, feature_problem, head_size_problem
 
 
-@dataclass(frozen=True)
-class CallShape:
-    """What the checks learned about a call; the dispatcher uses it."""
+class CallShape(NamedTuple):
+    """What the checks learned about a call; the dispatcher uses it. (A NamedTuple:
+    built on every call, and a frozen dataclass costs a microsecond to construct.)"""
 
     batch: int
     num_heads: int
@@ -363,8 +362,11 @@ def _static_ok(signature, version, comp) -> bool:
     return ok
 
 
+_INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn
+
+
 def _index_ok(x, device: int, length: int) -> bool:
-    return (x.dtype is torch.int32 and x.get_device() == device and x.dim() == 1
+    return (x.dtype is _INT32 and x.get_device() == device and x.dim() == 1
             and x.shape[0] == length and x.is_contiguous())
 
 
@@ -411,7 +413,7 @@ def _quick_check(version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q, ma
     paged = block_table is not None
     if paged:
         if (cu_seqlens_k is not None or seqused_k is None or k.dim() != 4 or v.dim() != 4
-                or not _index_ok(seqused_k, device, batch) or block_table.dtype is not torch.int32
+                or not _index_ok(seqused_k, device, batch) or block_table.dtype is not _INT32
                 or block_table.get_device() != device or block_table.dim() != 2
                 or block_table.shape[0] != batch or block_table.stride(-1) != 1
                 or (version == 2 and k.shape[1] % 16)):
@@ -423,27 +425,28 @@ def _quick_check(version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q, ma
         return None
     num_heads_k = k.shape[-2]
     head_size_v = v.shape[-1]
-    fp8 = dtype is torch.float8_e4m3fn
+    fp8 = dtype is _E4M3
     if out is not None and (
-            out.dtype is not (torch.bfloat16 if fp8 else dtype) or out.get_device() != device
+            out.dtype is not (_BF16 if fp8 else dtype) or out.get_device() != device
             or out.shape != (total_q, num_heads, head_size_v) or out.stride(-1) != 1):
         return None
-    for d in (q_descale, k_descale, v_descale):
-        if d is not None and (d.get_device() != device or (fp8 and (
-                d.dtype is not torch.float32 or d.shape != (batch, num_heads_k)))):
-            return None
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        for d in (q_descale, k_descale, v_descale):
+            if d is not None and (d.get_device() != device or (fp8 and (
+                    d.dtype is not _FLOAT32 or d.shape != (batch, num_heads_k)))):
+                return None
     if version == 2:
         if num_splits > 1 or scheduler_metadata is not None or fp8:
             return None
         local = split = False
     else:
         if scheduler_metadata is not None and (
-                scheduler_metadata.dtype is not torch.int32 or scheduler_metadata.dim() != 1
+                scheduler_metadata.dtype is not _INT32 or scheduler_metadata.dim() != 1
                 or scheduler_metadata.get_device() != device or not scheduler_metadata.is_contiguous()):
             return None
         if num_splits > 256:
             return None
-        local = _is_local(window, causal)
+        local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
         split = num_splits > 1
     signature = (version, id(comp), dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
                  softcap > 0, local, split, out is not None, fp8, scheduler_metadata is not None)
