@@ -7,6 +7,10 @@
 #
 #   benchmarks/run_h200_bench.sh WHEEL [FA2_PTX_BUILD_DIR] [FA3_NO_TWO_LEVEL_BUILD_DIR]
 #
+# STAGES (default: all) picks among first_call overhead fp8 variants kernels.
+# OVERLAY_SOURCE=1 copies this checkout's Python files over the installed package
+# (same compiled modules, newer Python), to measure a Python-only change.
+#
 # Everything lands in $OUT/bench.tgz (default .results/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,26 +27,36 @@ wheel=$1 fa2_ptx=${2:-} fa3_nol2=${3:-}
 fixed=/tmp/$(basename "$wheel" | sed 's/_\(fa[0-9a-f]*\.cu[0-9]*\)-/+\1-/')
 cp "$wheel" "$fixed" && "$PY" -m pip install -q --no-deps --force-reinstall "$fixed"
 cd /tmp  # import the installed package, not the source tree
+if [[ -n "${OVERLAY_SOURCE:-}" ]]; then
+  site=$("$PY" -c 'import os, vendored_flash_attn as m; print(os.path.dirname(m.__file__))')
+  cp "$ROOT"/python/vendored_flash_attn/*.py "$site/"
+fi
+STAGES=" ${STAGES:-first_call overhead fp8 variants kernels} "
 
-"$PY" "$ROOT/benchmarks/first_call.py" --out "$R" --no-speed 2>&1 | tee "$R/first_call.log" | tail -15
-"$PY" "$ROOT/benchmarks/overhead.py" --out "$R" 2>&1 | tee "$R/overhead.log" | tail -20
-"$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$R" 2>&1 | tee "$R/fp8_on.log" | tail -5
+[[ $STAGES == *" first_call "* ]] &&
+  "$PY" "$ROOT/benchmarks/first_call.py" --out "$R" 2>&1 | tee "$R/first_call.log" | tail -15
+[[ $STAGES == *" overhead "* ]] &&
+  "$PY" "$ROOT/benchmarks/overhead.py" --out "$R" 2>&1 | tee "$R/overhead.log" | tail -20
+[[ $STAGES == *" fp8 "* ]] &&
+  "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$R" 2>&1 | tee "$R/fp8_on.log" | tail -5
 
-if [[ -n "$fa3_nol2" ]]; then
+if [[ -n "$fa3_nol2" && $STAGES == *" variants "* ]]; then
   "$PY" "$ROOT/benchmarks/variant_package.py" --component fa3 --build-dir "$ROOT/$fa3_nol2" \
     --dest /tmp/variant-nol2 --label fp8-two-level-off
   PYTHONPATH=/tmp/variant-nol2 "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$R" 2>&1 | tee "$R/fp8_off.log" | tail -5
   "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --compare "$R"/fp8_accuracy-*.json 2>&1 | tee "$R/fp8_compare.log"
 fi
-if [[ -n "$fa2_ptx" ]]; then
+if [[ -n "$fa2_ptx" && $STAGES == *" variants "* ]]; then
   "$PY" "$ROOT/benchmarks/variant_package.py" --component fa2 --build-dir "$ROOT/$fa2_ptx" \
     --dest /tmp/variant-ptx --label fa2-sm80-ptx
   mkdir -p "$R/fa2-ptx"
-  PYTHONPATH=/tmp/variant-ptx timeout 150 "$PY" "$ROOT/benchmarks/first_call.py" --out "$R/fa2-ptx" --no-speed \
+  PYTHONPATH=/tmp/variant-ptx timeout 150 "$PY" "$ROOT/benchmarks/first_call.py" --out "$R/fa2-ptx" \
     --timeout 60 2>&1 | tee "$R/fa2-ptx/first_call.log" | tail -12
   PYTHONPATH=/tmp/variant-ptx timeout 120 "$PY" "$ROOT/benchmarks/kernels.py" --quick --impls fa2 \
     --cases paged_prefill_seed paged_decode_seed varlen_2k_causal --budget-s 90 --out "$R/fa2-ptx" 2>&1 \
     | tee "$R/fa2-ptx/kernels.log" | tail -12
 fi
 # Last, so its table ends the output.
-"$PY" "$ROOT/benchmarks/kernels.py" --out "$R" 2>&1 | tee "$R/kernels.log" | tail -40
+[[ $STAGES == *" kernels "* ]] &&
+  "$PY" "$ROOT/benchmarks/kernels.py" --out "$R" 2>&1 | tee "$R/kernels.log" | tail -40
+exit 0
