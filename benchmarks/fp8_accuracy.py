@@ -4,9 +4,9 @@
 Runs the installed wheel and tags the results with its build options (above all
 VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION). Run it once per build and compare:
 
+    python benchmarks/fp8_accuracy.py --out R            # default build: R/fp8_accuracy-two_level_off.json
+    (install the build with -C cmake.define.VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION=ON)
     python benchmarks/fp8_accuracy.py --out R            # writes R/fp8_accuracy-two_level_on.json
-    (install the build with -C cmake.define.VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION=OFF)
-    python benchmarks/fp8_accuracy.py --out R            # writes R/fp8_accuracy-two_level_off.json
     python benchmarks/fp8_accuracy.py --compare R/fp8_accuracy-two_level_on.json R/fp8_accuracy-two_level_off.json
 
 Data (Llama-3.1-8B heads: 32 q / 8 KV, d=128; generated in float32, stored as bf16,
