@@ -4,7 +4,6 @@ compiler-cache hits from a second checkout path and build dir."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import zipfile
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import PROJECT, clean_env, run, tool
+from support.cmake_runner import PROJECT, clean_env, free_port, run, tool
 
 MODULES = ("_vendored_fa2_C", "_vendored_fa3_C")
 
@@ -28,12 +27,6 @@ def checkout_copy(dest: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(src.read_bytes())
     return dest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

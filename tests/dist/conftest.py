@@ -7,7 +7,6 @@ marked ``build`` (they reuse tests/support, like tests/build)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -41,7 +40,4 @@ def synthetic(tmp_path_factory) -> SyntheticUpstream:
     return make_synthetic_upstream(tmp_path_factory.mktemp("upstream"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+

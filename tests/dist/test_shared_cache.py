@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from support.cmake_runner import free_port
 from support.cmake_runner import PROJECT, build_info, clean_env, compile_commands, configure, fetch_sources, run, tool
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -83,3 +84,10 @@ def compile_commands(build_dir: Path) -> list[dict]:
 
 def build_info(build_dir: Path) -> dict:
     return json.loads((build_dir / "build_info.json").read_text())
+
+
+def free_port() -> int:
+    """A free TCP port on localhost (for private sccache and Redis servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

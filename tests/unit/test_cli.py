@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import AMPERE, HOPPER, make_build
+from runtime_fakes import AMPERE, HOPPER, make_build
 from vendored_flash_attn import cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from calls import descales, paged_call, varlen_call
-from conftest import AMPERE, HOPPER
+from runtime_fakes import AMPERE, HOPPER
 from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata, make_fp8_descales
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn

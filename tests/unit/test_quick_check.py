@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from calls import descales, paged_call, varlen_call
-from conftest import make_build
+from runtime_fakes import make_build
 from vendored_flash_attn.validation import check_varlen_call, quick_check_varlen_call
 
 

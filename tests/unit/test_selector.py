@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import ADA, AMPERE, BLACKWELL, BLACKWELL_12, HOPPER, TURING, make_build
+from runtime_fakes import ADA, AMPERE, BLACKWELL, BLACKWELL_12, HOPPER, TURING, make_build
 from vendored_flash_attn import selector
 from vendored_flash_attn.environment import SystemEnvironment, set_environment
 from vendored_flash_attn.errors import FlashAttnFallbackWarning

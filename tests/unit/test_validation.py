@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from calls import descales, paged_call, varlen_call
-from conftest import AMPERE, HOPPER, make_build
+from runtime_fakes import AMPERE, HOPPER, make_build
 from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 from vendored_flash_attn.errors import (
     FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError)
