@@ -4,29 +4,17 @@ compiler-cache hits from a second checkout path and build dir."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import PROJECT, clean_env, free_port, run, tool
+from support.cmake_runner import checkout_copy, clean_env, free_port, run, tool
 
 MODULES = ("_vendored_fa2_C", "_vendored_fa3_C")
 
 
-def checkout_copy(dest: Path) -> Path:
-    """The project's tracked (and new, not ignored) files, as a fresh clone would have them."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=PROJECT,
-                            capture_output=True, text=True, check=True).stdout.split()
-    for rel in listed:
-        src = PROJECT / rel
-        if src.is_file():
-            target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(src.read_bytes())
-    return dest
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.synthetic_upstream import SyntheticUpstream, make_synthetic_upstream  # noqa: E402
 
 HEAVY = {"test_sdist.py", "test_shared_cache.py"}
 
@@ -33,11 +31,6 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.build)
 
 
-@pytest.fixture(scope="session")
-def synthetic(tmp_path_factory) -> SyntheticUpstream:
-    if shutil.which("git") is None:
-        pytest.fail("git is required for the build tests (the build fetches with git)")
-    return make_synthetic_upstream(tmp_path_factory.mktemp("upstream"))
 
 
 

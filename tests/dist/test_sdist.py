@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import PROJECT, clean_env, run, tool
+from support.cmake_runner import PROJECT, checkout_copy, clean_env, run, tool
 
 FETCHED_MARKERS = ("csrc/flash_attn/", "hopper/", "include/cutlass/", "include/cute/", ".vfa-source.json")
 
@@ -21,13 +21,7 @@ FETCHED_MARKERS = ("csrc/flash_attn/", "hopper/", "include/cutlass/", "include/c
 def checkout_with_leftovers(dest: Path) -> Path:
     """The tracked files, plus what a developer's tree also holds: fetched sources,
     a source cache, build dirs and wheels (all ignored by git)."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=PROJECT,
-                            capture_output=True, text=True, check=True).stdout.split()
-    for rel in listed:
-        src = PROJECT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_bytes(src.read_bytes())
+    checkout_copy(dest)
     leftovers = {
         "vendor/flash-attention/src/hopper/flash_api.cpp": "// fetched",
         ".upstream-cache/src/flash-attention-617264c1c795/csrc/flash_attn/flash_api.cpp": "// fetched",

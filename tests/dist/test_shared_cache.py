@@ -15,19 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import free_port
-from support.cmake_runner import PROJECT, build_info, clean_env, compile_commands, configure, fetch_sources, run, tool
+from support.cmake_runner import (PROJECT, build_info, checkout_copy, clean_env, compile_commands, configure,
+                                  fetch_sources, free_port, run, tool)
 
 
-def checkout_copy(dest: Path) -> Path:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=PROJECT,
-                            capture_output=True, text=True, check=True).stdout.split()
-    for rel in listed:
-        src = PROJECT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_bytes(src.read_bytes())
-    return dest
 
 
 def redis_ping(port: int) -> bool:

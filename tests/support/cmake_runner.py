@@ -91,3 +91,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def checkout_copy(dest: Path) -> Path:
+    """The project's tracked (and new, not ignored) files, as a fresh clone would have them."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=PROJECT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    for rel in listed:
+        src = PROJECT / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(src.read_bytes())
+    return dest
