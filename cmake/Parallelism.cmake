@@ -1,11 +1,12 @@
 # Parallelism: a memory-aware job pool for the compiles of our modules.
-# FA2/FA3 translation units take several GB each (FA2 ~4.4 GB measured per
-# unit and gencode thread), so running one per core can exhaust a small build
-# machine. Ninja honours the pool whatever -j it is given.
+# FA2/FA3 translation units take several GB each (measured peaks: FA2 4.4 GB per
+# unit and gencode thread, FA3 hdim-128 instantiations 8.1 GB in cicc), so running
+# one per core can exhaust a build machine. Ninja honours the pool whatever -j it
+# is given.
 #
 #   MAX_JOBS            compile jobs (default: min(cores, memory / per-job))
 #   NVCC_THREADS        nvcc --threads per unit (parallel gencode targets)
-#   VFA_JOB_MEMORY_MB   memory budget per job and nvcc thread (default 5120)
+#   VFA_JOB_MEMORY_MB   memory budget per job and nvcc thread (default 8192)
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
@@ -15,7 +16,7 @@ set(VFA_JOB_POOL vfa_compile)
 function(vfa_setup_job_pool)
   vfa_option(MAX_JOBS "" "parallel compile jobs")
   vfa_option(NVCC_THREADS "1" "nvcc --threads per translation unit")
-  vfa_option(VFA_JOB_MEMORY_MB "5120" "memory per compile job and nvcc thread")
+  vfa_option(VFA_JOB_MEMORY_MB "8192" "memory per compile job and nvcc thread")
   foreach(knob NVCC_THREADS VFA_JOB_MEMORY_MB)
     if(NOT "${${knob}}" MATCHES "^[1-9][0-9]*$")
       message(FATAL_ERROR "${knob} must be a positive integer, got '${${knob}}'.")

@@ -5,6 +5,7 @@
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 # torch >= 2.10 stable ABI: pins the headers' target version and bans unstable use.
 set(VFA_TORCH_TARGET_VERSION "0x020A000000000000ULL")
@@ -22,6 +23,27 @@ function(vfa_cuda_driver_mode out_var)
   endif()
 endfunction()
 
+# Fatbin compression (nvcc >= 12.8 --compress-mode): how device code is stored in the
+# module. Measured on an FA3 instantiation (docs/wheel-size.md): "size" stores it in
+# 37 % of the bytes at the same compile time; the kernels are the same SASS, the cost
+# is decompression when the module loads.
+function(vfa_select_fatbin_compression nvcc_version)
+  vfa_option(VFA_FATBIN_COMPRESSION "default" "nvcc --compress-mode: default, size, speed, balance, none")
+  string(TOLOWER "${VFA_FATBIN_COMPRESSION}" mode)
+  vfa_check_choices(VFA_FATBIN_COMPRESSION "${mode}" "default;size;speed;balance;none")
+  set(flags "")
+  if(NOT mode STREQUAL "default")
+    if(nvcc_version VERSION_LESS 12.8)
+      message(FATAL_ERROR
+        "VFA_FATBIN_COMPRESSION=${mode} needs nvcc 12.8 or newer (--compress-mode); this is "
+        "nvcc ${nvcc_version}. Use VFA_FATBIN_COMPRESSION=default.")
+    endif()
+    set(flags "--compress-mode=${mode}")
+  endif()
+  set(VFA_FATBIN_FLAGS "${flags}" PARENT_SCOPE)
+  set(VFA_FATBIN_COMPRESSION "${mode}" PARENT_SCOPE)
+endfunction()
+
 # vfa_add_torch_extension(<name> SOURCES ... GENCODE ... DEFINES ... INCLUDE_DIRS ...)
 function(vfa_add_torch_extension name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;GENCODE;DEFINES;INCLUDE_DIRS")
@@ -34,7 +56,7 @@ function(vfa_add_torch_extension name)
     JOB_POOL_COMPILE ${VFA_JOB_POOL})
 
   vfa_gencode_flags(gencode_flags ${arg_GENCODE})
-  set(cuda_flags ${VFA_NVCC_FLAGS})
+  set(cuda_flags ${VFA_NVCC_FLAGS} ${VFA_FATBIN_FLAGS})
   if(VFA_NVCC_THREADS GREATER 1)
     list(APPEND cuda_flags --threads=${VFA_NVCC_THREADS})
   endif()

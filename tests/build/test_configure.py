@@ -193,6 +193,7 @@ def test_fp8_two_level_accumulation_switch(tmp_path, sources, value, disabled):
         ({"VFA_COMPILER_CACHE": "maybe"}, "VFA_COMPILER_CACHE: 'maybe' is not a valid value."),
         ({"MAX_JOBS": "lots"}, "MAX_JOBS must be a positive integer, got 'lots'."),
         ({"NVCC_THREADS": "0"}, "NVCC_THREADS must be a positive integer, got '0'."),
+        ({"VFA_FATBIN_COMPRESSION": "max"}, "VFA_FATBIN_COMPRESSION: 'max' is not a valid value."),
     ],
 )
 def test_bad_knobs_fail_with_a_clear_message(tmp_path, sources, knobs, message):
@@ -220,3 +221,14 @@ def test_default_job_count_is_bounded_by_memory(tmp_path, sources):
     assert result.returncode == 0, result.output
     info = build_info(build)
     assert info["build"]["jobs"] == 1 and info["build"]["jobs_reason"].startswith("memory")
+
+
+@pytest.mark.parametrize("mode, flag", [(None, None), ("size", "--compress-mode=size"), ("none", "--compress-mode=none")])
+def test_fatbin_compression_knob(tmp_path, sources, mode, flag):
+    knobs = {} if mode is None else {"VFA_FATBIN_COMPRESSION": mode}
+    build, result = configured(tmp_path, sources, VFA_PRESET="minimal", **knobs)
+    assert result.returncode == 0, result.output
+    for module, commands in units(build).items():
+        for name, cmd in commands.items():
+            if name.endswith(".cu"):
+                assert (flag in cmd) if flag else ("--compress-mode" not in cmd), (module, name)
