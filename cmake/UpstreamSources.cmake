@@ -410,7 +410,8 @@ endmacro()
 # When both pins disagree, say so: the bump was likely half done.
 function(vfa_check_cutlass_matches_submodule)
   if(NOT VFA_flash_attention_ORIGIN STREQUAL "source_dir" AND EXISTS "${VFA_flash_attention_SOURCE_DIR}/.git")
-    vfa_git(line err -C "${VFA_flash_attention_SOURCE_DIR}" ls-tree HEAD csrc/cutlass)
+    vfa_git(line err -c "safe.directory=${VFA_flash_attention_SOURCE_DIR}" -C "${VFA_flash_attention_SOURCE_DIR}"
+            ls-tree HEAD csrc/cutlass)
     if(NOT err AND line MATCHES "commit ([0-9a-f]+)")
       set(submodule "${CMAKE_MATCH_1}")
       if(NOT submodule STREQUAL VFA_PIN_cutlass_COMMIT)
