@@ -165,13 +165,8 @@ def test_cutlass_pin_disagreeing_with_the_submodule_warns(synthetic, tmp_path, c
 
     pin = synthetic.write_pin(tmp_path / "pin.json")
     data = json.loads(pin.read_text())
-    other = subprocess.run(["git", "-C", str(synthetic.cutlass), "commit", "-q", "--allow-empty", "-m", "x"],
-                           check=True)
-    head = subprocess.run(["git", "-C", str(synthetic.cutlass), "rev-parse", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    data["cutlass"]["commit"] = head
+    data["cutlass"]["commit"] = synthetic.new_cutlass_commit("not the submodule's commit")
     pin.write_text(json.dumps(data))
     result = fetch_sources(defines(pin, cache))
     assert result.returncode == 0, result.output
     assert "Bump both together" in result.text
-    del other

@@ -423,6 +423,13 @@ def _git(cwd: Path, *args: str) -> str:
     return out.stdout.strip()
 
 
+def _side_commit(repo: Path, message: str) -> str:
+    """A new commit (same tree, HEAD as parent) on a branch of its own."""
+    sha = _git(repo, "commit-tree", "HEAD^{tree}", "-p", "HEAD", "-m", message)
+    _git(repo, "update-ref", f"refs/heads/side-{sha[:12]}", sha)
+    return sha
+
+
 def _write_tree(root: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():
         path = root / rel
@@ -499,12 +506,12 @@ class SyntheticUpstream:
         return path
 
     def new_fa_commit(self, message: str = "another commit") -> str:
-        """A second commit on flash-attention (for moved tags and other-commit sources)."""
-        readme = self.flash_attention / "README.md"
-        readme.write_text(readme.read_text() + message + "\n" if readme.exists() else message + "\n")
-        _git(self.flash_attention, "add", "README.md")
-        _git(self.flash_attention, "commit", "-q", "-m", message)
-        return _git(self.flash_attention, "rev-parse", "HEAD")
+        """Another flash-attention commit (for moved tags and other-commit sources), on a
+        side branch: HEAD and the working tree stay at the pin, which other tests use."""
+        return _side_commit(self.flash_attention, message)
+
+    def new_cutlass_commit(self, message: str = "another commit") -> str:
+        return _side_commit(self.cutlass, message)
 
     def tag_fa(self, tag: str, commit: str) -> None:
         _git(self.flash_attention, "tag", "-f", tag, commit)
