@@ -69,14 +69,10 @@ on_environment_change(_resolved.clear)
 _TRAITS = ("requires_alibi", "head_size", "head_size_v", "has_sinks", "dtype")
 
 
-def resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
-    """The version a call runs with: the caller's, checked, or the selector's."""
-    return _resolve_cached(fa_version, tensor, tuple(traits.get(name) for name in _TRAITS))[0]
-
-
 def _resolve_cached(fa_version, tensor: torch.Tensor, traits: tuple) -> tuple:
-    """(version, its ComponentInfo), cached per device, override and kind of call;
-    ``traits`` holds the values of _TRAITS in that order."""
+    """The version a call runs with (the caller's, checked, or the selector's) and its
+    ComponentInfo, cached per device, override and kind of call; ``traits`` holds the
+    values of _TRAITS in that order."""
     key = (fa_version, tensor.get_device(),
            current_environment().getenv(ENV_VAR) if fa_version is None else None, traits)
     hit = _resolved.get(key)
