@@ -1,23 +1,24 @@
 # Python and torch: the interpreter the wheel is built for, torch's CMake
-# config, and the nvcc flags torch would use (minus its -gencode list, which
-# CudaArchs.cmake replaces per component).
+# config (found without importing torch: torch_metadata.py), and the nvcc
+# flags torch would use (minus its -gencode list, which CudaArchs.cmake
+# replaces per component).
 
 include_guard(GLOBAL)
 
 set(VFA_MIN_TORCH_VERSION "2.10")
+set(_VFA_TORCH_METADATA_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/torch_metadata.py")
 
 macro(vfa_find_python_and_torch)
   # abi3 modules: the limited API of the interpreter we build with.
   find_package(Python REQUIRED COMPONENTS Interpreter Development.Module Development.SABIModule)
 
   execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-      "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or '')"
+    COMMAND "${Python_EXECUTABLE}" "${_VFA_TORCH_METADATA_SCRIPT}"
     OUTPUT_VARIABLE _vfa_torch_out ERROR_VARIABLE _vfa_torch_err RESULT_VARIABLE _vfa_torch_rc
     OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT _vfa_torch_rc EQUAL 0)
     message(FATAL_ERROR
-      "torch cannot be imported by ${Python_EXECUTABLE}:\n${_vfa_torch_err}\n"
+      "Cannot find torch for ${Python_EXECUTABLE}:\n${_vfa_torch_err}\n"
       "The modules compile against torch's headers. With --no-build-isolation, install "
       "torch>=${VFA_MIN_TORCH_VERSION} (a CUDA build) into that environment first.")
   endif()

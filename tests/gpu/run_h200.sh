@@ -37,11 +37,15 @@ DEFINES=(-Ccmake.define.VFA_PRESET=minimal -Ccmake.define.TORCH_CUDA_ARCH_LIST=9
 
 sccache_stats() { sccache --show-stats --stats-format=json > "$1" 2>/dev/null || echo '{}' > "$1"; }
 
+# Prefix each line with the seconds since the start: where a build spends its time.
+stamp() { "$PY" -u -c 'import sys, time
+t = time.monotonic()
+for line in sys.stdin: sys.stdout.write(f"{time.monotonic() - t:7.2f} {line}")'; }
+
 build_wheel() {  # <project dir> <dist dir> <log>
-  local start end
   local start
   start=$(date +%s.%N)
-  "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$2" "${DEFINES[@]}" "$1" > "$3" 2>&1 \
+  "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$2" "${DEFINES[@]}" "$1" 2>&1 | stamp > "$3" \
     || { tail -50 "$3" >&2; return 1; }
   "$PY" -c "print(round($(date +%s.%N) - $start, 1))"
 }
@@ -68,6 +72,7 @@ if [[ " $STAGES " == *" build "* && -z "${WHEEL:-}" ]]; then
     sccache --zero-stats >/dev/null
     warm=$(build_wheel "$other" "$other/dist" "$OUT/build-warm.log")
     sccache_stats "$OUT/sccache-warm.json"
+    cp "$other"/build/*/.ninja_log "$OUT/ninja-warm.log"
   fi
   printf '{"cold_s": %s, "warm_s": "%s"}\n' "$cold" "$warm" > "$OUT/build-times.json"
   WHEEL=$(ls "$ROOT"/dist/vendored_flash_attn-*.whl)
