@@ -20,6 +20,7 @@ from .kernels import dtype_name, dtype_problem, head_size_problem
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
 from .validation import check_q_device, check_varlen_call, quick_check_varlen_call
 
+_E4M3 = torch.float8_e4m3fn
 OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
 
 
@@ -59,26 +60,21 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
-# (fa_version, device, VLLM_FLASH_ATTN_VERSION, traits) -> version: the answer for a
-# device and a kind of call does not change within one environment, and asking the
-# selector costs microseconds on every layer of every step.
+# (fa_version, device, VLLM_FLASH_ATTN_VERSION, traits) -> (version, ComponentInfo,
+# forward op): the answer for a device and a kind of call does not change within one
+# environment, and asking the selector costs microseconds on every layer of every step.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
 
-_TRAITS = ("requires_alibi", "head_size", "head_size_v", "has_sinks", "dtype")
-
-
-def _resolve_cached(fa_version, tensor: torch.Tensor, traits: tuple) -> tuple:
-    """The version a call runs with (the caller's, checked, or the selector's) and its
-    ComponentInfo, cached per device, override and kind of call; ``traits`` holds the
-    values of _TRAITS in that order."""
-    key = (fa_version, tensor.get_device(),
-           current_environment().getenv(ENV_VAR) if fa_version is None else None, traits)
-    hit = _resolved.get(key)
-    if hit is None:
-        version = _resolve_version(fa_version, tensor, **dict(zip(_TRAITS, traits)))
-        hit = _resolved[key] = (version, _component(version))
+def _resolve(key: tuple, tensor: torch.Tensor) -> tuple:
+    """Fill _resolved[key]; key = (fa_version, device, override, requires_alibi,
+    head_size, head_size_v, has_sinks, dtype) as flash_attn_varlen_func builds it."""
+    fa_version, _, _, requires_alibi, head_size, head_size_v, has_sinks, dtype = key
+    version = _resolve_version(fa_version, tensor, requires_alibi=requires_alibi,
+                               head_size=head_size, head_size_v=head_size_v,
+                               has_sinks=has_sinks, dtype=dtype)
+    hit = _resolved[key] = (version, _component(version), _forward_op(version))
     return hit
 
 
@@ -235,125 +231,140 @@ def flash_attn_varlen_func(
         if len(window_size) != 2:
             raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
         window = (int(window_size[0]), int(window_size[1]))
-    head_size = q.shape[-1]
+    q_shape = q.shape
+    head_size = q_shape[-1]
     head_size_v = v.shape[-1] if isinstance(v, torch.Tensor) else None
-    version, comp = _resolve_cached(fa_version, q, (
-        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, q.dtype))
+    device = q.get_device()
+    key = (fa_version, device, env.getenv(ENV_VAR) if fa_version is None else None,
+           alibi_slopes is not None, head_size, head_size_v, s_aux is not None, q.dtype)
+    version, comp, op = _resolved.get(key) or _resolve(key, q)
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
-    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
-    if q.stride(-1) != 1:
+    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride
+    # 1). is_contiguous() first: it is a third of the cost of stride(-1).
+    if not q.is_contiguous() and q.stride(-1) != 1:
         q = q.contiguous()
-    if isinstance(k, torch.Tensor) and k.stride(-1) != 1:
+    if isinstance(k, torch.Tensor) and not k.is_contiguous() and k.stride(-1) != 1:
         k = k.contiguous()
-    if isinstance(v, torch.Tensor) and v.stride(-1) != 1:
+    if isinstance(v, torch.Tensor) and not v.is_contiguous() and v.stride(-1) != 1:
         v = v.contiguous()
-    shape = None
-    if (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
-            and cp_rank == 0 and cp_tot_seqused_k is None):
-        shape = quick_check_varlen_call(
-            version, comp, on_cuda, q, k, v, max_seqlen_q, cu_seqlens_q,
-            max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
-            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits)
-    if shape is None:
-        shape = check_varlen_call(
-            version, comp, env.device_type,
-            q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
-            dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
-            alibi_slopes=alibi_slopes, block_table=block_table, out=out,
-            scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-            v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
-            cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
-    if debug_checks_enabled():
-        run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         seqused_k=seqused_k, block_table=block_table,
-                         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
-    if version == 2:
-        out, softmax_lse = _fa2_forward(
-            q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-            int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), bool(causal), window,
-            float(softcap), int(num_splits))
+    # The common call shapes take the quick check; it leaves to the op what the op checks
+    # itself, and an op refusing such a call is explained by the full check below.
+    quick = (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
+             and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
+                 version, comp, device, q_shape, head_size_v, q, k, v, max_seqlen_q, cu_seqlens_q,
+                 max_seqlen_k,
+                 cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
+                 scheduler_metadata, q_descale, k_descale, v_descale, num_splits))
+    if quick and debug_checks_enabled():
+        quick = False  # the index-value checks below need the shapes checked first
+    if quick:
+        fp8 = q.dtype is _E4M3
     else:
-        # Descales only mean something for FP8 data; FA3 ignores them otherwise, and vLLM
-        # passes them on every call, so they are dropped rather than refused.
-        if not shape.fp8:
-            q_descale = k_descale = v_descale = None
-        out, softmax_lse = _fa3_forward(
-            q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-            int(max_seqlen_q), int(max_seqlen_k), q_descale, k_descale, v_descale,
-            float(softmax_scale), bool(causal), window, float(softcap), scheduler_metadata,
-            int(num_splits), s_aux, int(cp_world_size), int(cp_rank), cp_tot_seqused_k)
+        fp8 = _check_fully(
+            version, comp, env.device_type, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+            cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window, softcap, alibi_slopes,
+            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
+            s_aux, cp_world_size, cp_rank, cp_tot_seqused_k).fp8
+        if debug_checks_enabled():
+            run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             seqused_k=seqused_k, block_table=block_table,
+                             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
+    # The op calls, in the argument order of the modules' schemas (upstream's
+    # ops.def strings), written out here rather than in helpers: this runs on every
+    # layer of every step, and a Python call with 30 arguments costs a fraction of a µs.
+    try:
+        if version == 3:
+            # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
+            # vLLM passes them on every call, so they are dropped rather than refused.
+            if not fp8:
+                q_descale = k_descale = v_descale = None
+            out, softmax_lse = op(
+                q, k, v,
+                None, None,        # k_new, v_new
+                q_v,
+                out,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                None,              # cu_seqlens_k_new
+                None, seqused_k,   # seqused_q, seqused_k
+                int(max_seqlen_q), int(max_seqlen_k),
+                block_table,       # page_table
+                None,              # kv_batch_idx
+                None,              # leftpad_k
+                None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
+                q_descale, k_descale, v_descale,
+                float(softmax_scale),
+                bool(causal),
+                window[0], window[1],
+                float(softcap),
+                True,              # is_rotary_interleaved (no rotary here)
+                scheduler_metadata,
+                int(num_splits),
+                None,              # pack_gqa: heuristic
+                0,                 # sm_margin
+                s_aux,
+                int(cp_world_size),
+                int(cp_rank),
+                cp_tot_seqused_k,
+            )[:2]
+        else:
+            out, softmax_lse = op(
+                q, k, v,
+                out,
+                cu_seqlens_q,
+                # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
+                # entries b and b+1, but with a block_table the values never reach an
+                # address or a length (block_info.h: K offsets come from the table,
+                # lengths from seqused_k). Any initialised int32 tensor of batch + 1
+                # entries keeps that read well-defined; cu_seqlens_q is one, and costs no
+                # allocation or kernel launch per call. (Upstream passes uninitialised
+                # memory here.)
+                cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+                seqused_k,
+                None,              # leftpad_k
+                block_table,
+                alibi_slopes,
+                int(max_seqlen_q),
+                int(max_seqlen_k),
+                0.0,               # p_dropout: built without dropout
+                float(softmax_scale),
+                False,             # zero_tensors
+                bool(causal),
+                window[0],
+                window[1],
+                float(softcap),
+                False,             # return_softmax: only meaningful with dropout
+                int(num_splits),
+                None,              # gen: must be None
+            )[:2]
+    except RuntimeError as exc:
+        if quick:
+            # The op refused a call the quick check let through: say what was wrong in the
+            # full check's words (it raises), or pass the op's own error on.
+            try:
+                _check_fully(
+                    version, comp, env.device_type, q, k, v, max_seqlen_q, cu_seqlens_q,
+                    max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window,
+                    softcap, alibi_slopes, block_table, out, scheduler_metadata, q_descale,
+                    k_descale, v_descale, num_splits, s_aux, cp_world_size, cp_rank,
+                    cp_tot_seqused_k)
+            except (FlashAttnInputError, FlashAttnTypeError) as explained:
+                raise explained from exc
+        raise
     return (out, softmax_lse) if return_softmax_lse else out
 
 
-def _fa2_forward(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                 alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                 window: Tuple[int, int], softcap, num_splits):
-    if cu_seqlens_k is None:
-        # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read entries
-        # b and b+1, but with a block_table the values never reach an address or a length
-        # (block_info.h: K offsets come from the table, lengths from seqused_k). Any
-        # initialised int32 tensor of batch + 1 entries keeps that read well-defined;
-        # cu_seqlens_q is one, and costs no allocation or kernel launch per call.
-        # (Upstream passes uninitialised memory here.)
-        cu_seqlens_k = cu_seqlens_q
-    results = _forward_op(2)(
-        q, k, v,
-        out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        seqused_k,
-        None,           # leftpad_k
-        block_table,
-        alibi_slopes,
-        max_seqlen_q,
-        max_seqlen_k,
-        0.0,            # p_dropout: built without dropout
-        softmax_scale,
-        False,          # zero_tensors
-        causal,
-        window[0],
-        window[1],
-        softcap,
-        False,          # return_softmax: only meaningful with dropout
-        num_splits,
-        None,           # gen: must be None
-    )
-    return results[0], results[1]
-
-
-def _fa3_forward(q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                 max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale,
-                 causal, window: Tuple[int, int], softcap, scheduler_metadata, num_splits,
-                 s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
-    results = _forward_op(3)(
-        q, k, v,
-        None, None,       # k_new, v_new
-        q_v,
-        out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        None,             # cu_seqlens_k_new
-        None, seqused_k,  # seqused_q, seqused_k
-        max_seqlen_q, max_seqlen_k,
-        block_table,      # page_table
-        None,             # kv_batch_idx
-        None,             # leftpad_k
-        None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
-        q_descale, k_descale, v_descale,
-        softmax_scale,
-        causal,
-        window[0], window[1],
-        softcap,
-        True,             # is_rotary_interleaved (no rotary here)
-        scheduler_metadata,
-        num_splits,
-        None,             # pack_gqa: heuristic
-        0,                # sm_margin
-        s_aux,
-        cp_world_size,
-        cp_rank,
-        cp_tot_seqused_k,
-    )
-    return results[0], results[1]
+def _check_fully(version, comp, device_type, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
+                 cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window, softcap, alibi_slopes,
+                 block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
+                 num_splits, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
+    return check_varlen_call(
+        version, comp, device_type,
+        q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
+        dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes, block_table=block_table, out=out,
+        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)

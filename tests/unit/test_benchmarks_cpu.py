@@ -251,3 +251,39 @@ def test_help_works_without_a_gpu(script):
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_isolated_overhead_replays_the_interfaces_own_op_call(describe, fake_ops):
+    """The isolated mode times the interface against a stub replaying the op call the
+    interface made; that call must be the raw variant's argument list, and the real ops
+    must be back afterwards."""
+    overhead = load("overhead")
+    from vendored_flash_attn import flash_attn_varlen_func, interface
+
+    describe(build="minimal")
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    result = overhead.isolated(inp.q, inp.k, inp.v, overhead.call_kwargs(inp), [3, None, 2],
+                               rounds=2, calls=3, raw_args=overhead.raw_op_args(inp))
+    assert result["args_match"] == {2: True, 3: True}
+    assert set(result["rows"]) == {"a_interface_fa3", "b_interface_selector", "a2_interface_fa2",
+                                   "c_raw_fa3", "c2_raw_fa2"}
+    assert all(r["samples"] == 2 and r["median_us"] > 0 for r in result["rows"].values())
+    assert [o["comparison"] for o in result["overhead"]] == [
+        "fa_version=3 vs raw FA3 op", "fa_version=None vs raw FA3 op", "fa_version=2 vs raw FA2 op"]
+    # The stub only ran inside the measurement: the fake ops saw the warm-up calls, and
+    # see the next call again.
+    fake_ops.calls.clear()
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=3, **overhead.call_kwargs(inp))
+    assert [name for name, _ in fake_ops.calls] == ["fwd"]
+    assert not any(op.__name__ == "stub" for _, _, op in interface._resolved.values())
+
+
+def test_isolated_overhead_notices_a_different_op_call():
+    overhead = load("overhead")
+    import torch
+
+    t = torch.zeros(1)
+    assert overhead._same_args((t, 1, None), (t, 1, None))
+    assert not overhead._same_args((t, 1, None), (t.clone(), 1, None))  # another tensor
+    assert not overhead._same_args((t, 1, None), (t, 1.0, None))        # another type
+    assert not overhead._same_args((t, 1), (t, 1, None))
