@@ -132,7 +132,7 @@ function(vfa_write_build_info)
   vfa_json_string(build_type "${CMAKE_BUILD_TYPE}")
   vfa_json_string(jobs_reason "${VFA_JOBS_REASON}")
   string(JSON json SET "${json}" build
-    "{\"build_type\": ${build_type}, \"jobs\": ${VFA_JOBS}, \"jobs_reason\": ${jobs_reason}, \"nvcc_threads\": ${VFA_NVCC_THREADS}}")
+    "{\"build_type\": ${build_type}, \"jobs\": ${VFA_JOBS}, \"jobs_reason\": ${jobs_reason}, \"jobs_by_memory\": ${VFA_JOBS_BY_MEMORY}, \"nvcc_threads\": ${VFA_NVCC_THREADS}}")
 
   # Where each knob came from (cmake, env:NAME or default), for bug reports.
   set(options "{}")

@@ -1,63 +1,117 @@
 # Parallelism: a memory-aware job pool for the compiles of our modules.
-# FA2/FA3 translation units take several GB each (measured peaks: FA2 4.4 GB per
-# unit and gencode thread, FA3 hdim-128 instantiations 8.1 GB in cicc), so running
-# one per core can exhaust a build machine. Ninja honours the pool whatever -j it
-# is given.
+# Translation units take very different amounts of memory (measured peaks, see
+# docs/PERFORMANCE.md: FA3 CUDA units up to 8.1 GB in cicc, FA2 CUDA units 4.4 GB,
+# C++ units 0.3 GB), so running one per core can exhaust a build machine, while
+# budgeting every unit like the heaviest one leaves cores idle. The pool admits as
+# many jobs as the heaviest units of this build could run side by side in the
+# memory available. Ninja honours the pool whatever -j it is given.
 #
-#   MAX_JOBS            compile jobs (default: min(cores, memory / per-job))
+#   MAX_JOBS            compile jobs (default: min(cores, what memory allows))
 #   NVCC_THREADS        nvcc --threads per unit (parallel gencode targets)
-#   VFA_JOB_MEMORY_MB   memory budget per job and nvcc thread (default 8192)
+#   VFA_JOB_MEMORY_MB   memory budget of an FA3 CUDA unit per nvcc thread (default
+#                       8192); FA2 CUDA units get 9/16 of it, C++ units 1/8 (the
+#                       measured proportions, rounded up)
+#   VFA_BUILD_MEMORY_MB memory the compiles may use (default: the available physical
+#                       memory; set it where a container limit is lower)
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 set(VFA_JOB_POOL vfa_compile)
 
-function(vfa_setup_job_pool)
+# Before the targets: nvcc --threads goes into their flags.
+function(vfa_read_parallelism_options)
   vfa_option(MAX_JOBS "" "parallel compile jobs")
   vfa_option(NVCC_THREADS "1" "nvcc --threads per translation unit")
-  vfa_option(VFA_JOB_MEMORY_MB "8192" "memory per compile job and nvcc thread")
-  foreach(knob NVCC_THREADS VFA_JOB_MEMORY_MB)
+  vfa_option(VFA_JOB_MEMORY_MB "8192" "memory per FA3 compile job and nvcc thread")
+  cmake_host_system_information(RESULT avail_mb QUERY AVAILABLE_PHYSICAL_MEMORY)
+  vfa_option(VFA_BUILD_MEMORY_MB "${avail_mb}" "memory the compiles may use, MB")
+  foreach(knob NVCC_THREADS VFA_JOB_MEMORY_MB VFA_BUILD_MEMORY_MB)
     if(NOT "${${knob}}" MATCHES "^[1-9][0-9]*$")
       message(FATAL_ERROR "${knob} must be a positive integer, got '${${knob}}'.")
     endif()
   endforeach()
-
-  cmake_host_system_information(RESULT cores QUERY NUMBER_OF_LOGICAL_CORES)
-  cmake_host_system_information(RESULT avail_mb QUERY AVAILABLE_PHYSICAL_MEMORY)
-  math(EXPR per_job_mb "${VFA_JOB_MEMORY_MB} * ${NVCC_THREADS}")
-  math(EXPR by_memory "${avail_mb} / ${per_job_mb}")
-  if(by_memory LESS 1)
-    set(by_memory 1)
+  if(NOT "${MAX_JOBS}" STREQUAL "" AND NOT "${MAX_JOBS}" MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "MAX_JOBS must be a positive integer, got '${MAX_JOBS}'.")
   endif()
+  foreach(knob MAX_JOBS NVCC_THREADS VFA_JOB_MEMORY_MB VFA_BUILD_MEMORY_MB)
+    set(${knob} "${${knob}}" PARENT_SCOPE)
+  endforeach()
+  set(VFA_NVCC_THREADS ${NVCC_THREADS} PARENT_SCOPE)
+endfunction()
+
+# vfa_unit_memory_budgets(<out> <target>...): one budget in MB per compiled source.
+function(vfa_unit_memory_budgets out)
+  math(EXPR fa3_cuda "${VFA_JOB_MEMORY_MB} * ${NVCC_THREADS}")
+  math(EXPR fa2_cuda "(${VFA_JOB_MEMORY_MB} * 9 + 15) / 16 * ${NVCC_THREADS}")
+  math(EXPR host "(${VFA_JOB_MEMORY_MB} + 7) / 8")
+  set(budgets "")
+  foreach(target IN LISTS ARGN)
+    if(NOT TARGET ${target})
+      continue()
+    endif()
+    get_target_property(sources ${target} SOURCES)
+    foreach(source IN LISTS sources)
+      if(source MATCHES "\\.cu$" AND target MATCHES "fa3")
+        list(APPEND budgets ${fa3_cuda})
+      elseif(source MATCHES "\\.cu$")
+        list(APPEND budgets ${fa2_cuda})
+      elseif(source MATCHES "\\.(cpp|cc|cxx)$")
+        list(APPEND budgets ${host})
+      endif()
+    endforeach()
+  endforeach()
+  set(${out} "${budgets}" PARENT_SCOPE)
+endfunction()
+
+# After the targets: vfa_setup_job_pool(<target>...) sizes the pool from their units.
+function(vfa_setup_job_pool)
+  cmake_host_system_information(RESULT cores QUERY NUMBER_OF_LOGICAL_CORES)
+  set(avail_mb ${VFA_BUILD_MEMORY_MB})
   set(by_cores ${cores})
   if(NVCC_THREADS GREATER 1)
     math(EXPR by_cores "(${cores} + ${NVCC_THREADS} - 1) / ${NVCC_THREADS}")
   endif()
 
-  if(NOT "${MAX_JOBS}" STREQUAL "")
-    if(NOT "${MAX_JOBS}" MATCHES "^[1-9][0-9]*$")
-      message(FATAL_ERROR "MAX_JOBS must be a positive integer, got '${MAX_JOBS}'.")
+  # The largest n whose n heaviest units fit in memory together: no n units of this
+  # build can then need more than is available.
+  vfa_unit_memory_budgets(budgets ${ARGN})
+  list(SORT budgets COMPARE NATURAL ORDER DESCENDING)
+  set(by_memory 0)
+  set(heaviest_mb 0)
+  foreach(mb IN LISTS budgets)
+    math(EXPR next "${heaviest_mb} + ${mb}")
+    if(next GREATER avail_mb)
+      break()
     endif()
+    set(heaviest_mb ${next})
+    math(EXPR by_memory "${by_memory} + 1")
+  endforeach()
+  if(by_memory LESS 1)
+    set(by_memory 1)
+  endif()
+
+  if(NOT "${MAX_JOBS}" STREQUAL "")
     set(jobs ${MAX_JOBS})
     set(why "MAX_JOBS")
     if(jobs GREATER by_memory)
       message(WARNING
-        "MAX_JOBS=${MAX_JOBS} may need about ${per_job_mb} MB each, more than the "
-        "${avail_mb} MB available (room for ${by_memory}). Lower MAX_JOBS if the build is killed.")
+        "MAX_JOBS=${MAX_JOBS} may need more than the ${avail_mb} MB available (the "
+        "heaviest units of this build fit ${by_memory} at a time). Lower MAX_JOBS if "
+        "the build is killed.")
     endif()
   else()
     set(jobs ${by_cores})
     set(why "cores")
     if(by_memory LESS jobs)
       set(jobs ${by_memory})
-      set(why "memory: ${avail_mb} MB available, ~${per_job_mb} MB per job")
+      set(why "memory: ${avail_mb} MB available, the ${jobs} heaviest units need ~${heaviest_mb} MB")
     endif()
   endif()
 
   set_property(GLOBAL APPEND PROPERTY JOB_POOLS ${VFA_JOB_POOL}=${jobs})
   set(VFA_JOBS ${jobs} PARENT_SCOPE)
   set(VFA_JOBS_REASON "${why}" PARENT_SCOPE)
-  set(VFA_NVCC_THREADS ${NVCC_THREADS} PARENT_SCOPE)
+  set(VFA_JOBS_BY_MEMORY ${by_memory} PARENT_SCOPE)
   message(STATUS "vendored-flash-attn: ${jobs} compile jobs (${why}), nvcc --threads ${NVCC_THREADS}")
 endfunction()

@@ -248,123 +248,99 @@ def flash_attn_varlen_func(
         k = k.contiguous()
     if isinstance(v, torch.Tensor) and not v.is_contiguous() and v.stride(-1) != 1:
         v = v.contiguous()
-    # The common call shapes take the quick check; it leaves to the op what the op checks
-    # itself, and an op refusing such a call is explained by the full check below.
+    # The common call shapes take the quick check (validation.py); the others, and every
+    # call it does not accept, the full one, which raises with the precise message.
     quick = (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
              and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
                  version, comp, device, q_shape, head_size_v, q, k, v, max_seqlen_q, cu_seqlens_q,
-                 max_seqlen_k,
-                 cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
-                 scheduler_metadata, q_descale, k_descale, v_descale, num_splits))
-    if quick and debug_checks_enabled():
-        quick = False  # the index-value checks below need the shapes checked first
+                 max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
+                 block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits))
     if quick:
+        # Checked to be exact ints (and cp_world_size == 1, cp_rank == 0) on this path;
+        # the schema takes Python ints, so nothing to convert.
         fp8 = q.dtype is _E4M3
+        cp_world_size, cp_rank = 1, 0
     else:
-        fp8 = _check_fully(
-            version, comp, env.device_type, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
-            cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window, softcap, alibi_slopes,
-            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
-            s_aux, cp_world_size, cp_rank, cp_tot_seqused_k).fp8
-        if debug_checks_enabled():
-            run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             seqused_k=seqused_k, block_table=block_table,
-                             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
+        fp8 = check_varlen_call(
+            version, comp, env.device_type,
+            q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
+            dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, block_table=block_table, out=out,
+            scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+            cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k).fp8
+        max_seqlen_q, max_seqlen_k, num_splits = int(max_seqlen_q), int(max_seqlen_k), int(num_splits)
+        cp_world_size, cp_rank = int(cp_world_size), int(cp_rank)
+    if debug_checks_enabled():
+        run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         seqused_k=seqused_k, block_table=block_table,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     # The op calls, in the argument order of the modules' schemas (upstream's
     # ops.def strings), written out here rather than in helpers: this runs on every
     # layer of every step, and a Python call with 30 arguments costs a fraction of a µs.
-    try:
-        if version == 3:
-            # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
-            # vLLM passes them on every call, so they are dropped rather than refused.
-            if not fp8:
-                q_descale = k_descale = v_descale = None
-            out, softmax_lse = op(
-                q, k, v,
-                None, None,        # k_new, v_new
-                q_v,
-                out,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                None,              # cu_seqlens_k_new
-                None, seqused_k,   # seqused_q, seqused_k
-                int(max_seqlen_q), int(max_seqlen_k),
-                block_table,       # page_table
-                None,              # kv_batch_idx
-                None,              # leftpad_k
-                None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
-                q_descale, k_descale, v_descale,
-                float(softmax_scale),
-                bool(causal),
-                window[0], window[1],
-                float(softcap),
-                True,              # is_rotary_interleaved (no rotary here)
-                scheduler_metadata,
-                int(num_splits),
-                None,              # pack_gqa: heuristic
-                0,                 # sm_margin
-                s_aux,
-                int(cp_world_size),
-                int(cp_rank),
-                cp_tot_seqused_k,
-            )[:2]
-        else:
-            out, softmax_lse = op(
-                q, k, v,
-                out,
-                cu_seqlens_q,
-                # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
-                # entries b and b+1, but with a block_table the values never reach an
-                # address or a length (block_info.h: K offsets come from the table,
-                # lengths from seqused_k). Any initialised int32 tensor of batch + 1
-                # entries keeps that read well-defined; cu_seqlens_q is one, and costs no
-                # allocation or kernel launch per call. (Upstream passes uninitialised
-                # memory here.)
-                cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
-                seqused_k,
-                None,              # leftpad_k
-                block_table,
-                alibi_slopes,
-                int(max_seqlen_q),
-                int(max_seqlen_k),
-                0.0,               # p_dropout: built without dropout
-                float(softmax_scale),
-                False,             # zero_tensors
-                bool(causal),
-                window[0],
-                window[1],
-                float(softcap),
-                False,             # return_softmax: only meaningful with dropout
-                int(num_splits),
-                None,              # gen: must be None
-            )[:2]
-    except RuntimeError as exc:
-        if quick:
-            # The op refused a call the quick check let through: say what was wrong in the
-            # full check's words (it raises), or pass the op's own error on.
-            try:
-                _check_fully(
-                    version, comp, env.device_type, q, k, v, max_seqlen_q, cu_seqlens_q,
-                    max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window,
-                    softcap, alibi_slopes, block_table, out, scheduler_metadata, q_descale,
-                    k_descale, v_descale, num_splits, s_aux, cp_world_size, cp_rank,
-                    cp_tot_seqused_k)
-            except (FlashAttnInputError, FlashAttnTypeError) as explained:
-                raise explained from exc
-        raise
+    if version == 3:
+        # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
+        # vLLM passes them on every call, so they are dropped rather than refused.
+        if not fp8:
+            q_descale = k_descale = v_descale = None
+        out, softmax_lse = op(
+            q, k, v,
+            None, None,        # k_new, v_new
+            q_v,
+            out,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            None,              # cu_seqlens_k_new
+            None, seqused_k,   # seqused_q, seqused_k
+            max_seqlen_q, max_seqlen_k,
+            block_table,       # page_table
+            None,              # kv_batch_idx
+            None,              # leftpad_k
+            None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
+            q_descale, k_descale, v_descale,
+            float(softmax_scale),
+            bool(causal),
+            window[0], window[1],
+            float(softcap),
+            True,              # is_rotary_interleaved (no rotary here)
+            scheduler_metadata,
+            num_splits,
+            None,              # pack_gqa: heuristic
+            0,                 # sm_margin
+            s_aux,
+            cp_world_size,
+            cp_rank,
+            cp_tot_seqused_k,
+        )[:2]
+    else:
+        out, softmax_lse = op(
+            q, k, v,
+            out,
+            cu_seqlens_q,
+            # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
+            # entries b and b+1, but with a block_table the values never reach an
+            # address or a length (block_info.h: K offsets come from the table,
+            # lengths from seqused_k). Any initialised int32 tensor of batch + 1
+            # entries keeps that read well-defined; cu_seqlens_q is one, and costs no
+            # allocation or kernel launch per call. (Upstream passes uninitialised
+            # memory here.)
+            cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+            seqused_k,
+            None,              # leftpad_k
+            block_table,
+            alibi_slopes,
+            max_seqlen_q,
+            max_seqlen_k,
+            0.0,               # p_dropout: built without dropout
+            float(softmax_scale),
+            False,             # zero_tensors
+            bool(causal),
+            window[0],
+            window[1],
+            float(softcap),
+            False,             # return_softmax: only meaningful with dropout
+            num_splits,
+            None,              # gen: must be None
+        )[:2]
     return (out, softmax_lse) if return_softmax_lse else out
-
-
-def _check_fully(version, comp, device_type, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k,
-                 cu_seqlens_k, seqused_k, q_v, dropout_p, causal, window, softcap, alibi_slopes,
-                 block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
-                 num_splits, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
-    return check_varlen_call(
-        version, comp, device_type,
-        q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
-        dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, block_table=block_table, out=out,
-        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
-        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)

@@ -331,21 +331,16 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
 # check_varlen_call reads every argument through small helpers that build messages;
 # that costs ~15 us per call in Python, more than the op itself on a decode step. The
 # two call shapes serving engines make on every layer (packed varlen prefill, paged KV)
-# take quick_check_varlen_call instead, which checks only what the compiled op would
-# get wrong without a word:
-#   * which kernels the call needs (dtype, head sizes, features), against this wheel's
-#     build info -- decided once per signature by check_varlen_call's own rules and cached;
-#   * that every tensor is on q's GPU (the ops only check "on CUDA": a tensor on another
-#     GPU is read through a wrong address);
-#   * the argument combinations upstream misreads (FA2 with seqused_k and no block
-#     table), and the options FA3 would ignore (dropout) or misuse (negative lengths,
-#     softcap, num_splits).
-# Shapes, int32 dtypes and contiguity of the index tensors, K/V/out shapes and dtypes and
-# the FP8 descales' shapes and dtype are left to the ops: both check them before they
-# allocate or launch anything (hopper/flash_api.cpp mha_fwd, csrc/flash_attn/flash_api.cpp
-# mha_varlen_fwd; the descales through the typed data_ptr<float>). When an op refuses
-# such a call, flash_attn_varlen_func runs check_varlen_call to say what was wrong in
-# its words. Anything unusual goes to check_varlen_call directly.
+# are checked here with flat metadata reads instead. What does not depend on the step
+# (dtype, head sizes, features against this wheel) is decided once per signature by
+# check_varlen_call's own rules and cached. Anything unusual, and every failure, goes to
+# check_varlen_call, so the messages and the verdicts stay its own: this is a
+# conservative shortcut, never a second set of rules.
+#
+# Nothing is left to the compiled ops' own argument checks: on the H200 with torch
+# 2.11, a failing check inside an op (upstream's STD_TORCH_CHECK in mha_fwd) killed the
+# process with a segmentation fault instead of raising (tests/gpu/test_bad_input.py
+# found it when this path once relied on them).
 
 _ACCEPTED_SIGNATURES: set = set()
 on_environment_change(_ACCEPTED_SIGNATURES.clear)  # another build info, other verdicts
@@ -370,7 +365,7 @@ def _static_ok(signature, version, comp) -> bool:
     return ok
 
 
-_E4M3 = torch.float8_e4m3fn
+_INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 
 def quick_check_varlen_call(
@@ -378,55 +373,92 @@ def quick_check_varlen_call(
     max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
     scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
 ) -> bool:
-    """True: the call may go to the op as it is (see above for what the op checks
-    itself); False: ask check_varlen_call, which raises with the precise message or
-    accepts a rarer call. ``device``, ``q_shape``, ``head_size_v``: q.get_device(),
-    q.shape, v.shape[-1], which the caller has read already; it has also checked that q
-    is on the runtime's device type and ruled out q_v, alibi_slopes, s_aux and context
-    parallelism."""
+    """True: the call is one of the common shapes and valid; False: ask check_varlen_call
+    (which raises with the precise message, or accepts a rarer call). ``device``,
+    ``q_shape``, ``head_size_v``: q.get_device(), q.shape, v.shape[-1], which the caller
+    has read already; it has also checked that q is on the runtime's device type and
+    ruled out q_v, alibi_slopes, s_aux and context parallelism."""
     try:
         if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
                 or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
                 or dropout_p != 0 or softcap < 0):
             return False
-        paged = block_table is not None
-        if paged:
-            if cu_seqlens_k is not None or seqused_k is None:
-                return False
-            kv_index = seqused_k
-        else:
-            if cu_seqlens_k is None or seqused_k is not None:
-                return False
-            kv_index = cu_seqlens_k
+        total_q, num_heads, head_size = q_shape  # ValueError unless 3-D
+        dtype = q.dtype
+        fp8 = dtype is _E4M3
+        if k.dtype is not dtype or v.dtype is not dtype:
+            return False
+        # Every tensor on q's device. get_device() is -1 for cpu and meta alike (the CPU
+        # test machine), so whole devices are compared there.
         if device < 0:
-            # Not a CUDA tensor (the CPU test machine): get_device() is -1 for cpu and meta
-            # alike, so compare whole devices there.
             q_device = q.device
             if any(x is not None and x.device != q_device for x in (
-                    k, v, cu_seqlens_q, kv_index, block_table, out, scheduler_metadata,
-                    q_descale, k_descale, v_descale)):
+                    k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out,
+                    scheduler_metadata, q_descale, k_descale, v_descale)):
                 return False
         elif (k.get_device() != device or v.get_device() != device
-              or cu_seqlens_q.get_device() != device or kv_index.get_device() != device
-              or (paged and block_table.get_device() != device)
+              or cu_seqlens_q.get_device() != device
+              or (cu_seqlens_k is not None and cu_seqlens_k.get_device() != device)
+              or (seqused_k is not None and seqused_k.get_device() != device)
+              or (block_table is not None and block_table.get_device() != device)
               or (out is not None and out.get_device() != device)
               or (scheduler_metadata is not None and scheduler_metadata.get_device() != device)
               or (q_descale is not None and q_descale.get_device() != device)
               or (k_descale is not None and k_descale.get_device() != device)
               or (v_descale is not None and v_descale.get_device() != device)):
             return False
-        _, num_heads, head_size = q_shape
-        dtype = q.dtype
+        (batch_plus_1,) = cu_seqlens_q.shape  # ValueError unless 1-D
+        batch = batch_plus_1 - 1
+        if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
+            return False
+        paged = block_table is not None
+        if paged:
+            if cu_seqlens_k is not None or seqused_k is None:
+                return False
+            k_blocks, block_size, num_heads_k, head_size_k = k.shape  # ValueError unless 4-D
+            v_blocks, v_block_size, v_heads, _ = v.shape
+            (used,) = seqused_k.shape
+            rows, _ = block_table.shape
+            if (v_blocks != k_blocks or v_block_size != block_size or used != batch
+                    or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
+                    or block_table.dtype is not _INT32 or rows != batch
+                    or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
+                    or (version == 2 and block_size % 16)):
+                return False
+        else:
+            if cu_seqlens_k is None or seqused_k is not None:
+                return False
+            total_k, num_heads_k, head_size_k = k.shape  # ValueError unless 3-D
+            v_total, v_heads, _ = v.shape
+            (k_offsets,) = cu_seqlens_k.shape
+            if (v_total != total_k or k_offsets != batch_plus_1 or cu_seqlens_k.dtype is not _INT32
+                    or not cu_seqlens_k.is_contiguous()):
+                return False
+        if v_heads != num_heads_k or head_size_k != head_size:
+            return False
+        if out is not None and (
+                out.dtype is not (_BF16 if fp8 else dtype)
+                or out.shape != (total_q, num_heads, head_size_v)
+                or (not out.is_contiguous() and out.stride(-1) != 1)):
+            return False
+        if fp8 and (q_descale is not None or k_descale is not None or v_descale is not None):
+            for d in (q_descale, k_descale, v_descale):
+                if d is not None and (d.dtype is not _FLOAT32 or d.shape != (batch, num_heads_k)):
+                    return False
         if version == 2:
-            if num_splits > 1 or scheduler_metadata is not None or dtype is _E4M3:
+            if num_splits > 1 or scheduler_metadata is not None or fp8:
                 return False
             local = split = False
         else:
+            if scheduler_metadata is not None and (
+                    scheduler_metadata.dtype is not _INT32 or scheduler_metadata.dim() != 1
+                    or not scheduler_metadata.is_contiguous()):
+                return False
             if num_splits > 256:
                 return False
             local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
             split = num_splits > 1
-        signature = (version, id(comp), dtype, head_size, head_size_v, num_heads, k.shape[-2],
+        signature = (version, id(comp), dtype, head_size, head_size_v, num_heads, num_heads_k,
                      paged, softcap > 0, local, split)
         return signature in _ACCEPTED_SIGNATURES or _static_ok(signature, version, comp)
     except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):

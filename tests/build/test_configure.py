@@ -223,6 +223,33 @@ def test_default_job_count_is_bounded_by_memory(tmp_path, sources):
     assert info["build"]["jobs"] == 1 and info["build"]["jobs_reason"].startswith("memory")
 
 
+def test_job_pool_budgets_each_unit_by_its_kind(tmp_path, sources):
+    """The pool admits as many jobs as the heaviest units of this build fit in memory:
+    FA3 CUDA units at VFA_JOB_MEMORY_MB, FA2 CUDA units at 9/16 of it, C++ units at 1/8."""
+    build, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_BUILD_MEMORY_MB="100000",
+                               VFA_JOB_MEMORY_MB="8192")
+    assert result.returncode == 0, result.output
+    by_module = units(build)
+    fa3_cuda = sum(name.endswith(".cu") for name in by_module["_vendored_fa3_C"])
+    fa2_cuda = sum(name.endswith(".cu") for name in by_module["_vendored_fa2_C"])
+    assert (fa3_cuda, fa2_cuda) == (10, 6)  # minimal: 8 FA3 kernels + combine + scheduler
+    # 10 x 8192 = 81920 MB, then FA2 units at 4608 MB: three more fit in 100000 MB, a
+    # fourth would not. (Budgeting every unit at 8192 MB would allow 12.)
+    assert build_info(build)["build"]["jobs_by_memory"] == 13
+    # With room for every unit, memory no longer limits: cores (or MAX_JOBS) decide.
+    build, result = configured(tmp_path / "roomy", sources, VFA_PRESET="minimal",
+                               VFA_BUILD_MEMORY_MB="1000000")
+    info = build_info(build)["build"]
+    assert info["jobs_by_memory"] == len(compile_commands(build))
+    assert info["jobs_reason"] == "cores"
+
+
+def test_build_memory_knob_is_checked(tmp_path, sources):
+    _, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_BUILD_MEMORY_MB="lots")
+    assert result.returncode != 0
+    assert "VFA_BUILD_MEMORY_MB must be a positive integer, got 'lots'." in result.text
+
+
 @pytest.mark.parametrize("mode, flag", [(None, "--compress-mode=size"), ("auto", "--compress-mode=size"),
                                         ("default", None), ("none", "--compress-mode=none")])
 def test_fatbin_compression_knob(tmp_path, sources, mode, flag):

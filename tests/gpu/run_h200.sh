@@ -4,7 +4,9 @@
 # from another checkout path and build dir (warm cache), install the wheel,
 # print its build info, and run the GPU tests with a JUnit report.
 #
-#   tests/gpu/run_h200.sh [build] [smoke] [test] [bench]      (default: build test)
+#   tests/gpu/run_h200.sh [build] [smoke] [test] [probe] [bench]   (default: build test)
+#
+# probe: tests/gpu/op_refusal_probe.py (what the ops do when their own checks fail).
 #
 # Environment:
 #   OUT                 where results.tgz (all logs, JSON, reports) and the wheel go
@@ -99,6 +101,11 @@ if [[ " $STAGES " == *" test "* ]]; then
   # The tests import the installed wheel, not the source tree.
   "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
     --junitxml="$OUT/gpu-junit.xml" -q -ra 2>&1 | tee "$OUT/gpu-tests.log"
+fi
+
+if [[ " $STAGES " == *" probe "* ]]; then
+  (cd /tmp && "$PY" "$ROOT/tests/gpu/op_refusal_probe.py" --json "$OUT/op_refusal.json") 2>&1 \
+    | tee "$OUT/op_refusal.log"
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then

@@ -1,6 +1,5 @@
-"""Bad calls are refused with a message naming the argument and the fix, and no kernel
-runs: the Python checks refuse them, or the op does (its own argument checks, emulated by
-the fake ops) and the full Python check explains."""
+"""Bad calls are refused in Python, with a message naming the argument and the fix,
+before any op runs."""
 
 from __future__ import annotations
 
@@ -177,7 +176,7 @@ CASES = [
 
 @pytest.mark.parametrize("version, build, call, change, error, pattern",
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_call_is_refused_with_a_clear_message(describe, fake_ops, version, build, call, change, error, pattern):
+def test_bad_call_is_refused_before_the_op(describe, fake_ops, version, build, call, change, error, pattern):
     describe(caps=(HOPPER,), build=build)
     kwargs = change(call) if change else call
     with pytest.raises(error, match=pattern):
