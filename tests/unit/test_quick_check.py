@@ -111,7 +111,7 @@ CASES = list(_mutations())
 
 def _quick(version, comp, args):
     return quick_check_varlen_call(
-        version, comp, -1, args["q"].shape, args["v"].shape[-1], args["q"], args["k"], args["v"], args["max_seqlen_q"],
+        version, comp, -1, args["q"].shape, args["v"].shape, args["q"].dtype, args["q"], args["k"], args["v"], args["max_seqlen_q"],
         args["cu_seqlens_q"], args["max_seqlen_k"], args["cu_seqlens_k"], args["seqused_k"],
         args["dropout_p"], args["causal"], args["window"], args["softcap"], args["block_table"],
         args["out"], args["scheduler_metadata"], args["q_descale"], args["k_descale"],
