@@ -120,7 +120,9 @@ function(vfa_write_build_info)
   string(JSON json SET "${json}" cuda "{\"version\": ${v}}")
   vfa_json_string(cxx "${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}")
   vfa_json_string(cuda "${CMAKE_CUDA_COMPILER_ID} ${CMAKE_CUDA_COMPILER_VERSION}")
-  string(JSON json SET "${json}" compiler "{\"cxx\": ${cxx}, \"cuda\": ${cuda}}")
+  vfa_json_string(libstdcxx "${VFA_CXX_RUNTIME}")
+  string(JSON json SET "${json}" compiler
+    "{\"cxx\": ${cxx}, \"cuda\": ${cuda}, \"libstdcxx\": ${libstdcxx}}")
 
   vfa_json_bool(enabled "${VFA_COMPILER_CACHE_ENABLED}")
   get_filename_component(launcher "${VFA_COMPILER_CACHE_LAUNCHER}" NAME)

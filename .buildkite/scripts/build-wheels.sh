@@ -23,13 +23,14 @@ cache_mode_for_build
 out="wheelhouse/cu${CUDA}-${ARCH}"
 rm -rf "$out" && mkdir -p "$out"
 echo "--- cibuildwheel: CUDA $CUDA, $ARCH, image $image, torch $VFA_TORCH_VERSION"
-tools_venv .venv-cibw "cibuildwheel>=3.1" abi3audit packaging
+tools_venv .venv-cibw "cibuildwheel>=3.1" abi3audit pyelftools packaging
 .venv-cibw/bin/cibuildwheel --platform linux --output-dir "$out" .
 
-echo "--- wheel checks (size, abi3, build info)"
+echo "--- wheel checks (size, abi3, C++ runtime, build info)"
 # Checks that need no torch run here; symbols are checked by check-wheels.sh.
 PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check size "$out" | tee "$out/checks.txt"
 PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check abi3 "$out" | tee -a "$out/checks.txt"
+PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check cxx-runtime "$out" | tee -a "$out/checks.txt"
 PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check build-info "$out" \
   --pin vendor/flash-attention/pin.json --cuda-major "$(cuda_major "$CUDA")" \
   --arch-list "${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" ${VFA_PRESET:+--preset "$VFA_PRESET"} | tee -a "$out/checks.txt"

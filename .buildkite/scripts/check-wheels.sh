@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gate on the built x86_64 wheels of one CUDA version: size limit
-# (VFA_WHEEL_MAX_MB), abi3 tags + abi3audit, build info as asked, and every
+# (VFA_WHEEL_MAX_MB), abi3 tags + abi3audit, the shared C++ runtime, build info as asked, and every
 # compiled module loading with no undefined symbol (needs torch of the same
 # CUDA major, installed into a throwaway venv; no GPU).
 #
@@ -11,7 +11,7 @@ cd "$ROOT"
 rm -rf wheelhouse && mkdir -p wheelhouse
 buildkite-agent artifact download "wheelhouse/cu${CUDA}-*/*.whl" .
 index=$(torch_index_for "$CUDA")
-tools_venv .venv-check abi3audit packaging
+tools_venv .venv-check abi3audit pyelftools packaging
 .venv-check/bin/python -m pip install -q ${index:+--index-url "$index"} "torch==${VFA_TORCH_VERSION}"
 status=0
 for dir in wheelhouse/cu"${CUDA}"-*/; do
@@ -25,6 +25,7 @@ for dir in wheelhouse/cu"${CUDA}"-*/; do
     # loaded them on their own arch.
     PYTHONPATH=python .venv-check/bin/python -m vendored_flash_attn.wheel_check size "$dir" || status=1
     PYTHONPATH=python .venv-check/bin/python -m vendored_flash_attn.wheel_check abi3 "$dir" || status=1
+    PYTHONPATH=python .venv-check/bin/python -m vendored_flash_attn.wheel_check cxx-runtime "$dir" || status=1
     PYTHONPATH=python .venv-check/bin/python -m vendored_flash_attn.wheel_check build-info "$dir" "${args[@]}" || status=1
   fi
 done

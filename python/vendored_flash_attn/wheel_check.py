@@ -4,6 +4,7 @@
     python -m vendored_flash_attn.wheel_check size WHEEL --max-mb N
     python -m vendored_flash_attn.wheel_check symbols WHEEL
     python -m vendored_flash_attn.wheel_check abi3 WHEEL
+    python -m vendored_flash_attn.wheel_check cxx-runtime WHEEL
     python -m vendored_flash_attn.wheel_check build-info WHEEL [--pin PIN] [--cuda-major N] [--arch-list L]
                                                                [--preset P] [--require fa2,fa3]
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
@@ -14,13 +15,17 @@
   after ``import torch``) with no undefined symbol, and imports as a Python module.
 * abi3: the wheel is tagged ``cp3X-abi3``, every module is named ``*.abi3.so``, and
   ``abi3audit --strict`` finds no violation.
+* cxx-runtime: no module defines the C++ exception runtime itself (``__cxa_throw``,
+  ``__cxa_allocate_exception``): a module with a private static libstdc++ kills the
+  process on any C++ exception inside an op instead of raising (measured on the H200
+  machine). Reads the modules' dynamic symbols with pyelftools (abi3audit's dependency).
 * build-info: ``vendored_flash_attn/build_info.json`` says what was asked for: the
   pinned upstream and CUTLASS commits, the CUDA major, arch list, preset, the
   components; and agrees with the wheel's version (its local label).
 
 Each check prints one PASS/FAIL line (details below a failure); the exit status
 is 1 when any failed. Nothing here needs a GPU. Standard library + packaging only,
-plus abi3audit for the abi3 check.
+plus abi3audit for the abi3 check and pyelftools for the cxx-runtime check.
 """
 
 from __future__ import annotations
@@ -150,6 +155,44 @@ def _symbols_result(members: Sequence[str], results: dict[str, Optional[str]]) -
         return CheckResult("symbols", False, "modules that do not load (undefined symbols?):", details)
     return CheckResult("symbols", True, f"{len(members)} modules load with every symbol resolved: "
                        + ", ".join(Path(m).name for m in members))
+
+
+# --- cxx-runtime -----------------------------------------------------------------
+
+# Defined only by a C++ runtime itself; a module that defines them carries its own.
+_CXX_RUNTIME_SYMBOLS = ("__cxa_throw", "__cxa_allocate_exception")
+
+
+def private_cxx_runtime(module: Path) -> list[str]:
+    """The C++ exception-runtime symbols ``module`` defines (empty: it uses the shared one)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(module, "rb") as f:
+        dynsym = ELFFile(f).get_section_by_name(".dynsym")
+        if dynsym is None:
+            return []
+        return sorted({sym.name for sym in dynsym.iter_symbols()
+                       if sym.name in _CXX_RUNTIME_SYMBOLS and sym["st_shndx"] != "SHN_UNDEF"})
+
+
+def check_cxx_runtime(wheel: Path) -> CheckResult:
+    try:
+        import elftools  # noqa: F401
+    except ImportError:
+        return CheckResult("cxx-runtime", False, "pyelftools is not installed (pip install pyelftools)")
+    with tempfile.TemporaryDirectory(prefix="vfa-wheel-") as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            members = compiled_members(zf.namelist())
+            zf.extractall(tmp)
+        private = {m: private_cxx_runtime(Path(tmp) / m) for m in members}
+    bad = {m: syms for m, syms in private.items() if syms}
+    if bad:
+        return CheckResult(
+            "cxx-runtime", False,
+            "modules with their own static libstdc++ (a C++ exception inside an op kills the "
+            "process); rebuild with a compiler that has the shared libstdc++:",
+            [f"{m}: defines {', '.join(syms)}" for m, syms in bad.items()])
+    return CheckResult("cxx-runtime", True, f"{len(members)} modules use the shared C++ runtime")
 
 
 # --- abi3 ----------------------------------------------------------------------
@@ -339,9 +382,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         "size": lambda a, w: [check_size(w, a.max_mb)],
         "symbols": lambda a, w: [check_symbols(w)],
         "abi3": lambda a, w: [check_abi3(w)],
+        "cxx-runtime": lambda a, w: [check_cxx_runtime(w)],
         "build-info": lambda a, w: [check_build_info(w, _expectations(a))],
-        "all": lambda a, w: [check_size(w, a.max_mb), check_abi3(w), check_build_info(w, _expectations(a)),
-                             check_symbols(w)],
+        "all": lambda a, w: [check_size(w, a.max_mb), check_abi3(w), check_cxx_runtime(w),
+                             check_build_info(w, _expectations(a)), check_symbols(w)],
     }
     for name in checks:
         p = sub.add_parser(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,41 @@ def test_build_memory_knob_is_checked(tmp_path, sources):
     _, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_BUILD_MEMORY_MB="lots")
     assert result.returncode != 0
     assert "VFA_BUILD_MEMORY_MB must be a positive integer, got 'lots'." in result.text
+
+
+def _static_only_cxx(tmp_path: Path) -> Path:
+    """A g++ that behaves like one whose toolchain has no shared libstdc++."""
+    real = shutil.which("g++")
+    if real is None:
+        pytest.skip("needs g++")
+    wrapper = tmp_path / "bin" / "g++"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-print-file-name=libstdc++.so" ]; then echo libstdc++.so; exit 0; fi\n'
+        f'exec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_a_static_only_libstdcxx_is_refused(tmp_path, sources):
+    """Modules with a private static libstdc++ die on any C++ exception inside an op."""
+    cxx = _static_only_cxx(tmp_path)
+    _, result = configured(tmp_path, sources, VFA_PRESET="minimal", CMAKE_CXX_COMPILER=str(cxx))
+    assert result.returncode != 0
+    assert f"The C++ compiler {cxx} has no shared libstdc++" in result.text
+    assert "VFA_ALLOW_STATIC_LIBSTDCXX=ON" in result.text
+    build, result = configured(tmp_path / "allowed", sources, VFA_PRESET="minimal",
+                               CMAKE_CXX_COMPILER=str(cxx), VFA_ALLOW_STATIC_LIBSTDCXX="ON")
+    assert result.returncode == 0, result.output
+    assert "has no shared libstdc++" in result.text  # still said, as a warning
+    assert build_info(build)["compiler"]["libstdcxx"] == "static"
+
+
+def test_the_shared_libstdcxx_is_recorded(tmp_path, sources):
+    build, result = configured(tmp_path, sources, VFA_PRESET="minimal")
+    assert result.returncode == 0, result.output
+    assert build_info(build)["compiler"]["libstdcxx"] == "shared"
 
 
 @pytest.mark.parametrize("mode, flag", [(None, "--compress-mode=size"), ("auto", "--compress-mode=size"),

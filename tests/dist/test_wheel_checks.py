@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import PROJECT, clean_env, run
-from vendored_flash_attn.wheel_check import (Expectations, check_abi3, check_build_info, check_size,
-                                             check_symbols, compare_build_info)
+from vendored_flash_attn.wheel_check import (Expectations, check_abi3, check_build_info,
+                                             check_cxx_runtime, check_size, check_symbols,
+                                             compare_build_info)
 
 PIN = json.loads((PROJECT / "vendor/flash-attention/pin.json").read_text())
 FA = PIN["flash_attention"]["commit"]
@@ -112,6 +113,32 @@ def test_an_undefined_symbol_fails_the_symbol_check(tmp_path):
     assert any("undefined symbol: vfa_missing_kernel" in line for line in result.details), result.render()
 
 
+THROWS_CPP = '#include <stdexcept>\nextern "C" void vfa_fail(int x) { if (x) throw std::runtime_error("bad"); }\n'
+
+
+def test_shared_cxx_runtime_passes(good):
+    result = check_cxx_runtime(good)
+    assert result.ok, result.render()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_private_static_libstdcxx_is_caught(tmp_path, static):
+    """A C++ module linked with its own libstdc++ (what a toolchain without the shared
+    library produces) fails; the same module on the shared libstdc++ passes."""
+    src = tmp_path / "m.cpp"
+    src.write_text(THROWS_CPP)
+    out = tmp_path / "m.so"
+    subprocess.run(["g++", "-shared", "-fPIC", *(["-static-libstdc++"] if static else []), str(src), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    wheel = make_wheel(tmp_path / "w")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.write(out, "vendored_flash_attn/_vendored_extra_C.abi3.so")
+    result = check_cxx_runtime(wheel)
+    assert result.ok is not static, result.render()
+    if static:
+        assert "_vendored_extra_C.abi3.so: defines __cxa_allocate_exception, __cxa_throw" in result.render()
+
+
 def test_clean_abi3_wheel(good):
     result = check_abi3(good)
     assert result.ok, result.render()
@@ -163,7 +190,8 @@ def test_cli_exit_status_and_output(good, tmp_path):
               "--pin", str(PROJECT / "vendor/flash-attention/pin.json"), "--cuda-major", "13"], env=env)
     assert ok.returncode == 0, ok.output
     assert [line.split()[:2] for line in ok.stdout.splitlines() if line[:4] in ("PASS", "FAIL")] == [
-        ["PASS", "size:"], ["PASS", "abi3:"], ["PASS", "build-info:"], ["PASS", "symbols:"]]
+        ["PASS", "size:"], ["PASS", "abi3:"], ["PASS", "cxx-runtime:"], ["PASS", "build-info:"],
+        ["PASS", "symbols:"]]
     bad = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "size", str(good.parent), "--max-mb", "0.0001"],
               env=env)
     assert bad.returncode == 1 and "FAIL size:" in bad.stdout
