@@ -35,6 +35,13 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PATH=/tmp/vfa-site/bin:$PATH PYTHONPATH=/tmp/vfa-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export VFA_SOURCE_CACHE=${VFA_SOURCE_CACHE:-$ROOT/.upstream-cache}
+# The build refuses a C++ compiler without a shared libstdc++ (cmake/CxxRuntime.cmake);
+# the H200 machine's default CXX (/opt/gcc) is one, its /usr/bin/g++ is not.
+cxx=${CXX:-g++}
+if [[ "$("$cxx" -print-file-name=libstdc++.so 2>/dev/null)" != /* && -x /usr/bin/g++ ]]; then
+  echo "note: $cxx has no shared libstdc++; building with /usr/bin/g++ and /usr/bin/gcc" >&2
+  export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
+fi
 # A Hopper-only test machine: FA3 as sm_90a, FA2 as sm_90 SASS (no driver JIT).
 DEFINES=(-Ccmake.define.VFA_PRESET=minimal -Ccmake.define.TORCH_CUDA_ARCH_LIST=9.0
          -Ccmake.define.VFA_FA2_SM90_SASS=ON -Ccmake.define.VFA_FA2_PTX=OFF ${BUILD_DEFINES:-})
@@ -83,7 +90,8 @@ if [[ " $STAGES " == *" build "* && -z "${WHEEL:-}" ]]; then
   ls -l "$WHEEL" "$ROOT"/build/*/*.so | tee "$OUT/sizes.txt"
   # The device tool brings back plain names only: '+' (local label) becomes '_'.
   cp "$WHEEL" "$FINAL/$(basename "$WHEEL" | tr '+' '_')"
-  echo "cold build ${cold}s, warm rebuild from another checkout: ${warm}s"
+  [[ "$warm" == skipped ]] || warm="$warm s"
+  echo "cold build: ${cold} s; warm rebuild from another checkout: ${warm}"
 fi
 
 if [[ -n "${WHEEL:-}" ]]; then
