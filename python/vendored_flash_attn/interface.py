@@ -260,9 +260,10 @@ def flash_attn_varlen_func(
     # call it does not accept, the full one, which raises with the precise message.
     quick = (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
              and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
-                 version, comp, device, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
-                 max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap,
-                 block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits))
+                 version, comp, device, q_shape, v_shape, dtype, q, k, v, max_seqlen_q,
+                 cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window,
+                 softcap, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
+                 num_splits))
     if quick:
         # Checked to be exact ints (and cp_world_size == 1, cp_rank == 0) on this path;
         # the schema takes Python ints, so nothing to convert.

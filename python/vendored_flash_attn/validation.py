@@ -375,9 +375,9 @@ def quick_check_varlen_call(
 ) -> bool:
     """True: the call is one of the common shapes and valid; False: ask check_varlen_call
     (which raises with the precise message, or accepts a rarer call). ``device``,
-    ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype,
-    which the caller has read already; it has also checked that q is on the runtime's device type and
-    ruled out q_v, alibi_slopes, s_aux and context parallelism."""
+    ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype, which
+    the caller has read already; it has also checked that q is on the runtime's device
+    type and ruled out q_v, alibi_slopes, s_aux and context parallelism."""
     try:
         if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
                 or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
