@@ -23,14 +23,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 wheel=$1 fa2_ptx=${2:-} fa3_nol2=${3:-}
 
-# Undo the '_' for '+' swap of a wheel that travelled through the device tool.
-fixed=/tmp/$(basename "$wheel" | sed 's/_\(fa[0-9a-f]*\.cu[0-9]*\)-/+\1-/')
-cp "$wheel" "$fixed" && "$PY" -m pip install -q --no-deps --force-reinstall "$fixed"
+"$ROOT/tests/gpu/install_wheel.sh" "$wheel"  # honours OVERLAY_SOURCE
 cd /tmp  # import the installed package, not the source tree
-if [[ -n "${OVERLAY_SOURCE:-}" ]]; then
-  site=$("$PY" -c 'import os, vendored_flash_attn as m; print(os.path.dirname(m.__file__))')
-  cp "$ROOT"/python/vendored_flash_attn/*.py "$site/"
-fi
 STAGES=" ${STAGES:-first_call overhead fp8 variants kernels} "
 
 [[ $STAGES == *" first_call "* ]] &&

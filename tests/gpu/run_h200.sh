@@ -95,14 +95,7 @@ if [[ " $STAGES " == *" build "* && -z "${WHEEL:-}" ]]; then
 fi
 
 if [[ -n "${WHEEL:-}" ]]; then
-  # Undo the '_' for '+' swap of a wheel that travelled through the device tool.
-  fixed=/tmp/$(basename "$WHEEL" | sed 's/_\(fa[0-9a-f]*\.cu[0-9]*\)-/+\1-/')
-  cp "$WHEEL" "$fixed"
-  "$PY" -m pip install -q --no-deps --force-reinstall "$fixed"
-  if [[ -n "${OVERLAY_SOURCE:-}" ]]; then  # this checkout's Python over the wheel's
-    site=$(cd /tmp && "$PY" -c 'import os, vendored_flash_attn as m; print(os.path.dirname(m.__file__))')
-    cp "$ROOT"/python/vendored_flash_attn/*.py "$site/"
-  fi
+  PYTHON=$PY "$ROOT/tests/gpu/install_wheel.sh" "$WHEEL"  # honours OVERLAY_SOURCE
 fi
 
 if [[ " $STAGES " == *" test "* || " $STAGES " == *" smoke "* ]]; then
