@@ -24,11 +24,11 @@ Three ways to measure it, all reported; the first is the headline:
            to ~0.1 us, where the two modes below carry the op's own host time (~40-60 us
            on the H200 host, varying by 10+ us between batches) on both sides.
 
-Making CPU time measurable with the real op. A decode kernel takes ~0.5 ms on the GPU, far longer than
-the ~10-50 us of Python and C++ host code per call; timed back to back, the launch
-queue fills and every call then waits for the GPU, so wall time per call would be GPU
-time. Two ways around it, both reported:
-  stalled  (default, the headline): before each batch of --batch calls a spin kernel
+Making CPU time measurable with the real op. A decode kernel takes ~0.5 ms on the GPU,
+far longer than the ~10-50 us of Python and C++ host code per call; timed back to back,
+the launch queue fills and every call then waits for the GPU, so wall time per call
+would be GPU time. Two ways around it, both reported:
+  stalled  (a cross-check with the real op): before each batch of --batch calls a spin kernel
            (torch.cuda._sleep) holds the stream for longer than the batch takes to
            enqueue, so the calls only queue up (--batch x ~3 launches stays far below the
            launch queue's ~1000 entries) and perf_counter over the batch is pure host time.
