@@ -190,9 +190,12 @@ function(vfa_fa3_selection head_dims dtypes features)
       list(APPEND defines ${feature_defines_${feature}})
     endif()
   endforeach()
-  # Off by default, chosen by measurement (docs/PERFORMANCE.md, H200): upstream's
-  # default (on) costs 13-31 % of FP8 speed and buys no accuracy we could measure.
-  vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION "OFF" "FP8 two-level accumulation (upstream: on)")
+  # On by default, as upstream: without it FA3 accumulates P.V for FP8 inside the
+  # tensor cores' reduced-precision accumulator across every KV block, and the error
+  # grows with the context (measured on the H200 with value vectors of mean 0.5: 1.2 %
+  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13-31 %
+  # faster FP8, a trade a user makes knowingly.
+  vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION "ON" "FP8 two-level accumulation (upstream: on)")
   vfa_truthy(two_level "${VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION}")
   if(NOT two_level)
     list(APPEND defines FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
