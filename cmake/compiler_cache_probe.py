@@ -210,14 +210,15 @@ def check_private_server(args, env: dict[str, str], work: Path) -> dict:
     if d2["hits"] >= 1:
         found["rw_mode"] = "read-write"
         found["checks"].append("second compile was a cache hit")
+    elif read_only_asked(env):
+        # sccache counts the writes it skips as write errors: only reads are checked here.
+        found["rw_mode"] = "read-only"
+        found["checks"].append("read-only cache: read without errors, nothing stored (as asked)")
     elif d1["write_errors"]:
         found["rw_mode"] = "read-only"
         found["warning"] = ("sccache reads its cache but could not write to it: this build's results will not "
                             "be stored. Fix the backend's write access, or set its SCCACHE_*_RW_MODE=READ_ONLY "
                             "if reading only is intended")
-    elif read_only_asked(env):
-        found["rw_mode"] = "read-only"
-        found["checks"].append("read-only cache: read without errors, nothing written (as asked)")
     else:
         raise ProbeFailure("write", "a compile through sccache was not stored in its cache (no write, no error "
                                     "reported; the second compile missed); check the SCCACHE_* settings")
