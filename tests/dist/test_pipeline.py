@@ -161,9 +161,13 @@ def test_cluster_option_builds_servers_on_their_own_queue():
 
 
 def dist_client(tmp_path, **env) -> subprocess.CompletedProcess:
-    from support.cmake_runner import checkout_copy, clean_env
+    import shutil
 
-    root = checkout_copy(tmp_path / "checkout")
+    from support.cmake_runner import clean_env
+
+    root = tmp_path / "checkout"  # what the function uses: the scripts and dist-compile/
+    for folder in (".buildkite", "dist-compile"):
+        shutil.copytree(PROJECT / folder, root / folder)
     script = 'source .buildkite/scripts/common.sh; dist_client_for_build x86_64 /project; echo "conf=${SCCACHE_CONF:-}"'
     return subprocess.run(["bash", "-c", script], cwd=root, env=clean_env(**env), capture_output=True, text=True)
 
