@@ -192,7 +192,7 @@ def test_the_module_server_never_ran_more_than_its_slots(dist_wheel, cluster):
     assert 1 <= max_in_flight(cluster.slot_log) <= 2
 
 
-def test_a_server_holds_compiles_to_its_slots(dist_root, cluster):
+def test_a_server_holds_compiles_to_its_slots(dist_root):
     """1 slot: the scheduler sends the server up to 2 jobs (1 core + 1), the server runs one at a time."""
     one = start_cluster(dist_root / "one-slot", slots=1)
     env = client_env(one.root, one.client_conf("client"))
