@@ -128,8 +128,16 @@ function(vfa_write_build_info)
   get_filename_component(launcher "${VFA_COMPILER_CACHE_LAUNCHER}" NAME)
   vfa_json_string(launcher "${launcher}")
   vfa_json_string(note "${VFA_COMPILER_CACHE_NOTE}")
+  # What sccache itself reported (cmake/CompilerCache.cmake): no local paths, no credentials.
+  vfa_json_string(backend "${VFA_COMPILER_CACHE_BACKEND}")
+  vfa_json_string(location "${VFA_COMPILER_CACHE_LOCATION}")
+  vfa_json_string(rw_mode "${VFA_COMPILER_CACHE_RW_MODE}")
+  vfa_json_string(dist_state "${VFA_DIST_STATE}")
+  vfa_json_string(scheduler "${VFA_DIST_SCHEDULER}")
+  vfa_json_bool(distributed "${VFA_DIST_REMOTE_JOBS}")
+  set(dist "{\"distributed\": ${distributed}, \"state\": ${dist_state}, \"scheduler\": ${scheduler}, \"server_cpus\": ${VFA_DIST_CPUS}, \"remote_jobs\": ${VFA_DIST_REMOTE_JOBS}}")
   string(JSON json SET "${json}" compiler_cache
-    "{\"enabled\": ${enabled}, \"launcher\": ${launcher}, \"note\": ${note}}")
+    "{\"enabled\": ${enabled}, \"launcher\": ${launcher}, \"note\": ${note}, \"backend\": ${backend}, \"location\": ${location}, \"rw_mode\": ${rw_mode}, \"dist\": ${dist}}")
 
   vfa_json_string(build_type "${CMAKE_BUILD_TYPE}")
   vfa_json_string(jobs_reason "${VFA_JOBS_REASON}")

