@@ -135,7 +135,7 @@ def adapter_env(environ) -> dict:
 
 def pytest_command(python: str, scratch: Path, junit: Path, extra) -> list:
     """pytest on the copy in ``scratch`` (see stage()), with its own ini and rootdir so this
-    repository's pytest configuration does not apply; xunit1 keeps per-case properties."""
+    repository's pytest configuration does not apply."""
     return [python, "-m", "pytest", str(scratch / Path(UPSTREAM_PATH).name),
             "-c", str(scratch / "pytest.ini"), "--rootdir", str(scratch), "-p", "upstream_plugin",
             "-p", "no:cacheprovider", f"--junitxml={junit}", "-q", "-rfE", *extra]
@@ -143,7 +143,7 @@ def pytest_command(python: str, scratch: Path, junit: Path, extra) -> list:
 
 def stage(scratch: Path, data: bytes) -> None:
     (scratch / Path(UPSTREAM_PATH).name).write_bytes(data)
-    (scratch / "pytest.ini").write_text("[pytest]\njunit_family = xunit1\n")
+    (scratch / "pytest.ini").write_text("[pytest]\n")
 
 
 def run(args) -> int:

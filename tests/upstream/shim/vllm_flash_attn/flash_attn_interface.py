@@ -137,4 +137,9 @@ def flash_attn_with_kvcache(
     attn = packed.view(batch, seqlen_q, num_heads, packed.shape[-1])
     if not return_softmax_lse:
         return attn
-    return attn, lse.view(num_heads, batch, seqlen_q).permute(1, 0, 2)
+    return attn, batched_lse(lse, batch, seqlen_q)
+
+
+def batched_lse(lse: torch.Tensor, batch: int, seqlen_q: int) -> torch.Tensor:
+    """The varlen LSE (num_heads, batch * seqlen_q) as (batch, num_heads, seqlen_q)."""
+    return lse.view(lse.shape[0], batch, seqlen_q).permute(1, 0, 2)
