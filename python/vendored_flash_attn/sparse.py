@@ -191,14 +191,14 @@ def check_sparse_indexes(block_count, block_offset, column_count, column_index, 
                          seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, causal: bool) -> None:
     """Raise FlashAttnInputError for index values the kernel would read out of bounds with,
     or (causal) mask wrongly. ``seqlens_q``/``seqlens_k``: (batch,) query and key counts per
-    sequence, on the index tensors' device. Runs on that device; syncs once per check."""
+    sequence. Runs on the index tensors' device; each finding reads back to the host (a sync)."""
     batch, _, num_rows = block_count.shape
     dev = block_count.device
     sq = seqlens_q.to(dev, torch.int64).view(batch, 1, 1)
     sk = seqlens_k.to(dev, torch.int64).view(batch, 1, 1)
     m = torch.arange(num_rows, device=dev).view(1, 1, num_rows)
     active = m * BLOCK_M < sq          # query blocks the kernel runs (others return at once)
-    # Causal: the last key row m * 64 (the block's first query) may see.
+    # Causal: the last key that query row m * 64, the first of block m, may see.
     first_row_limit = m * BLOCK_M + (sk - sq)
 
     def first_bad(mask: torch.Tensor):
