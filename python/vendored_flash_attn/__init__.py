@@ -13,6 +13,8 @@ from typing import Any
 _EXPORTS = {
     "flash_attn_varlen_func": "interface",
     "get_scheduler_metadata": "interface",
+    "sparse_attn_func": "sparse",
+    "sparse_attn_varlen_func": "sparse",
     "get_flash_attn_version": "selector",
     "select_flash_attn_version": "selector",
     "flash_attn_version_reason": "selector",

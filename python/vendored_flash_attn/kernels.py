@@ -133,6 +133,27 @@ def feature_problem(info: ComponentInfo, feature: str) -> Optional[str]:
             + _rebuild_hint(3, "features") + ", or pass fa_version=2")
 
 
+# FA2's sparse kernels exist for head dim 128 only (run_mha_fwd_sparse checks
+# params.d == 128; upstream ships no other instantiation), in the FA2 dtypes built.
+SPARSE_HEAD_DIM = 128
+
+
+def sparse_problem(info: ComponentInfo, head_size: Optional[int] = None) -> Optional[str]:
+    """Why this wheel's FA2 cannot run sparse attention (with ``head_size``, when given)."""
+    if "sparse" not in info.features:
+        return ("sparse attention needs the FA2 'sparse' kernels, which this wheel was built "
+                f"without (FA2 features built: {', '.join(info.features) or 'none'}); rebuild "
+                f"with VFA_FA2_FEATURES=sparse and head dim {SPARSE_HEAD_DIM} in VFA_FA2_HEAD_DIMS")
+    if SPARSE_HEAD_DIM not in info.head_dims:
+        return (f"the FA2 sparse kernels are built for head dim {SPARSE_HEAD_DIM} only, which this "
+                f"wheel's FA2 selection left out (FA2 head dims built: {_dims(sorted(info.head_dims))}); "
+                f"rebuild with {SPARSE_HEAD_DIM} in VFA_FA2_HEAD_DIMS")
+    if head_size is not None and head_size != SPARSE_HEAD_DIM:
+        return (f"the FA2 sparse kernels take head size {SPARSE_HEAD_DIM} only (upstream builds no "
+                f"other), got {head_size}; use flash_attn_varlen_func for other head sizes")
+    return None
+
+
 def _dims(dims) -> str:
     return ", ".join(str(d) for d in dims) or "none"
 

@@ -1,0 +1,168 @@
+"""Summary of a run of upstream's test file: per test function pass/fail/skip counts from
+the JUnit XML, failure reasons grouped, and each failure classified as
+
+* ``upstream-file``: a case upstream's file itself gets wrong (KNOWN_UPSTREAM_DEFECTS),
+* ``not-built``: this wheel refused a kernel it was built without (a build choice),
+* ``unexpected``: anything else - a defect of this package until shown otherwise.
+
+The JUnit XML carries, per test case, the properties upstream_plugin.py records
+(``param:<name>`` and ``api_calls``). Used by run_upstream_tests.py; tested on CPU with a
+synthetic XML in tests/unit/test_upstream_adapter.py.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+
+@dataclass(frozen=True)
+class KnownDefect:
+    """A case of upstream's file that is wrong in itself: which cases, the failure it gives
+    (a regex on the failure message, so another failure of the same case is not excused),
+    and why."""
+
+    function: str
+    applies: Callable[[Dict[str, str]], bool]
+    message: str
+    why: str
+
+
+KNOWN_UPSTREAM_DEFECTS = [
+    KnownDefect(
+        function="test_varlen_with_paged_kv",
+        applies=lambda p: p.get("aot_schedule") == "True" and p.get("fa_version") == "3",
+        message=r"scheduler.?metadata",
+        why=("upstream's test computes the FA3 scheduler metadata with max_seqlen_q=1 (and no "
+             "page_size) but calls flash_attn_varlen_func with queries up to 129 tokens long "
+             "(seq_lens (1, 1328), (5, 18), (129, 463)) on a paged cache: metadata for another "
+             "call shape, which FA3 cannot use (upstream's C++: 'scheduler_metadata must have "
+             "shape (metadata_size)')"),
+    ),
+    KnownDefect(
+        function="test_flash_attn_with_paged_kv",
+        applies=lambda p: p.get("aot_schedule") == "True" and p.get("fa_version") == "3",
+        message=r"scheduler.?metadata",
+        why=("upstream's test computes the FA3 scheduler metadata without page_size for a call "
+             "on a paged cache (block_size 16/32): metadata for another call shape"),
+    ),
+]
+
+# Messages of this package's refusals of kernels the wheel was built without.
+NOT_BUILT = re.compile(r"this wheel (has no|was built without|does not contain)|which this wheel"
+                       r"|VFA_FA2_FEATURES=sparse|rebuild (the wheel )?with")
+
+
+@dataclass
+class Case:
+    function: str
+    name: str
+    outcome: str  # passed | failed | error | skipped
+    message: str
+    params: Dict[str, str]
+    api_calls: Optional[int]
+
+
+def _function_of(name: str) -> str:
+    return name.split("[", 1)[0]
+
+
+def read_junit(path) -> List[Case]:
+    cases = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        name = tc.get("name", "")
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        params = {k[len("param:"):]: v for k, v in props.items() if k.startswith("param:")}
+        calls = props.get("api_calls")
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = tc.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = node.get("message") or (node.text or "")
+                break
+        cases.append(Case(_function_of(name), name, outcome, message.strip(), params,
+                          int(calls) if calls is not None else None))
+    return cases
+
+
+def reason_of(message: str) -> str:
+    """The failure's gist: the first line naming an exception or assertion, shortened, with
+    numbers and tensor reprs collapsed so equal reasons group."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if re.match(r"^(E\s+)?\w*(Error|Exception|assert)", ln)),
+                lines[0] if lines else "(no message)")
+    line = re.sub(r"^E\s+", "", line)
+    line = re.sub(r"tensor\(.*", "tensor(...)", line)
+    line = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", line)
+    return line[:240]
+
+
+def classify(case: Case) -> tuple[str, str]:
+    """(category, explanation) of a failed or erroring case."""
+    for defect in KNOWN_UPSTREAM_DEFECTS:
+        if (case.function == defect.function and defect.applies(case.params)
+                and re.search(defect.message, case.message, re.IGNORECASE)):
+            return "upstream-file", defect.why
+    if NOT_BUILT.search(case.message):
+        return "not-built", "this wheel was built without the kernels the case needs"
+    return "unexpected", ""
+
+
+def summarize(cases: List[Case]) -> dict:
+    functions: Dict[str, Counter] = defaultdict(Counter)
+    groups: Dict[tuple, dict] = {}
+    skips: Counter = Counter()
+    for case in cases:
+        counts = functions[case.function]
+        counts[case.outcome] += 1
+        if case.outcome == "passed" and case.api_calls == 0:
+            counts["passed_without_api_call"] += 1
+        if case.outcome == "skipped":
+            skips[(case.function, reason_of(case.message))] += 1
+        if case.outcome not in ("failed", "error"):
+            continue
+        category, why = classify(case)
+        key = (category, case.function, reason_of(case.message))
+        group = groups.setdefault(key, dict(category=category, function=case.function,
+                                            reason=key[2], explanation=why, count=0, examples=[]))
+        group["count"] += 1
+        if len(group["examples"]) < 3:
+            group["examples"].append(case.name)
+    totals = Counter()
+    for counts in functions.values():
+        totals.update(counts)
+    failures = sorted(groups.values(), key=lambda g: (g["category"] != "unexpected", -g["count"]))
+    unexpected = sum(g["count"] for g in failures if g["category"] == "unexpected")
+    return dict(
+        functions={name: {k: counts.get(k, 0) for k in ("passed", "failed", "error", "skipped",
+                                                         "passed_without_api_call")}
+                   for name, counts in sorted(functions.items())},
+        totals={k: totals.get(k, 0) for k in ("passed", "failed", "error", "skipped",
+                                               "passed_without_api_call")},
+        failures=failures,
+        skips=[dict(function=f, reason=r, count=n) for (f, r), n in sorted(skips.items())],
+        unexpected=unexpected,
+        ok=unexpected == 0 and bool(cases),
+    )
+
+
+def render(summary: dict) -> str:
+    out = []
+    width = max([len(n) for n in summary["functions"]] + [8])
+    out.append(f"{'function':<{width}}  passed  failed   error  skipped  (passed without an API call)")
+    for name, c in list(summary["functions"].items()) + [("total", summary["totals"])]:
+        out.append(f"{name:<{width}}  {c['passed']:6}  {c['failed']:6}  {c['error']:6}  "
+                   f"{c['skipped']:7}  ({c['passed_without_api_call']})")
+    for skip in summary["skips"]:
+        out.append(f"skipped {skip['count']} x {skip['function']}: {skip['reason']}")
+    for group in summary["failures"]:
+        out.append(f"\n[{group['category']}] {group['count']} x {group['function']}: {group['reason']}")
+        if group["explanation"]:
+            out.append(f"    why: {group['explanation']}")
+        out.append(f"    e.g. {group['examples'][0]}")
+    out.append(f"\nunexpected failures: {summary['unexpected']}")
+    return "\n".join(out)
