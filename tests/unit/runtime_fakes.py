@@ -18,19 +18,23 @@ from vendored_flash_attn import op_schemas
 from vendored_flash_attn.build_info import BuildInfo
 from vendored_flash_attn.environment import StaticEnvironment, set_environment
 
+# The FA3 defines of every build (cmake/KernelSelection.cmake) that the runtime reads.
+FA3_DEFINES = ["FLASHATTENTION_VARLEN_ONLY", "FLASHATTENTION_PACKGQA_ONLY",
+               "FLASHATTENTION_DISABLE_APPENDKV"]
 FULL = {
     "fa2": {"built": True, "module": "_vendored_fa2_C", "gencode": ["sm_80", "compute_80"],
             "head_dims": [32, 64, 96, 128, 192, 256], "dtypes": ["bf16", "fp16"],
             "features": ["sparse"]},
     "fa3": {"built": True, "module": "_vendored_fa3_C", "gencode": ["sm_90a"],
             "head_dims": [64, 96, 128, 192, 256], "dtypes": ["bf16", "fp16", "e4m3"],
-            "features": ["paged", "split", "softcap", "local", "hdimdiff"]},
+            "features": ["paged", "split", "softcap", "local", "hdimdiff"], "defines": FA3_DEFINES},
 }
 MINIMAL = {
     "fa2": {"built": True, "module": "_vendored_fa2_C", "gencode": ["sm_80", "compute_80"],
             "head_dims": [128], "dtypes": ["bf16"], "features": []},
     "fa3": {"built": True, "module": "_vendored_fa3_C", "gencode": ["sm_90a"],
-            "head_dims": [128], "dtypes": ["bf16", "e4m3"], "features": ["paged", "split", "local"]},
+            "head_dims": [128], "dtypes": ["bf16", "e4m3"], "features": ["paged", "split", "local"],
+            "defines": FA3_DEFINES},
 }
 
 
@@ -88,10 +92,13 @@ def _arg_names(schema: str) -> list[str]:
 
 
 class OpRecorder:
-    """Keeps the calls the fake ops received, as {argument name: value} dicts."""
+    """Keeps the calls the fake ops received, as {argument name: value} dicts.
+    ``errors[op] = message``: that op raises RuntimeError(message), as a failed
+    STD_TORCH_CHECK in the compiled op does."""
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
+        self.errors: dict[str, str] = {}
 
     def last(self, op: str) -> dict:
         matching = [args for name, args in self.calls if name == op]
@@ -111,7 +118,10 @@ def _register() -> None:
         names = _arg_names(schema)
 
         def kernel(*args):
+            assert len(args) == len(names), (op, len(args), len(names))
             _recorder.calls.append((op, dict(zip(names, args))))
+            if op in _recorder.errors:
+                raise RuntimeError(_recorder.errors[op])
             return result(dict(zip(names, args)))
 
         return kernel
@@ -140,4 +150,5 @@ def _register() -> None:
 def fake_ops() -> OpRecorder:
     _register()
     _recorder.calls.clear()
+    _recorder.errors.clear()
     return _recorder
