@@ -19,6 +19,7 @@ from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailabl
 from .kernels import dtype_name, dtype_problem, head_size_problem
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
 from .scheduler_metadata import forget_verdicts, op_error, record as record_scheduler_metadata
+from .scheduler_metadata import records as scheduler_metadata_records
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
 from .validation import (_integer, _is_local, check_q_device, check_varlen_call,
                          quick_check_varlen_call)
@@ -328,14 +329,18 @@ def flash_attn_varlen_func(
         max_seqlen_q, max_seqlen_k, num_splits = int(max_seqlen_q), int(max_seqlen_k), int(num_splits)
         cp_world_size, cp_rank = int(cp_world_size), int(cp_rank)
     if scheduler_metadata is not None and version == 3:
-        # Metadata get_scheduler_metadata computed for another call shape (compared once
-        # per metadata tensor and call shape; a dictionary lookup after that).
-        check_scheduler_metadata(
-            scheduler_metadata, comp, batch=cu_seqlens_q.shape[0] - 1, num_heads=q_shape[1],
-            num_heads_k=k.shape[-2], head_size=head_size, head_size_v=head_size_v, dtype=dtype,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-            page_size=k.shape[1] if block_table is not None else None, causal=causal,
-            window=window, softcap=softcap, num_splits=num_splits)
+        # Metadata get_scheduler_metadata computed for another call shape: compared once
+        # per metadata tensor and call shape (scheduler_metadata.check_call), a lookup
+        # after that. Written out here: vLLM passes metadata on every layer of every step.
+        entry = scheduler_metadata_records.get(id(scheduler_metadata))
+        if entry is not None and entry[0]() is scheduler_metadata:
+            # v's shape is k's but for the last dim (validated): KV heads, page size.
+            metadata_key = (cu_seqlens_q.numel() - 1, q_shape[1], v_shape[-2], head_size,
+                            head_size_v, dtype, max_seqlen_q, max_seqlen_k,
+                            v_shape[1] if block_table is not None else None, causal, window,
+                            softcap, num_splits)
+            if metadata_key != entry[3]:
+                check_scheduler_metadata(entry, comp, metadata_key)
     if debug:
         run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, block_table=block_table,

@@ -270,12 +270,14 @@ def mismatches(metadata: Schedule, call: Schedule) -> list[str]:
 
 # --- the record of what each returned tensor was computed for --------------------------
 #
-# id(tensor) -> (weakref to it, MetadataArgs, call keys found consistent). Not a
+# id(tensor) -> [weakref to it, MetadataArgs, call keys found consistent, the last one
+# (compared first: a tuple compare costs half a set lookup)]. Not a
 # weakref.WeakKeyDictionary: it compares keys with ==, elementwise on tensors (an error);
 # torch.utils.weak.WeakTensorKeyDictionary costs ~1 us per lookup, and vLLM passes the
 # metadata on every layer of every step. The weakref's callback drops the entry when
 # the tensor dies, before its id can be reused; lookups compare identity anyway.
 _records: dict = {}
+records = _records  # read by flash_attn_varlen_func
 
 
 def record(tensor: torch.Tensor, args: MetadataArgs) -> None:
@@ -286,7 +288,7 @@ def record(tensor: torch.Tensor, args: MetadataArgs) -> None:
         if entry is not None and entry[0] is _ref:
             del _records[key]
 
-    _records[key] = (weakref.ref(tensor, forget), args, set())
+    _records[key] = [weakref.ref(tensor, forget), args, set(), None]
 
 
 def recorded_args(tensor) -> Optional[MetadataArgs]:
@@ -295,26 +297,28 @@ def recorded_args(tensor) -> Optional[MetadataArgs]:
 
 
 def forget_verdicts() -> None:
-    """Another environment (build info): verdicts are redone."""
+    """Another environment (another build info, which the verdicts read): redo them."""
     for entry in _records.values():
         entry[2].clear()
+        entry[3] = None
 
 
-def check_call(scheduler_metadata, comp: ComponentInfo, *, batch: int, num_heads: int,
-               num_heads_k: int, head_size: int, head_size_v: int, dtype, max_seqlen_q: int,
-               max_seqlen_k: int, page_size: Optional[int], causal, window, softcap,
-               num_splits: int) -> None:
-    """Raise FlashAttnInputError when ``scheduler_metadata`` (returned by
-    get_scheduler_metadata) was computed for a call FA3 schedules differently from this
-    one. Tensors get_scheduler_metadata did not return are not checked here."""
-    entry = _records.get(id(scheduler_metadata))
-    if entry is None or entry[0]() is not scheduler_metadata:
+# The call's values a verdict depends on, in the order flash_attn_varlen_func builds
+# them (inline, on the hot path): (batch, num_heads, num_heads_k, head_size, head_size_v,
+# dtype, max_seqlen_q, max_seqlen_k, page_size or None, causal, (left, right) window,
+# softcap, num_splits).
+
+
+def check_call(entry: tuple, comp: ComponentInfo, key: tuple) -> None:
+    """Raise FlashAttnInputError when the metadata of ``entry`` (``records[id(tensor)]``,
+    its weakref checked by the caller to point at the tensor passed) was computed for a
+    call FA3 schedules differently from the call ``key`` describes; else remember the
+    key as consistent, so the next call of that shape costs a set lookup."""
+    if key in entry[2]:
+        entry[3] = key
         return
-    key = (batch, num_heads, num_heads_k, head_size, head_size_v, dtype, max_seqlen_q,
-           max_seqlen_k, page_size, bool(causal), window, softcap > 0, num_splits, id(comp))
-    consistent = entry[2]
-    if key in consistent:
-        return
+    (batch, num_heads, num_heads_k, head_size, head_size_v, dtype, max_seqlen_q, max_seqlen_k,
+     page_size, causal, window, softcap, num_splits) = key
     args = entry[1]
     call = MetadataArgs(batch, max_seqlen_q, max_seqlen_k, num_heads, num_heads_k, head_size,
                         head_size_v, dtype, True, page_size, bool(causal), tuple(window),
@@ -326,7 +330,8 @@ def check_call(scheduler_metadata, comp: ComponentInfo, *, batch: int, num_heads
             f"this call with that call's schedule; they differ in " + "; ".join(problems)
             + f". Compute it for this call, {call.as_call()}, or pass scheduler_metadata=None "
             "to let FA3 compute it.")
-    consistent.add(key)
+    entry[2].add(key)
+    entry[3] = key
 
 
 def op_error(exc: RuntimeError, call_hint: str) -> Optional[FlashAttnInputError]:
