@@ -259,12 +259,14 @@ _WHY = {
 
 
 def mismatches(metadata: Schedule, call: Schedule) -> list[str]:
+    """One line per field in which the two schedules differ."""
     out = []
     for name, have, want in zip(Schedule._fields, metadata, call, strict=True):
         if have != want:
-            show = (lambda v: v[0] if name == "mask" else v)
+            if name == "mask":
+                have, want = have[0], want[0]
             why = f" ({_WHY[name]})" if name in _WHY else ""
-            out.append(f"{name}: {show(have)} for the metadata, {show(want)} for this call{why}")
+            out.append(f"{name}: {have} for the metadata, {want} for this call{why}")
     return out
 
 
@@ -309,7 +311,7 @@ def forget_verdicts() -> None:
 # softcap, num_splits).
 
 
-def check_call(entry: tuple, comp: ComponentInfo, key: tuple) -> None:
+def check_call(entry: list, comp: ComponentInfo, key: tuple) -> None:
     """Raise FlashAttnInputError when the metadata of ``entry`` (``records[id(tensor)]``,
     its weakref checked by the caller to point at the tensor passed) was computed for a
     call FA3 schedules differently from the call ``key`` describes; else remember the
