@@ -17,8 +17,12 @@ from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .kernels import dtype_name, dtype_problem, head_size_problem
+from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
+from .scheduler_metadata import forget_verdicts, op_error, record as record_scheduler_metadata
+from .scheduler_metadata import records as scheduler_metadata_records
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
-from .validation import check_q_device, check_varlen_call, quick_check_varlen_call
+from .validation import (_integer, _is_local, check_q_device, check_varlen_call,
+                         quick_check_varlen_call)
 
 _E4M3 = torch.float8_e4m3fn
 OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
@@ -66,15 +70,21 @@ def _device_index(tensor: torch.Tensor) -> int:
 # microseconds on every layer of every step.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
+on_environment_change(forget_verdicts)
+
+# Bits of the resolution key: the FA3 kernel features a call needs (the selector falls
+# back to FA2 when this wheel's FA3 lacks one that FA2 has).
+_NEEDS = ((1, "paged"), (2, "softcap"), (4, "local"), (8, "split"))
 
 
 def _resolve(key: tuple, tensor: torch.Tensor, traits: tuple) -> tuple:
     """Fill _resolved[key]; ``traits`` = (requires_alibi, head_size, head_size_v,
-    has_sinks, dtype) of the call."""
-    requires_alibi, head_size, head_size_v, has_sinks, dtype = traits
+    has_sinks, dtype, bits of _NEEDS) of the call."""
+    requires_alibi, head_size, head_size_v, has_sinks, dtype, needs = traits
     version = _resolve_version(key[0], tensor, requires_alibi=requires_alibi,
                                head_size=head_size, head_size_v=head_size_v,
-                               has_sinks=has_sinks, dtype=dtype)
+                               has_sinks=has_sinks, dtype=dtype,
+                               features=tuple(name for bit, name in _NEEDS if needs & bit))
     hit = _resolved[key] = (version, _component(version), _forward_op(version),
                             debug_checks_enabled())
     return hit
@@ -122,7 +132,11 @@ def get_scheduler_metadata(
     pack_gqa=None,   # Can be tuned for speed
     sm_margin=0,     # Can be tuned if some SMs are used for communication
 ):
-    """FA3 scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``."""
+    """FA3 scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``.
+
+    It holds the schedule of exactly one call shape; the returned tensor remembers the
+    arguments, and a call that passes it is refused when FA3 would schedule that call
+    differently (scheduler_metadata.py)."""
     if not isinstance(cache_seqlens, torch.Tensor):
         raise FlashAttnTypeError("cache_seqlens must be a torch.Tensor (the KV length of each sequence)")
     env = current_environment()
@@ -137,6 +151,19 @@ def get_scheduler_metadata(
     comp = _component(3)
     if headdim_v is None:
         headdim_v = headdim
+    batch_size = _integer("batch_size", batch_size, 1)
+    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
+    num_heads_q = _integer("num_heads_q", num_heads_q, 1)
+    num_heads_kv = _integer("num_heads_kv", num_heads_kv, 1)
+    headdim, headdim_v = _integer("headdim", headdim, 1), _integer("headdim_v", headdim_v, 1)
+    max_seqlen_k_new = _integer("max_seqlen_k_new", max_seqlen_k_new)
+    num_splits, sm_margin = _integer("num_splits", num_splits), _integer("sm_margin", sm_margin)
+    if page_size is not None:
+        page_size = _integer("page_size", page_size, 1)
+    if len(window_size) != 2:
+        raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
+    window = (int(window_size[0]), int(window_size[1]))
     name = dtype_name(qkv_dtype)
     problem = dtype_problem(3, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
         3, comp, int(headdim), int(headdim_v), name)
@@ -156,7 +183,7 @@ def get_scheduler_metadata(
         if x is not None and x.dtype != torch.int32:
             raise FlashAttnTypeError(f"{label} must have dtype torch.int32, got {x.dtype}")
     cache_seqlens = maybe_contiguous(cache_seqlens)
-    return _ops(3).get_scheduler_metadata(
+    metadata = _ops(3).get_scheduler_metadata(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
         qkv_dtype,
         cache_seqlens,
@@ -167,13 +194,19 @@ def get_scheduler_metadata(
         cache_leftpad,
         page_size,
         max_seqlen_k_new,
-        causal,
-        window_size[0], window_size[1],
-        has_softcap,
+        bool(causal),
+        window[0], window[1],
+        bool(has_softcap),
         num_splits,
         pack_gqa,
         sm_margin,
     )
+    record_scheduler_metadata(metadata, MetadataArgs(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
+        qkv_dtype, cu_seqlens_q is not None, page_size, bool(causal), window, bool(has_softcap),
+        num_splits, None if pack_gqa is None else bool(pack_gqa), sm_margin, max_seqlen_k_new,
+        cu_seqlens_k_new is not None, cache_leftpad is not None))
+    return metadata
 
 
 def flash_attn_varlen_func(
@@ -240,12 +273,26 @@ def flash_attn_varlen_func(
     head_size_v = v_shape[-1] if v_shape else None
     dtype = q.dtype
     # An explicit fa_version is checked against the device only; the selector's answer
-    # depends on the override and the kind of call too.
-    key = (fa_version, device) if fa_version is not None else (
-        None, device, env.getenv(ENV_VAR), alibi_slopes is not None, head_size, head_size_v,
-        s_aux is not None, dtype)
+    # depends on the override and the kind of call too, including the FA3 kernel
+    # features it needs (_NEEDS).
+    if fa_version is not None:
+        key = (fa_version, device)
+    else:
+        needs = 1 if block_table is not None else 0
+        if (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal):
+            needs |= 4
+        try:
+            if softcap > 0:
+                needs |= 2
+            if num_splits > 1:
+                needs |= 8
+        except (TypeError, RuntimeError):  # not numbers: validation says so
+            pass
+        key = (None, device, env.getenv(ENV_VAR), alibi_slopes is not None, head_size,
+               head_size_v, s_aux is not None, dtype, needs)
     version, comp, op, debug = _resolved.get(key) or _resolve(key, q, (
-        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, dtype))
+        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, dtype,
+        key[-1] if fa_version is None else 0))
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
     # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride
@@ -281,6 +328,19 @@ def flash_attn_varlen_func(
             cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k).fp8
         max_seqlen_q, max_seqlen_k, num_splits = int(max_seqlen_q), int(max_seqlen_k), int(num_splits)
         cp_world_size, cp_rank = int(cp_world_size), int(cp_rank)
+    if scheduler_metadata is not None and version == 3:
+        # Metadata get_scheduler_metadata computed for another call shape: compared once
+        # per metadata tensor and call shape (scheduler_metadata.check_call), a lookup
+        # after that. Written out here: vLLM passes metadata on every layer of every step.
+        entry = scheduler_metadata_records.get(id(scheduler_metadata))
+        if entry is not None and entry[0]() is scheduler_metadata:
+            # v's shape is k's but for the last dim (validated): KV heads, page size.
+            metadata_key = (cu_seqlens_q.numel() - 1, q_shape[1], v_shape[-2], head_size,
+                            head_size_v, dtype, max_seqlen_q, max_seqlen_k,
+                            v_shape[1] if block_table is not None else None, causal, window,
+                            softcap, num_splits)
+            if metadata_key != entry[3]:
+                check_scheduler_metadata(entry, comp, metadata_key)
     if debug:
         run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, block_table=block_table,
@@ -293,35 +353,47 @@ def flash_attn_varlen_func(
         # vLLM passes them on every call, so they are dropped rather than refused.
         if not fp8:
             q_descale = k_descale = v_descale = None
-        out, softmax_lse = op(
-            q, k, v,
-            None, None,        # k_new, v_new
-            q_v,
-            out,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            None,              # cu_seqlens_k_new
-            None, seqused_k,   # seqused_q, seqused_k
-            max_seqlen_q, max_seqlen_k,
-            block_table,       # page_table
-            None,              # kv_batch_idx
-            None,              # leftpad_k
-            None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
-            q_descale, k_descale, v_descale,
-            float(softmax_scale),
-            bool(causal),
-            window[0], window[1],
-            float(softcap),
-            True,              # is_rotary_interleaved (no rotary here)
-            scheduler_metadata,
-            num_splits,
-            None,              # pack_gqa: heuristic
-            0,                 # sm_margin
-            s_aux,
-            cp_world_size,
-            cp_rank,
-            cp_tot_seqused_k,
-        )[:2]
+        try:
+            out, softmax_lse = op(
+                q, k, v,
+                None, None,        # k_new, v_new
+                q_v,
+                out,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                None,              # cu_seqlens_k_new
+                None, seqused_k,   # seqused_q, seqused_k
+                max_seqlen_q, max_seqlen_k,
+                block_table,       # page_table
+                None,              # kv_batch_idx
+                None,              # leftpad_k
+                None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
+                q_descale, k_descale, v_descale,
+                float(softmax_scale),
+                bool(causal),
+                window[0], window[1],
+                float(softcap),
+                True,              # is_rotary_interleaved (no rotary here)
+                scheduler_metadata,
+                num_splits,
+                None,              # pack_gqa: heuristic
+                0,                 # sm_margin
+                s_aux,
+                cp_world_size,
+                cp_rank,
+                cp_tot_seqused_k,
+            )[:2]
+        except RuntimeError as exc:
+            # A metadata tensor get_scheduler_metadata did not return (a copy in a
+            # CUDA-graph buffer) is checked by the op alone, before any kernel.
+            refusal = None if scheduler_metadata is None else op_error(exc, MetadataArgs(
+                cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, q_shape[1], k.shape[-2],
+                head_size, head_size_v, dtype, True,
+                k.shape[1] if block_table is not None else None, bool(causal), window,
+                softcap > 0, num_splits).as_call())
+            if refusal is None:
+                raise
+            raise refusal from exc
     else:
         out, softmax_lse = op(
             q, k, v,

@@ -342,12 +342,17 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
 # process with a segmentation fault instead of raising (tests/gpu/test_bad_input.py
 # found it when this path once relied on them).
 
-_ACCEPTED_SIGNATURES: set = set()
-on_environment_change(_ACCEPTED_SIGNATURES.clear)  # another build info, other verdicts
+# id(comp) -> (comp, signatures accepted for it). The entry holds comp: while it is
+# alive its id cannot be reused by another ComponentInfo (a verdict keyed on a bare
+# id(comp) was once handed to a later build's ComponentInfo at the same address).
+# Keyed on the id rather than on comp itself because hashing the frozen dataclass
+# costs ~0.4 us per call.
+_ACCEPTED: dict = {}
+on_environment_change(_ACCEPTED.clear)  # another build info, other verdicts
 
 
 def _static_ok(signature, version, comp) -> bool:
-    (_, _, dtype, head_size, head_size_v, num_heads, num_heads_k, paged, softcap_on, local,
+    (_, dtype, head_size, head_size_v, num_heads, num_heads_k, paged, softcap_on, local,
      split) = signature
     name = dtype_name(dtype)
     ok = (
@@ -361,7 +366,10 @@ def _static_ok(signature, version, comp) -> bool:
             and (not split or feature_problem(comp, "split") is None)))
     )
     if ok:
-        _ACCEPTED_SIGNATURES.add(signature)
+        entry = _ACCEPTED.get(id(comp))
+        if entry is None or entry[0] is not comp:
+            entry = _ACCEPTED[id(comp)] = (comp, set())
+        entry[1].add(signature)
     return ok
 
 
@@ -460,8 +468,10 @@ def quick_check_varlen_call(
                 return False
             local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
             split = num_splits > 1
-        signature = (version, id(comp), dtype, head_size, head_size_v, num_heads, num_heads_k,
-                     paged, softcap > 0, local, split)
-        return signature in _ACCEPTED_SIGNATURES or _static_ok(signature, version, comp)
+        signature = (version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
+                     softcap > 0, local, split)
+        accepted = _ACCEPTED.get(id(comp))
+        return ((accepted is not None and accepted[0] is comp and signature in accepted[1])
+                or _static_ok(signature, version, comp))
     except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
         return False  # not tensors, odd types or shapes: the full check explains

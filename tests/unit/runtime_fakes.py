@@ -14,22 +14,27 @@ import re
 import pytest
 import torch
 
+from vendored_flash_attn import op_schemas
 from vendored_flash_attn.build_info import BuildInfo
 from vendored_flash_attn.environment import StaticEnvironment, set_environment
 
+# The FA3 defines of every build (cmake/KernelSelection.cmake) that the runtime reads.
+FA3_DEFINES = ["FLASHATTENTION_VARLEN_ONLY", "FLASHATTENTION_PACKGQA_ONLY",
+               "FLASHATTENTION_DISABLE_APPENDKV"]
 FULL = {
     "fa2": {"built": True, "module": "_vendored_fa2_C", "gencode": ["sm_80", "compute_80"],
             "head_dims": [32, 64, 96, 128, 192, 256], "dtypes": ["bf16", "fp16"],
             "features": ["sparse"]},
     "fa3": {"built": True, "module": "_vendored_fa3_C", "gencode": ["sm_90a"],
             "head_dims": [64, 96, 128, 192, 256], "dtypes": ["bf16", "fp16", "e4m3"],
-            "features": ["paged", "split", "softcap", "local", "hdimdiff"]},
+            "features": ["paged", "split", "softcap", "local", "hdimdiff"], "defines": FA3_DEFINES},
 }
 MINIMAL = {
     "fa2": {"built": True, "module": "_vendored_fa2_C", "gencode": ["sm_80", "compute_80"],
             "head_dims": [128], "dtypes": ["bf16"], "features": []},
     "fa3": {"built": True, "module": "_vendored_fa3_C", "gencode": ["sm_90a"],
-            "head_dims": [128], "dtypes": ["bf16", "e4m3"], "features": ["paged", "split", "local"]},
+            "head_dims": [128], "dtypes": ["bf16", "e4m3"], "features": ["paged", "split", "local"],
+            "defines": FA3_DEFINES},
 }
 
 
@@ -74,31 +79,11 @@ def describe():
     return install
 
 
-# Schemas as the upstream modules register them (ops.def strings).
-FA2_VARLEN_FWD = (
-    "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
-    "Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, "
-    "int max_seqlen_q, int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, "
-    "bool is_causal, int window_size_left, int window_size_right, float softcap, bool return_softmax, "
-    "int num_splits, Tensor? gen) -> Tensor[]")
-FA3_FWD = (
-    "fwd(Tensor!  q, Tensor   k, Tensor   v, Tensor?  k_new, Tensor?  v_new, Tensor?  q_v, "
-    "Tensor!? out, Tensor?  cu_seqlens_q, Tensor?  cu_seqlens_k, Tensor?  cu_seqlens_k_new, "
-    "Tensor?  seqused_q, Tensor?  seqused_k, int?     max_seqlen_q, int?     max_seqlen_k, "
-    "Tensor?  page_table, Tensor?  kv_batch_idx, Tensor?  leftpad_k, Tensor?  rotary_cos, "
-    "Tensor?  rotary_sin, Tensor?  seqlens_rotary, Tensor?  q_descale, Tensor?  k_descale, "
-    "Tensor?  v_descale, float    softmax_scale, bool     is_causal, int      window_size_left, "
-    "int      window_size_right, float    softcap, bool     is_rotary_interleaved, "
-    "Tensor?  scheduler_metadata, int      num_splits, bool?    pack_gqa, int      sm_margin, "
-    "Tensor?  s_aux, int      cp_world_size, int      cp_rank, Tensor?  cp_tot_seqused_k) -> Tensor[]")
-FA3_SCHEDULER = (
-    "get_scheduler_metadata(int      batch_size, int      max_seqlen_q, int      max_seqlen_k, "
-    "int      num_heads, int      num_heads_k, int      headdim, int      headdim_v, "
-    "ScalarType qkv_dtype, Tensor   seqused_k, Tensor?  cu_seqlens_q, Tensor?  cu_seqlens_k, "
-    "Tensor?  cu_seqlens_k_new, Tensor?  seqused_q, Tensor?  leftpad_k, int?     page_size, "
-    "int      max_seqlen_k_new, bool     is_causal, int      window_size_left, "
-    "int      window_size_right, bool     has_softcap, int      num_splits, bool?    pack_gqa, "
-    "int      sm_margin) -> Tensor")
+# Schemas as the upstream modules register them (ops.def strings): the package's own
+# copy, which a GPU test compares with the compiled modules.
+FA2_VARLEN_FWD = op_schemas.FA2_VARLEN_FWD
+FA3_FWD = op_schemas.FA3_FWD
+FA3_SCHEDULER = op_schemas.FA3_GET_SCHEDULER_METADATA
 
 
 def _arg_names(schema: str) -> list[str]:
@@ -107,10 +92,13 @@ def _arg_names(schema: str) -> list[str]:
 
 
 class OpRecorder:
-    """Keeps the calls the fake ops received, as {argument name: value} dicts."""
+    """Keeps the calls the fake ops received, as {argument name: value} dicts.
+    ``errors[op] = message``: that op raises RuntimeError(message), as a failed
+    STD_TORCH_CHECK in the compiled op does."""
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
+        self.errors: dict[str, str] = {}
 
     def last(self, op: str) -> dict:
         matching = [args for name, args in self.calls if name == op]
@@ -130,7 +118,10 @@ def _register() -> None:
         names = _arg_names(schema)
 
         def kernel(*args):
+            assert len(args) == len(names), (op, len(args), len(names))
             _recorder.calls.append((op, dict(zip(names, args))))
+            if op in _recorder.errors:
+                raise RuntimeError(_recorder.errors[op])
             return result(dict(zip(names, args)))
 
         return kernel
@@ -159,4 +150,5 @@ def _register() -> None:
 def fake_ops() -> OpRecorder:
     _register()
     _recorder.calls.clear()
+    _recorder.errors.clear()
     return _recorder

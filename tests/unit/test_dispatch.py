@@ -1,4 +1,11 @@
-"""The exact arguments handed to the ops, against fake ops with the upstream schemas."""
+"""The exact arguments handed to the ops, against fake ops with the upstream schemas.
+
+The fake ops are defined from the package's copy of upstream's ``ops.def`` strings
+(op_schemas.py, compared with the compiled modules by a GPU test) and bind the
+interface's positional arguments to the schema's parameter names. The ``*_every_argument``
+tests name the expected value of every parameter, with values chosen so that no two
+parameters of the same type share one: two swapped positional arguments fail them.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,9 @@ import pytest
 import torch
 
 from calls import descales, paged_call, varlen_call
-from runtime_fakes import AMPERE, HOPPER
+from runtime_fakes import AMPERE, HOPPER, _arg_names
 from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata, make_fp8_descales
+from vendored_flash_attn.op_schemas import OP_SCHEMAS
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -16,6 +24,104 @@ def same(a, b) -> bool:
     """The op saw this very tensor (same storage and layout), not a copy."""
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
             and a.dtype == b.dtype)
+
+
+def assert_every_argument(op: str, got: dict, expected: dict) -> None:
+    """``expected`` names every parameter of the op's schema; tensors must be the very
+    tensors (``same``), everything else equal and of the same type (True is not 1)."""
+    namespace = "_vendored_fa2_C" if op == "varlen_fwd" else "_vendored_fa3_C"
+    names = _arg_names(OP_SCHEMAS[namespace, op])
+    assert sorted(expected) == sorted(names), set(expected) ^ set(names)
+    assert list(got) == names
+    wrong = []
+    for name in names:
+        have, want = got[name], expected[name]
+        if isinstance(want, torch.Tensor):
+            ok = isinstance(have, torch.Tensor) and same(have, want)
+        else:
+            ok = type(have) is type(want) and have == want
+        if not ok:
+            wrong.append(f"{name}: got {have!r}, expected {want!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_fa3_every_argument_paged_fp8_sinks_cp(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    call = paged_call(FP8)
+    q_descale, k_descale, v_descale = (torch.full((2, 2), x) for x in (0.5, 0.25, 2.0))
+    out = torch.empty(6, 8, 128, dtype=BF16)
+    sinks = torch.zeros(8, dtype=BF16)
+    metadata = torch.zeros(9, dtype=torch.int32)  # not from get_scheduler_metadata: passed as is
+    cp_tot = torch.tensor([40, 60], dtype=torch.int32)
+    flash_attn_varlen_func(**call, out=out, softmax_scale=0.25, causal=True, softcap=7.5,
+                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                           scheduler_metadata=metadata, num_splits=3, fa_version=3, s_aux=sinks,
+                           cp_world_size=2, cp_rank=1, cp_tot_seqused_k=cp_tot)
+    assert_every_argument("fwd", fake_ops.last("fwd"), dict(
+        q=call["q"], k=call["k"], v=call["v"], k_new=None, v_new=None, q_v=None, out=out,
+        cu_seqlens_q=call["cu_seqlens_q"], cu_seqlens_k=None, cu_seqlens_k_new=None,
+        seqused_q=None, seqused_k=call["seqused_k"], max_seqlen_q=4, max_seqlen_k=20,
+        page_table=call["block_table"], kv_batch_idx=None, leftpad_k=None, rotary_cos=None,
+        rotary_sin=None, seqlens_rotary=None, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=0.25, is_causal=True, window_size_left=-1,
+        window_size_right=-1, softcap=7.5, is_rotary_interleaved=True,
+        scheduler_metadata=metadata, num_splits=3, pack_gqa=None, sm_margin=0, s_aux=sinks,
+        cp_world_size=2, cp_rank=1, cp_tot_seqused_k=cp_tot))
+
+
+def test_fa3_every_argument_varlen_q_v_window(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    call = varlen_call(d=64, dv=512)
+    q_v = torch.randn(6, 8, 512).to(BF16)
+    out = torch.empty(6, 8, 512, dtype=BF16)
+    flash_attn_varlen_func(**call, q_v=q_v, out=out, causal=False, window_size=(5, 7),
+                           softcap=2.5, num_splits=2, fa_version=3)
+    assert_every_argument("fwd", fake_ops.last("fwd"), dict(
+        q=call["q"], k=call["k"], v=call["v"], k_new=None, v_new=None, q_v=q_v, out=out,
+        cu_seqlens_q=call["cu_seqlens_q"], cu_seqlens_k=call["cu_seqlens_k"],
+        cu_seqlens_k_new=None, seqused_q=None, seqused_k=None, max_seqlen_q=4, max_seqlen_k=7,
+        page_table=None, kv_batch_idx=None, leftpad_k=None, rotary_cos=None, rotary_sin=None,
+        seqlens_rotary=None, q_descale=None, k_descale=None, v_descale=None,
+        softmax_scale=64 ** -0.5, is_causal=False, window_size_left=5, window_size_right=7,
+        softcap=2.5, is_rotary_interleaved=True, scheduler_metadata=None, num_splits=2,
+        pack_gqa=None, sm_margin=0, s_aux=None, cp_world_size=1, cp_rank=0,
+        cp_tot_seqused_k=None))
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["varlen", "paged"])
+def test_fa2_every_argument(describe, fake_ops, paged):
+    describe(caps=(AMPERE,))
+    call = paged_call() if paged else varlen_call()
+    out = torch.empty(6, 8, 128, dtype=BF16)
+    alibi = torch.rand(8)
+    flash_attn_varlen_func(**call, out=out, softmax_scale=0.25, causal=True, window_size=(5, 7),
+                           softcap=2.5, alibi_slopes=alibi, num_splits=1)
+    assert_every_argument("varlen_fwd", fake_ops.last("varlen_fwd"), dict(
+        q=call["q"], k=call["k"], v=call["v"], out=out, cu_seqlens_q=call["cu_seqlens_q"],
+        # paged: cu_seqlens_q stands in for the unused cu_seqlens_k (interface.py)
+        cu_seqlens_k=call["cu_seqlens_q"] if paged else call["cu_seqlens_k"],
+        seqused_k=call["seqused_k"] if paged else None, leftpad_k=None,
+        block_table=call["block_table"] if paged else None, alibi_slopes=alibi,
+        max_seqlen_q=4, max_seqlen_k=20 if paged else 7, p_dropout=0.0, softmax_scale=0.25,
+        zero_tensors=False, is_causal=True, window_size_left=5, window_size_right=7,
+        softcap=2.5, return_softmax=False, num_splits=1, gen=None))
+
+
+def test_get_scheduler_metadata_every_argument(describe, fake_ops):
+    describe(caps=(HOPPER,))
+    seqlens = torch.tensor([5, 20], dtype=torch.int32)
+    cu_q, cu_k_new = (torch.tensor([0, 2, 6], dtype=torch.int32) for _ in range(2))
+    leftpad = torch.tensor([0, 1], dtype=torch.int32)
+    get_scheduler_metadata(2, 4, 20, 8, 1, 192, seqlens, qkv_dtype=BF16, headdim_v=128,
+                           cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_k_new, cache_leftpad=leftpad,
+                           page_size=16, max_seqlen_k_new=3, causal=True, window_size=(127, 5),
+                           has_softcap=False, num_splits=6, pack_gqa=None, sm_margin=9)
+    assert_every_argument("get_scheduler_metadata", fake_ops.last("get_scheduler_metadata"), dict(
+        batch_size=2, max_seqlen_q=4, max_seqlen_k=20, num_heads=8, num_heads_k=1, headdim=192,
+        headdim_v=128, qkv_dtype=BF16, seqused_k=seqlens, cu_seqlens_q=cu_q, cu_seqlens_k=None,
+        cu_seqlens_k_new=cu_k_new, seqused_q=None, leftpad_k=leftpad, page_size=16,
+        max_seqlen_k_new=3, is_causal=True, window_size_left=127, window_size_right=5,
+        has_softcap=False, num_splits=6, pack_gqa=None, sm_margin=9))
 
 
 def test_fa2_varlen(describe, fake_ops):
@@ -56,10 +162,19 @@ def test_fa2_paged_gets_defined_cu_seqlens_k(describe, fake_ops):
 
 
 def test_fa2_ignores_descales_of_16bit_inputs(describe, fake_ops):
-    # vLLM passes k/v descales on every call, FP8 or not; for bf16 data they mean nothing.
+    # vLLM passes k/v descales on every call, FP8 or not; for bf16 data they mean nothing:
+    # the call is accepted and the op gets exactly what it gets without them.
     describe(caps=(AMPERE,))
-    flash_attn_varlen_func(**paged_call(), **descales(), fa_version=2)
-    assert "q_descale" not in fake_ops.last("varlen_fwd")
+    call = paged_call()
+    flash_attn_varlen_func(**call, fa_version=2)
+    plain = fake_ops.last("varlen_fwd")
+    flash_attn_varlen_func(**call, **descales(), fa_version=2)
+    with_descales = fake_ops.last("varlen_fwd")
+    assert list(with_descales) == list(plain)
+    for name, value in plain.items():
+        other = with_descales[name]
+        assert (other is value if isinstance(value, torch.Tensor) or value is None
+                else (type(other), other) == (type(value), value)), name
 
 
 def test_fa3_paged(describe, fake_ops):

@@ -141,3 +141,85 @@ def test_quick_check_agrees_with_the_full_check(preset, version):
     # The common calls do take the quick path, and the corpus does break calls.
     assert accepted >= 4, accepted
     assert refused >= 20, refused
+
+
+# --- the quick path is taken -------------------------------------------------------------
+
+def _common_calls(fp8: bool):
+    """The shapes a serving engine sends on every layer: packed prefill, paged decode
+    and chunked prefill, with and without out=, GQA, a sliding window; FP8 paged on Hopper."""
+    calls = [dict(varlen_call(), causal=True),
+             dict(paged_call(), causal=True),
+             dict(paged_call(kv_heads=1), causal=True, out=torch.empty(6, 8, 128, dtype=torch.bfloat16)),
+             dict(varlen_call(), causal=True, window_size=(63, 0))]
+    if fp8:
+        calls.append(dict(paged_call(torch.float8_e4m3fn), causal=True, **descales()))
+    return calls
+
+
+@pytest.mark.parametrize("caps, fa_version", [((9, 0), 3), ((9, 0), None), ((8, 0), 2), ((8, 0), None)],
+                         ids=["fa3", "hopper-selector", "fa2", "ampere-selector"])
+def test_common_calls_skip_the_full_check(describe, fake_ops, monkeypatch, caps, fa_version):
+    """The quick check is what keeps the per-call cost low: the common calls must not
+    reach check_varlen_call (spied on), and one unusual call must (the spy works)."""
+    from vendored_flash_attn import flash_attn_varlen_func, interface
+
+    describe(caps=(caps,))
+    full_checks = []
+    real = interface.check_varlen_call
+
+    def spy(*args, **kwargs):
+        full_checks.append(kwargs.get("q").shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(interface, "check_varlen_call", spy)
+    calls = _common_calls(fp8=caps == (9, 0))
+    for call in calls:
+        flash_attn_varlen_func(**call, fa_version=fa_version)
+    assert full_checks == [], f"{len(full_checks)} of {len(calls)} common calls took the full check"
+    assert len(fake_ops.calls) == len(calls)
+    unusual = dict(alibi_slopes=torch.rand(8)) if caps == (8, 0) else dict(
+        s_aux=torch.zeros(8, dtype=torch.bfloat16))
+    flash_attn_varlen_func(**varlen_call(), **unusual, fa_version=fa_version)
+    assert len(full_checks) == 1
+
+
+# --- verdicts belong to the ComponentInfo they were made for ------------------------------
+
+def test_verdict_is_not_inherited_by_a_component_at_a_reused_address():
+    """A verdict cached for one build's ComponentInfo must not answer for another one,
+    even when the first is gone and the second lives at its address (CPython hands a
+    freed object's memory to the next object of that size)."""
+    import gc
+
+    from vendored_flash_attn.build_info import ComponentInfo
+
+    call = _full_args(varlen_call(torch.float16))
+
+    def fa3(dtypes):
+        return ComponentInfo(built=True, module="_vendored_fa3_C", head_dims=(128,),
+                             dtypes=dtypes, features=("paged", "split", "local"))
+
+    with_fp16 = fa3(("bf16", "fp16", "e4m3"))
+    assert _quick(3, with_fp16, call)  # fp16 accepted, and remembered
+    old_id = id(with_fp16)
+    del with_fp16
+    gc.collect()
+    # Look for a ComponentInfo without fp16 at the freed address: allocate until one
+    # lands there (the first one does, when nothing holds the old object).
+    keep = []
+    for _ in range(1000):
+        candidate = fa3(("bf16", "e4m3"))
+        if id(candidate) == old_id:
+            break
+        keep.append(candidate)
+    else:
+        candidate = None
+    if candidate is not None:
+        assert not _quick(3, candidate, call), \
+            "fp16 accepted for a build without fp16: the verdict of a freed ComponentInfo"
+    else:
+        # The old object is still alive somewhere (the verdict cache holds it): its
+        # address cannot be reused, which is the fix. Check the verdict anyway.
+        assert not _quick(3, fa3(("bf16", "e4m3")), call)
+    assert isinstance(_full(3, fa3(("bf16", "e4m3")), call), Exception)

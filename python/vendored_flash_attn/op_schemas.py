@@ -1,0 +1,51 @@
+"""The schemas of the compiled ops this package calls, as upstream registers them.
+
+Copied from the ``ops.def`` strings of the pinned upstream
+(``csrc/flash_attn/flash_api_torch_lib.cpp`` for FA2, ``hopper/flash_api_torch_lib.cpp``
+for FA3). ``interface.py`` calls these ops positionally, in this argument order; the
+CPU unit tests register fake ops from these very strings and check every argument of
+the interface's calls by name, and a GPU test checks that the compiled modules register
+exactly these schemas, so this copy cannot drift from the modules unnoticed.
+
+Example: ``torch._C.parse_schema(f"{FA3_NAMESPACE}::{FA3_FWD}")`` equals
+``torch.ops._vendored_fa3_C.fwd.default._schema`` of a wheel built from the pin.
+"""
+
+from __future__ import annotations
+
+FA2_NAMESPACE = "_vendored_fa2_C"
+FA3_NAMESPACE = "_vendored_fa3_C"
+
+FA2_VARLEN_FWD = (
+    "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, "
+    "int max_seqlen_q, int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, "
+    "bool is_causal, int window_size_left, int window_size_right, float softcap, bool return_softmax, "
+    "int num_splits, Tensor? gen) -> Tensor[]")
+
+FA3_FWD = (
+    "fwd(Tensor!  q, Tensor   k, Tensor   v, Tensor?  k_new, Tensor?  v_new, Tensor?  q_v, "
+    "Tensor!? out, Tensor?  cu_seqlens_q, Tensor?  cu_seqlens_k, Tensor?  cu_seqlens_k_new, "
+    "Tensor?  seqused_q, Tensor?  seqused_k, int?     max_seqlen_q, int?     max_seqlen_k, "
+    "Tensor?  page_table, Tensor?  kv_batch_idx, Tensor?  leftpad_k, Tensor?  rotary_cos, "
+    "Tensor?  rotary_sin, Tensor?  seqlens_rotary, Tensor?  q_descale, Tensor?  k_descale, "
+    "Tensor?  v_descale, float    softmax_scale, bool     is_causal, int      window_size_left, "
+    "int      window_size_right, float    softcap, bool     is_rotary_interleaved, "
+    "Tensor?  scheduler_metadata, int      num_splits, bool?    pack_gqa, int      sm_margin, "
+    "Tensor?  s_aux, int      cp_world_size, int      cp_rank, Tensor?  cp_tot_seqused_k) -> Tensor[]")
+
+FA3_GET_SCHEDULER_METADATA = (
+    "get_scheduler_metadata(int      batch_size, int      max_seqlen_q, int      max_seqlen_k, "
+    "int      num_heads, int      num_heads_k, int      headdim, int      headdim_v, "
+    "ScalarType qkv_dtype, Tensor   seqused_k, Tensor?  cu_seqlens_q, Tensor?  cu_seqlens_k, "
+    "Tensor?  cu_seqlens_k_new, Tensor?  seqused_q, Tensor?  leftpad_k, int?     page_size, "
+    "int      max_seqlen_k_new, bool     is_causal, int      window_size_left, "
+    "int      window_size_right, bool     has_softcap, int      num_splits, bool?    pack_gqa, "
+    "int      sm_margin) -> Tensor")
+
+#: (namespace, op name) -> schema, for every op interface.py calls.
+OP_SCHEMAS = {
+    (FA2_NAMESPACE, "varlen_fwd"): FA2_VARLEN_FWD,
+    (FA3_NAMESPACE, "fwd"): FA3_FWD,
+    (FA3_NAMESPACE, "get_scheduler_metadata"): FA3_GET_SCHEDULER_METADATA,
+}
