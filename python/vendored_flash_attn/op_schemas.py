@@ -2,7 +2,7 @@
 
 Copied from the ``ops.def`` strings of the pinned upstream
 (``csrc/flash_attn/flash_api_torch_lib.cpp`` for FA2, ``hopper/flash_api_torch_lib.cpp``
-for FA3). ``interface.py`` calls these ops positionally, in this argument order; the
+for FA3). ``interface.py`` and ``sparse.py`` call these ops positionally, in this argument order; the
 CPU unit tests register fake ops from these very strings and check every argument of
 the interface's calls by name, and a GPU test checks that the compiled modules register
 exactly these schemas, so this copy cannot drift from the modules unnoticed.
@@ -43,9 +43,27 @@ FA3_GET_SCHEDULER_METADATA = (
     "int      window_size_right, bool     has_softcap, int      num_splits, bool?    pack_gqa, "
     "int      sm_margin) -> Tensor")
 
-#: (namespace, op name) -> schema, for every op interface.py calls.
+FA2_FWD_SPARSE = (
+    "fwd_sparse(Tensor! q, Tensor k, Tensor v, "
+    "Tensor block_count, Tensor block_offset, Tensor column_count, Tensor column_index, "
+    "Tensor!? out, Tensor? alibi_slopes, "
+    "float p_dropout, float softmax_scale, bool is_causal, "
+    "float softcap, bool return_softmax, Tensor? gen)"
+    "-> Tensor[]")
+
+FA2_VARLEN_FWD_SPARSE = (
+    "varlen_fwd_sparse(Tensor! q, Tensor k, Tensor v, "
+    "Tensor block_count, Tensor block_offset, Tensor column_count, Tensor column_index, "
+    "Tensor!? out, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? alibi_slopes, "
+    "int max_seqlen_q, int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, "
+    "bool is_causal, float softcap, bool return_softmax, Tensor? gen) -> Tensor[]")
+
+#: (namespace, op name) -> schema, for every op interface.py and sparse.py call.
 OP_SCHEMAS = {
     (FA2_NAMESPACE, "varlen_fwd"): FA2_VARLEN_FWD,
+    (FA2_NAMESPACE, "fwd_sparse"): FA2_FWD_SPARSE,
+    (FA2_NAMESPACE, "varlen_fwd_sparse"): FA2_VARLEN_FWD_SPARSE,
     (FA3_NAMESPACE, "fwd"): FA3_FWD,
     (FA3_NAMESPACE, "get_scheduler_metadata"): FA3_GET_SCHEDULER_METADATA,
 }

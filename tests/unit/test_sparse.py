@@ -13,25 +13,14 @@ from runtime_fakes import AMPERE, HOPPER, TURING, _arg_names, make_build
 from vendored_flash_attn import sparse_attn_func, sparse_attn_varlen_func
 from vendored_flash_attn.errors import (
     FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError)
+from vendored_flash_attn.op_schemas import FA2_FWD_SPARSE, FA2_VARLEN_FWD_SPARSE
 
 BF16, FP16 = torch.bfloat16, torch.float16
 I32 = torch.int32
 
-# Schemas as upstream's FA2 module registers them (csrc/flash_attn/flash_api_torch_lib.cpp).
-FWD_SPARSE = (
-    "fwd_sparse(Tensor! q, Tensor k, Tensor v, "
-    "Tensor block_count, Tensor block_offset, Tensor column_count, Tensor column_index, "
-    "Tensor!? out, Tensor? alibi_slopes, "
-    "float p_dropout, float softmax_scale, bool is_causal, "
-    "float softcap, bool return_softmax, Tensor? gen)"
-    "-> Tensor[]")
-VARLEN_FWD_SPARSE = (
-    "varlen_fwd_sparse(Tensor! q, Tensor k, Tensor v, "
-    "Tensor block_count, Tensor block_offset, Tensor column_count, Tensor column_index, "
-    "Tensor!? out, Tensor cu_seqlens_q, "
-    "Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? alibi_slopes, "
-    "int max_seqlen_q, int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, "
-    "bool is_causal, float softcap, bool return_softmax, Tensor? gen) -> Tensor[]")
+# Schemas as upstream's FA2 module registers them (the package's copy, which a GPU test
+# compares with the compiled module).
+FWD_SPARSE, VARLEN_FWD_SPARSE = FA2_FWD_SPARSE, FA2_VARLEN_FWD_SPARSE
 
 # Upstream's signatures at the pin (vllm_flash_attn/flash_attn_interface.py): (name, kind,
 # default). Written out here because upstream's file is not part of this repository.
