@@ -559,18 +559,17 @@ function(vfa_fetch_into_cache component url dest err_var)
     set(${err_var} "${message}" PARENT_SCOPE)
     return()
   endif()
-  execute_process(COMMAND sh -c "echo $PPID" OUTPUT_VARIABLE pid OUTPUT_STRIP_TRAILING_WHITESPACE)
-  cmake_host_system_information(RESULT host QUERY HOSTNAME)
-  string(TIMESTAMP now "%Y-%m-%dT%H:%M:%SZ" UTC)
-  file(WRITE "${holder_file}"
-    "pid ${pid} on host ${host} since ${now} (fetching ${component} ${commit} from ${url})\n")
-
   # Another build may have fetched it while this one waited.
   if(EXISTS "${dest}")
     vfa_check_cached(${component} "${dest}" cached_url err)
     set(${err_var} "${err}" PARENT_SCOPE)
     return()
   endif()
+  execute_process(COMMAND sh -c "echo $PPID" OUTPUT_VARIABLE pid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  cmake_host_system_information(RESULT host QUERY HOSTNAME)
+  string(TIMESTAMP now "%Y-%m-%dT%H:%M:%SZ" UTC)
+  file(WRITE "${holder_file}"
+    "pid ${pid} on host ${host} since ${now} (fetching ${component} ${commit} from ${url})\n")
   file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
   foreach(folder IN LISTS stale)
     message(STATUS "vendored-flash-attn: removing '${folder}', left by a fetch that did not finish")
