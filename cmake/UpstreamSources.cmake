@@ -21,9 +21,10 @@
 # pin's `paths` (what the build compiles) hashes to the pinned commit's tree.
 # The check hashes the work tree into a throwaway index (never the checkout's
 # own index, whose stat cache an edit that keeps size and mtime would fool)
-# and compares it with the commit's trees; it costs ~70 ms for both
-# repositories on a warm page cache, so it runs on every configure and is
-# never cached (a cache keyed on file stats would let such an edit through).
+# and compares it with the commit's trees. It costs 0.2-0.35 s for both
+# repositories on a loaded 2-core machine (README), so it runs on every
+# configure, never cached: a cache keyed on file stats would let such an edit
+# through.
 # It trusts the checkout's object store (replace refs are ignored).
 #
 # A failure of one repository does not hide the other: both are resolved,
@@ -186,8 +187,9 @@ function(vfa_default_source_cache out_var)
   set(${out_var} "${root}/vendored-flash-attn" PARENT_SCOPE)
 endfunction()
 
-# Runs git with a bounded time; on failure stores the error text in <err_var>.
-# Network steps of a fetch get http's low-speed limit too, and never prompt.
+# Runs git, stopped after VFA_FETCH_TIMEOUT seconds, an http(s) transfer also
+# when it stays below 1 KB/s for VFA_FETCH_STALL_TIMEOUT seconds (no effect on
+# local commands); on failure stores the error text in <err_var>.
 #   vfa_git(head err -C /src rev-parse HEAD)  ->  head=617264c1..., err=""
 function(vfa_git result_var err_var)
   execute_process(
@@ -607,6 +609,26 @@ function(vfa_checkout_pinned component url dir err_var)
   string(CONCAT offline_hint
     "If this machine cannot reach ${url}, point ${prefix}_MIRROR at a mirror "
     "that has the commit, or ${prefix}_SRC_DIR at a local checkout of it.")
+
+  # A server that accepts connections and never answers is caught here, in
+  # the stall time and for every protocol: https and ssh hang in their
+  # handshake, where git's low-speed limit does not apply yet. Other errors
+  # are left to the fetch, which says more.
+  set(limit ${VFA_FETCH_STALL_TIMEOUT})
+  set(knob VFA_FETCH_STALL_TIMEOUT)
+  if(VFA_FETCH_TIMEOUT LESS limit)
+    set(limit ${VFA_FETCH_TIMEOUT})
+    set(knob VFA_FETCH_TIMEOUT)
+  endif()
+  execute_process(
+    COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
+            ls-remote "${url}" HEAD
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE probe_err TIMEOUT ${limit})
+  if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
+    string(CONCAT failure "${url} accepted the connection but did not answer within "
+      "${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}")
+    vfa_checkout_failed()
+  endif()
 
   vfa_git(ignored err init -q "${dir}")
   if(err)

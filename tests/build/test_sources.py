@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 
 import pytest
 
 from support.cmake_runner import build_info, clean_env, configure, fetch_sources, fetch_sources_command, run
+from support.git_http_server import silent_server, stalling_git_server
 
 
 def defines(pin, cache, **extra):
@@ -340,50 +339,63 @@ def test_relative_paths_are_taken_from_the_working_directory(synthetic, tmp_path
 
 
 @pytest.fixture
-def silent_server():
-    """A TCP server that accepts connections and never answers: a hung mirror."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    accepted = []
-    stop = threading.Event()
-
-    def serve():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept()[0])
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    for conn in accepted:
-        conn.close()
-    server.close()
+def silent_port():
+    with silent_server() as port:
+        yield port
 
 
-def test_a_mirror_that_never_answers_over_http_stops_at_the_stall_timeout(pin, cache, silent_server):
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_mirror_that_never_answers_stops_at_the_stall_timeout(pin, cache, silent_port, scheme):
     start = time.monotonic()
-    result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=f"http://127.0.0.1:{silent_server}/fa.git",
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=f"{scheme}://127.0.0.1:{silent_port}/fa.git",
                                    VFA_FETCH_STALL_TIMEOUT="2"), timeout=120)
     assert result.returncode != 0
     assert time.monotonic() - start < 60
-    assert "below 1 KB/s for VFA_FETCH_STALL_TIMEOUT=2 s" in result.text
+    assert (f"{scheme}://127.0.0.1:{silent_port}/fa.git accepted the connection but did not answer within "
+            "VFA_FETCH_STALL_TIMEOUT=2 s") in result.text
     assert not list((cache / "src").glob("flash-attention-*")), "nothing may be left in the cache"
 
 
-def test_a_mirror_that_never_answers_over_git_stops_at_the_fetch_timeout(pin, cache, silent_server):
+def test_a_mirror_that_never_answers_over_git_stops_at_the_fetch_timeout(pin, cache, silent_port):
     start = time.monotonic()
-    result = fetch_sources(defines(pin, cache, CUTLASS_MIRROR=f"git://127.0.0.1:{silent_server}/cutlass.git",
+    result = fetch_sources(defines(pin, cache, CUTLASS_MIRROR=f"git://127.0.0.1:{silent_port}/cutlass.git",
                                    VFA_FETCH_TIMEOUT="2"), timeout=120)
     assert result.returncode != 0
     assert time.monotonic() - start < 60
-    assert "git did not finish within VFA_FETCH_TIMEOUT=2 s" in result.text
+    assert "did not answer within VFA_FETCH_TIMEOUT=2 s" in result.text
     assert not list((cache / "src").glob("cutlass-*"))
+
+
+# The server answers the first contact (ls-remote: GET info/refs, POST ls-refs),
+# then stops in the middle of the fetch.
+def test_a_transfer_that_stalls_midway_stops_at_the_stall_timeout(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=2) as base:
+        start = time.monotonic()
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
+                                       VFA_FETCH_STALL_TIMEOUT="2"), timeout=120)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "Operation too slow" in result.text
+    assert "below 1 KB/s for VFA_FETCH_STALL_TIMEOUT=2 s" in result.text
+    assert not list((cache / "src").glob("flash-attention-*"))
+
+
+def test_a_transfer_that_stalls_midway_stops_at_the_fetch_timeout(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=2) as base:
+        start = time.monotonic()
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
+                                       VFA_FETCH_STALL_TIMEOUT="100", VFA_FETCH_TIMEOUT="3"), timeout=120)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "git did not finish within VFA_FETCH_TIMEOUT=3 s" in result.text
+    assert not list((cache / "src").glob("flash-attention-*"))
+
+
+def test_a_mirror_over_http_works(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=1000) as base:
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention"), timeout=120)
+    assert result.returncode == 0, result.output
+    assert result.sources()["flash_attention"]["matches_pin"] is True
 
 
 def test_timeouts_must_be_whole_seconds(pin, cache):
@@ -392,31 +404,29 @@ def test_timeouts_must_be_whole_seconds(pin, cache):
     assert "VFA_FETCH_TIMEOUT='10m' is not a whole number of seconds from 1 to 86400" in result.text
 
 
-def test_lock_wait_names_the_holder_and_gives_up_then_a_killed_fetch_is_cleaned(
-        synthetic, pin, cache, silent_server):
-    hung = defines(pin, cache, FLASH_ATTN_MIRROR=f"http://127.0.0.1:{silent_server}/fa.git",
-                   VFA_FETCH_STALL_TIMEOUT="120")
-    holder = subprocess.Popen(fetch_sources_command(hung), env=clean_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
-    try:
-        deadline = time.monotonic() + 30
-        while not list(cache.glob("src/flash-attention-*.partial-*")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert list(cache.glob("src/flash-attention-*.partial-*")), "the first fetch did not start"
+def test_lock_wait_names_the_holder_and_gives_up_then_a_killed_fetch_is_cleaned(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=2) as base:
+        hung = defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention", VFA_FETCH_STALL_TIMEOUT="120")
+        holder = subprocess.Popen(fetch_sources_command(hung), env=clean_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not list(cache.glob("src/flash-attention-*.partial-*")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert list(cache.glob("src/flash-attention-*.partial-*")), "the first fetch did not start"
 
-        start = time.monotonic()
-        waiting = fetch_sources(defines(pin, cache, VFA_SOURCE_LOCK_TIMEOUT="1"), timeout=120)
-        assert waiting.returncode != 0
-        assert time.monotonic() - start < 30
-        assert f"waiting up to 1 s (VFA_SOURCE_LOCK_TIMEOUT) for '{cache / 'src'}" in waiting.text
-        assert f"held by pid {holder.pid} on host" in waiting.text
-        assert "fetching flash_attention" in waiting.text
-        assert "Gave up after VFA_SOURCE_LOCK_TIMEOUT=1 s" in waiting.text
-        assert not entry.exists()
-    finally:
-        holder.kill()  # a fetch killed midway: its partial folder stays behind
-        holder.wait()
+            start = time.monotonic()
+            waiting = fetch_sources(defines(pin, cache, VFA_SOURCE_LOCK_TIMEOUT="1"), timeout=120)
+            assert waiting.returncode != 0
+            assert time.monotonic() - start < 30
+            assert f"waiting up to 1 s (VFA_SOURCE_LOCK_TIMEOUT) for '{cache / 'src'}" in waiting.text
+            assert f"held by pid {holder.pid} on host" in waiting.text
+            assert "fetching flash_attention" in waiting.text
+            assert "Gave up after VFA_SOURCE_LOCK_TIMEOUT=1 s" in waiting.text
+            assert not _entry(cache, "flash-attention", synthetic.fa_commit).exists()
+        finally:
+            holder.kill()  # a fetch killed midway: its partial folder stays behind
+            holder.wait()
     assert list(cache.glob("src/flash-attention-*.partial-*"))
 
     again = fetch_sources(defines(pin, cache))
