@@ -31,8 +31,7 @@
 # then one message says what each needs.
 #
 # Relative paths (VFA_SOURCE_CACHE, VFA_PIN_FILE, *_SRC_DIR) are taken from
-# the directory cmake runs in: the shell's for `cmake` and `cmake -P`; pip and
-# python -m build run the build in the project directory.
+# the project directory, in a configure and in `cmake -P` alike.
 #
 # The cache path depends only on the commit, never on where this project is
 # checked out: sccache keys CUDA compiles on absolute source paths, so a stable
@@ -42,7 +41,8 @@
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
-set(VFA_PROJECT_DIR "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "")
+get_filename_component(VFA_PROJECT_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+set(VFA_PROJECT_DIR "${VFA_PROJECT_DIR}" CACHE INTERNAL "")
 
 set(VFA_SOURCE_MARKER ".vfa-source.json")
 set(VFA_COMPONENTS flash_attention cutlass)
@@ -81,23 +81,14 @@ macro(vfa_read_source_knobs)
   vfa_truthy(VFA_FULLY_DISCONNECTED "${FETCHCONTENT_FULLY_DISCONNECTED}")
 endmacro()
 
-# An absolute path for a path knob: relative ones are taken from the directory
-# cmake runs in (a configure's own CMAKE_CURRENT_SOURCE_DIR is the project).
-#   vfa_absolute_path(dir "../fa")  ->  /home/me/fa  (cmake run in /home/me/work)
+# An absolute path for a path knob. A relative one is taken from the project
+# directory, whatever directory cmake runs in: pip and python -m build run it
+# in the project directory, plain cmake where the shell is, and `cmake -P`
+# would otherwise take the shell's; one rule for all, as versioning.py reads
+# VFA_PIN_FILE.
+#   vfa_absolute_path(dir "../fa")  ->  <project>/../fa
 function(vfa_absolute_path out_var path)
-  if(NOT IS_ABSOLUTE "${path}")
-    get_property(cwd GLOBAL PROPERTY VFA_WORKING_DIRECTORY)
-    if(NOT cwd)
-      execute_process(COMMAND pwd OUTPUT_VARIABLE cwd OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
-      if(NOT rc EQUAL 0 OR cwd STREQUAL "")
-        message(FATAL_ERROR "Cannot tell the working directory to resolve the relative path '${path}'; "
-          "give an absolute path.")
-      endif()
-      set_property(GLOBAL PROPERTY VFA_WORKING_DIRECTORY "${cwd}")
-    endif()
-    set(path "${cwd}/${path}")
-  endif()
-  get_filename_component(path "${path}" ABSOLUTE)
+  get_filename_component(path "${path}" ABSOLUTE BASE_DIR "${VFA_PROJECT_DIR}")
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
 
@@ -363,7 +354,8 @@ function(vfa_use_source_dir component dir src_var err_var)
   set(pinned "${VFA_PIN_${component}_COMMIT}")
   if(NOT IS_DIRECTORY "${dir}")
     string(CONCAT message
-      "${src_var} points to '${dir}', which does not exist. Point it at a checkout of "
+      "${src_var} points to '${dir}', which does not exist (a relative path is taken from "
+      "the project directory). Point it at a checkout of "
       "${VFA_PIN_${component}_URL} at commit ${pinned}, or unset it to fetch the pin.")
     set(${err_var} "${message}" PARENT_SCOPE)
     return()

@@ -2,7 +2,7 @@
 # configuring a build, then print one JSON line per component.
 #   cmake [-DVFA_SOURCE_CACHE=...] [-DFLASH_ATTN_MIRROR=...] -P cmake/fetch_sources.cmake
 # Useful to fill the source cache before an offline build, and used by the tests.
-# Relative paths are taken from the directory cmake runs in, as in a configure.
+# Relative paths are taken from the project directory, as in a configure.
 cmake_minimum_required(VERSION 3.26)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)
 vfa_resolve_upstream_sources()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.cmake_runner import build_info, clean_env, configure, fetch_sources, fetch_sources_command, run
+from support.cmake_runner import PROJECT, build_info, clean_env, configure, fetch_sources, fetch_sources_command, run
 from support.git_http_server import silent_server, stalling_git_server
 
 
@@ -328,11 +328,16 @@ def test_an_empty_read_only_cache_says_so(synthetic, pin, cache):
     assert "Set VFA_SOURCE_CACHE to a writable folder, or FLASH_ATTN_SRC_DIR" in result.text
 
 
-def test_relative_paths_are_taken_from_the_working_directory(synthetic, tmp_path):
-    synthetic.write_pin(tmp_path / "my-pin.json")
-    result = fetch_sources({"VFA_PIN_FILE": "my-pin.json", "VFA_SOURCE_CACHE": "rel-cache"}, cwd=tmp_path)
+def test_relative_paths_are_taken_from_the_project_directory(synthetic, tmp_path):
+    pin = synthetic.write_pin(tmp_path / "my-pin.json")
+    relative = {"VFA_PIN_FILE": os.path.relpath(pin, PROJECT),
+                "VFA_SOURCE_CACHE": os.path.relpath(tmp_path / "rel-cache", PROJECT)}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = fetch_sources(relative, cwd=elsewhere)
     assert result.returncode == 0, result.output
     assert result.sources()["cutlass"]["source_dir"].startswith(str(tmp_path / "rel-cache" / "src"))
+    assert not list(elsewhere.iterdir())
 
 
 # --- network and locks --------------------------------------------------------------
@@ -469,19 +474,22 @@ def test_a_failed_fetch_says_the_other_repository_is_fine(synthetic, tmp_path, p
 
 @pytest.fixture(scope="module")
 def relative_configure(synthetic, tmp_path_factory):
-    """From one working directory: fill a cache with relative paths through
-    fetch_sources, then configure with the same relative paths and a dirty
+    """Fill a cache through fetch_sources, then configure from another working
+    directory, both with the same paths relative to the project, and a dirty
     flash-attention checkout (relative too)."""
     root = tmp_path_factory.mktemp("relative")
     synthetic.write_pin(root / "pin.json")
-    relative = {"VFA_PIN_FILE": "pin.json", "VFA_SOURCE_CACHE": "cache"}
-    fetched = fetch_sources(relative, cwd=root)
+    relative = {"VFA_PIN_FILE": os.path.relpath(root / "pin.json", PROJECT),
+                "VFA_SOURCE_CACHE": os.path.relpath(root / "cache", PROJECT)}
+    fetched = fetch_sources(relative, cwd=PROJECT)
     assert fetched.returncode == 0, fetched.output
     src = _clone(synthetic, root / "fa", synthetic.fa_commit)
     with (src / "hopper/flash_api.cpp").open("a") as f:
         f.write("// a local change\n")
-    result = configure(root / "build", {**relative, "FLASH_ATTN_SRC_DIR": "fa", "VFA_PRESET": "minimal",
-                                        "VFA_COMPILER_CACHE": "off"}, cwd=root)
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    result = configure(root / "build", {**relative, "FLASH_ATTN_SRC_DIR": os.path.relpath(src, PROJECT),
+                                        "VFA_PRESET": "minimal", "VFA_COMPILER_CACHE": "off"}, cwd=elsewhere)
     assert result.returncode == 0, result.output
     return {"root": root, "result": result, "info": build_info(root / "build")}
 
