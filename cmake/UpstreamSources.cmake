@@ -92,6 +92,15 @@ function(vfa_absolute_path out_var path)
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
 
+# A URL as it may be shown and recorded: without the user and password a
+# mirror URL may carry (https://user:token@host/...), which would otherwise
+# end up in logs, the cache's marker and the wheel's build info.
+#   vfa_shown_url(out "https://ci:s3cret@git.example/fa.git")  ->  https://git.example/fa.git
+function(vfa_shown_url out_var url)
+  string(REGEX REPLACE "^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@" "\\1" url "${url}")
+  set(${out_var} "${url}" PARENT_SCOPE)
+endfunction()
+
 # --- the pin -----------------------------------------------------------------
 
 # Reads the pin file into VFA_PIN_<component>_{URL,COMMIT,TAG,VERSION,PATHS,REQUIRED_FILES};
@@ -265,8 +274,10 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   set(ENV{GIT_NO_LAZY_FETCH} 1)
   # No repository setting may change what is hashed or seen: no fsmonitor, no
   # untracked cache, no replace refs, pin paths taken literally.
+  # The checkout's own .git, never one found above it.
   set(git "${GIT_EXECUTABLE}" --no-replace-objects --literal-pathspecs -c "safe.directory=${dir}"
-      -c core.fsmonitor=false -c core.untrackedCache=false -C "${dir}" "--work-tree=${dir}")
+      -c core.fsmonitor=false -c core.untrackedCache=false -C "${dir}" "--git-dir=${dir}/.git"
+      "--work-tree=${dir}")
   # Every file under the paths (none is tracked in the empty index, so all
   # are "others", ignored ones included), then their hashes into the index.
   # Through a file: an execute_process pipe costs ~40 ms more here.
@@ -417,17 +428,16 @@ function(vfa_use_source_dir component dir src_var err_var)
   if(NOT matches)
     set(problems "")
     if(NOT commit STREQUAL pinned)
-      list(APPEND problems " is at commit ${commit}, but the pin names ${pinned}.")
+      string(APPEND problems " is at commit ${commit}, but the pin names ${pinned}.\n")
     endif()
     if(why)
-      list(APPEND problems " ${why}.")
+      string(APPEND problems " ${why}.\n")
     endif()
-    string(JOIN "\n" problems ${problems})
     message(WARNING
       "\n"
       "==========================================================================\n"
       " ${src_var}='${dir}'\n"
-      "${problems}\n"
+      "${problems}"
       " Building it anyway; the build info records matches_pin=false.\n"
       " Wheels for release must be built from the pinned commit, unmodified.\n"
       "==========================================================================")
@@ -472,6 +482,11 @@ function(vfa_check_cached component dest url_var err_var)
     set(${err_var} "${message}" PARENT_SCOPE)
     return()
   endif()
+  if(NOT EXISTS "${dest}/.git")
+    set(${err_var} "The cached ${component} checkout '${dest}' has no .git, so it cannot be verified. ${fix}"
+        PARENT_SCOPE)
+    return()
+  endif()
   vfa_find_git()
   if(NOT GIT_EXECUTABLE)
     string(CONCAT message "git is needed to verify the cached ${component} checkout '${dest}' but was "
@@ -491,6 +506,7 @@ function(vfa_check_cached component dest url_var err_var)
     set(${err_var} "${message}" PARENT_SCOPE)
     return()
   endif()
+  vfa_shown_url(url "${url}")
   set(${url_var} "${url}" PARENT_SCOPE)
 endfunction()
 
@@ -503,6 +519,7 @@ endfunction()
 function(vfa_fetch_into_cache component url dest err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(prefix ${VFA_${component}_PREFIX})
+  vfa_shown_url(shown "${url}")
   get_filename_component(parent "${dest}" DIRECTORY)
   get_filename_component(name "${dest}" NAME)
   vfa_find_git()
@@ -563,7 +580,7 @@ function(vfa_fetch_into_cache component url dest err_var)
   cmake_host_system_information(RESULT host QUERY HOSTNAME)
   string(TIMESTAMP now "%Y-%m-%dT%H:%M:%SZ" UTC)
   file(WRITE "${holder_file}"
-    "pid ${pid} on host ${host} since ${now} (fetching ${component} ${commit} from ${url})\n")
+    "pid ${pid} on host ${host} since ${now} (fetching ${component} ${commit} from ${shown})\n")
   file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
   foreach(folder IN LISTS stale)
     message(STATUS "vendored-flash-attn: removing '${folder}', left by a fetch that did not finish")
@@ -572,7 +589,7 @@ function(vfa_fetch_into_cache component url dest err_var)
 
   string(RANDOM LENGTH 8 suffix)
   set(tmp "${dest}.partial-${suffix}")
-  message(STATUS "vendored-flash-attn: fetching ${component} ${commit} from ${url}")
+  message(STATUS "vendored-flash-attn: fetching ${component} ${commit} from ${shown}")
   vfa_checkout_pinned(${component} "${url}" "${tmp}" err)
   if(NOT err)
     file(RENAME "${tmp}" "${dest}" RESULT rename_result)
@@ -598,8 +615,9 @@ function(vfa_checkout_pinned component url dir err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(tag "${VFA_PIN_${component}_TAG}")
   set(prefix ${VFA_${component}_PREFIX})
+  vfa_shown_url(shown "${shown}")
   string(CONCAT offline_hint
-    "If this machine cannot reach ${url}, point ${prefix}_MIRROR at a mirror "
+    "If this machine cannot reach ${shown}, point ${prefix}_MIRROR at a mirror "
     "that has the commit, or ${prefix}_SRC_DIR at a local checkout of it.")
 
   # A server that accepts connections and never answers is caught here, in
@@ -617,7 +635,7 @@ function(vfa_checkout_pinned component url dir err_var)
             ls-remote "${url}" HEAD
     RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE probe_err TIMEOUT ${limit})
   if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
-    string(CONCAT failure "${url} accepted the connection but did not answer within "
+    string(CONCAT failure "${shown} accepted the connection but did not answer within "
       "${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}")
     vfa_checkout_failed()
   endif()
@@ -640,13 +658,13 @@ function(vfa_checkout_pinned component url dir err_var)
   if(tag)
     vfa_git(ignored err ${fetch_args} --depth 1 origin "+refs/tags/${tag}:refs/tags/${tag}")
     if(err)
-      string(CONCAT failure "Could not fetch tag '${tag}' of ${component} from ${url}:\n${err}\n${offline_hint}")
+      string(CONCAT failure "Could not fetch tag '${tag}' of ${component} from ${shown}:\n${err}\n${offline_hint}")
       vfa_checkout_failed()
     endif()
     vfa_git(tagged err -C "${dir}" rev-parse "refs/tags/${tag}^{commit}")
     if(NOT tagged STREQUAL commit)
       string(CONCAT failure
-        "Tag '${tag}' of ${component} at ${url} now points at ${tagged}, but the pin "
+        "Tag '${tag}' of ${component} at ${shown} now points at ${tagged}, but the pin "
         "names ${commit}. A moved tag is a supply-chain event, so the build stops here. "
         "Find out why the tag moved; then either drop the tag from the pin and keep the "
         "commit, or review the new commit and bump the pin (vendor/flash-attention/README.md).")
@@ -664,10 +682,10 @@ function(vfa_checkout_pinned component url dir err_var)
         vfa_git(ignored err3 -C "${dir}" cat-file -e "${commit}^{commit}")
       endif()
       if(err2)
-        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${url}:\n${err}\n${offline_hint}")
+        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n${err}\n${offline_hint}")
         vfa_checkout_failed()
       elseif(err3)
-        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${url}:\n"
+        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n"
           "the repository does not contain that commit\n${offline_hint}")
         vfa_checkout_failed()
       endif()
@@ -678,14 +696,14 @@ function(vfa_checkout_pinned component url dir err_var)
   vfa_git(ignored err -C "${dir}" -c advice.detachedHead=false checkout -q --detach "${commit}")
   vfa_git(head err2 -C "${dir}" rev-parse HEAD)
   if(err OR NOT head STREQUAL commit)
-    string(CONCAT failure "Could not check out ${component} commit ${commit} from ${url}: "
+    string(CONCAT failure "Could not check out ${component} commit ${commit} from ${shown}: "
       "${err}${err2}\n${offline_hint}")
     vfa_checkout_failed()
   endif()
   vfa_missing_files(missing "${dir}" ${component})
   if(missing)
     string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT failure "${component} commit ${commit} from ${url} lacks files the build needs "
+    string(CONCAT failure "${component} commit ${commit} from ${shown} lacks files the build needs "
       "(${missing}). The pin and the build disagree: check vendor/flash-attention/pin.json.")
     vfa_checkout_failed()
   endif()
@@ -698,8 +716,10 @@ function(vfa_checkout_pinned component url dir err_var)
       "on checkout.")
     vfa_checkout_failed()
   endif()
+  # No credentials stay in the cache: nothing reads this remote again.
+  vfa_git(ignored err -C "${dir}" remote set-url origin "${shown}")
   file(WRITE "${dir}/${VFA_SOURCE_MARKER}"
-    "{\"name\": \"${component}\", \"commit\": \"${commit}\", \"tag\": \"${tag}\", \"url\": \"${url}\"}\n")
+    "{\"name\": \"${component}\", \"commit\": \"${commit}\", \"tag\": \"${tag}\", \"url\": \"${shown}\"}\n")
   set(${err_var} "" PARENT_SCOPE)
 endfunction()
 
@@ -775,6 +795,7 @@ function(vfa_resolve_source component)
   set(VFA_${component}_VERIFIED TRUE PARENT_SCOPE)
   set(VFA_${component}_DIRTY FALSE PARENT_SCOPE)
   set(VFA_${component}_ORIGIN "${origin}" PARENT_SCOPE)
+  vfa_shown_url(url "${url}")
   set(VFA_${component}_URL "${url}" PARENT_SCOPE)
 endfunction()
 

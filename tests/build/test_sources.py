@@ -226,6 +226,17 @@ def test_cache_entry_with_deleted_or_added_files_is_refused(synthetic, pin, cach
     assert expected in result.text and "Remove that folder" in result.text
 
 
+def test_cache_entry_without_its_git_folder_is_refused(synthetic, pin, cache):
+    assert fetch_sources(defines(pin, cache)).returncode == 0
+    entry = _entry(cache, "cutlass", synthetic.cutlass_commit)
+    shutil.rmtree(entry / ".git")
+    # Inside another repository, git would otherwise find that one.
+    subprocess.run(["git", "init", "-q", str(cache)], check=True)
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources()
+    assert f"The cached cutlass checkout '{entry}' has no .git, so it cannot be verified" in result.text
+
+
 def test_cache_entry_whose_marker_is_not_json_is_refused(synthetic, pin, cache):
     assert fetch_sources(defines(pin, cache)).returncode == 0
     marker = _entry(cache, "cutlass", synthetic.cutlass_commit) / ".vfa-source.json"
@@ -396,11 +407,17 @@ def test_a_transfer_that_stalls_midway_stops_at_the_fetch_timeout(synthetic, pin
     assert not list((cache / "src").glob("flash-attention-*"))
 
 
-def test_a_mirror_over_http_works(synthetic, pin, cache):
+def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin, cache):
     with stalling_git_server(synthetic.root, answer=1000) as base:
-        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention"), timeout=120)
+        secret_url = base.replace("http://", "http://ci:s3cret-token@") + "flash-attention"
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=secret_url), timeout=120)
     assert result.returncode == 0, result.output
-    assert result.sources()["flash_attention"]["matches_pin"] is True
+    fa = result.sources()["flash_attention"]
+    assert fa["matches_pin"] is True and fa["url"] == base + "flash-attention"
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    leaks = [p for p in cache.rglob("*") if p.is_file() and b"s3cret-token" in p.read_bytes()]
+    assert "s3cret-token" not in result.output and leaks == []
+    assert (entry / ".vfa-source.json").exists()
 
 
 def test_timeouts_must_be_whole_seconds(pin, cache):
