@@ -18,6 +18,21 @@ def defines(pin, cache, **extra):
     return {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache), **extra}
 
 
+@pytest.fixture(scope="module")
+def _filled_cache(synthetic, tmp_path_factory):
+    root = tmp_path_factory.mktemp("filled")
+    result = fetch_sources(defines(synthetic.write_pin(root / "pin.json"), root / "cache"))
+    assert result.returncode == 0, result.output
+    return root / "cache"
+
+
+@pytest.fixture
+def filled(_filled_cache, cache):
+    """This test's own copy of a cache filled by a fetch of the pin."""
+    shutil.copytree(_filled_cache, cache, symlinks=True)
+    return cache
+
+
 def test_fetch_by_commit_then_reuse_the_cache(synthetic, pin, cache):
     first = fetch_sources(defines(pin, cache))
     assert first.returncode == 0, first.output
@@ -134,8 +149,7 @@ def test_incomplete_source_dir(synthetic, pin, cache, tmp_path):
     assert "is not a complete flash_attention source tree: missing hopper/flash_api.cpp" in result.text
 
 
-def test_half_fetched_cache_entry_is_refused(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_half_fetched_cache_entry_is_refused(filled, synthetic, pin, cache):
     src = cache / "src" / f"flash-attention-{synthetic.fa_commit[:12]}"
     (src / ".vfa-source.json").unlink()
     result = fetch_sources(defines(pin, cache))
@@ -143,8 +157,7 @@ def test_half_fetched_cache_entry_is_refused(synthetic, pin, cache):
     assert "interrupted fetch" in result.text and "Remove that folder" in result.text
 
 
-def test_cache_entry_with_deleted_files_is_refused(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_cache_entry_with_deleted_files_is_refused(filled, synthetic, pin, cache):
     shutil.rmtree(cache / "src" / f"cutlass-{synthetic.cutlass_commit[:12]}" / "include" / "cute")
     result = fetch_sources(defines(pin, cache))
     assert result.returncode != 0
@@ -190,8 +203,7 @@ def _edit_keeping_size_and_mtime(path):
     assert path.stat().st_size == before.st_size
 
 
-def test_cache_entry_with_an_edited_file_is_refused(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_cache_entry_with_an_edited_file_is_refused(filled, synthetic, pin, cache):
     entry = _entry(cache, "flash-attention", synthetic.fa_commit)
     _edit_keeping_size_and_mtime(entry / "hopper/flash_api.cpp")
     # git's own view trusts its index: with the file marked unchanged it says "clean".
@@ -218,16 +230,14 @@ def test_cache_entry_with_an_edited_file_is_refused(synthetic, pin, cache):
     (lambda fa, cutlass: (fa / "csrc/common/cuda_runtime.h").write_text("#define cudaSuccess 1\\n"),
      "1 file added (csrc/common/cuda_runtime.h)"),
 ])
-def test_cache_entry_with_deleted_or_added_files_is_refused(synthetic, pin, cache, tamper, expected):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_cache_entry_with_deleted_or_added_files_is_refused(filled, synthetic, pin, cache, tamper, expected):
     tamper(_entry(cache, "flash-attention", synthetic.fa_commit), _entry(cache, "cutlass", synthetic.cutlass_commit))
     result = fetch_sources(defines(pin, cache))
     assert result.returncode != 0 and not result.sources()
     assert expected in result.text and "Remove that folder" in result.text
 
 
-def test_cache_entry_without_its_git_folder_is_refused(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_cache_entry_without_its_git_folder_is_refused(filled, synthetic, pin, cache):
     entry = _entry(cache, "cutlass", synthetic.cutlass_commit)
     shutil.rmtree(entry / ".git")
     # Inside another repository, git would otherwise find that one.
@@ -237,8 +247,7 @@ def test_cache_entry_without_its_git_folder_is_refused(synthetic, pin, cache):
     assert f"The cached cutlass checkout '{entry}' has no .git, so it cannot be verified" in result.text
 
 
-def test_cache_entry_whose_marker_is_not_json_is_refused(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_cache_entry_whose_marker_is_not_json_is_refused(filled, synthetic, pin, cache):
     marker = _entry(cache, "cutlass", synthetic.cutlass_commit) / ".vfa-source.json"
     marker.write_text("{not json")
     result = fetch_sources(defines(pin, cache))
@@ -321,8 +330,7 @@ def _read_only(path, cmd, env):
         subprocess.run(["chmod", "-R", "u+w", str(path)], check=True)
 
 
-def test_a_complete_cache_on_a_read_only_path_is_used(synthetic, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_a_complete_cache_on_a_read_only_path_is_used(filled, synthetic, pin, cache):
     for lock in (cache / "src").glob(".*.lock"):
         lock.unlink()  # a cache filled elsewhere, copied here without locks
     result = _read_only(cache, fetch_sources_command(defines(pin, cache)), clean_env())
@@ -476,8 +484,7 @@ def test_a_failed_fetch_says_what_every_repository_needs(synthetic, tmp_path, ca
     assert "point CUTLASS_MIRROR at a mirror" in result.text
 
 
-def test_a_failed_fetch_says_the_other_repository_is_fine(synthetic, tmp_path, pin, cache):
-    assert fetch_sources(defines(pin, cache)).returncode == 0
+def test_a_failed_fetch_says_the_other_repository_is_fine(filled, synthetic, tmp_path, pin, cache):
     shutil.rmtree(_entry(cache, "flash-attention", synthetic.fa_commit))
     result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR="file:///nonexistent/flash-attention.git"))
     assert result.returncode != 0
