@@ -615,7 +615,7 @@ function(vfa_checkout_pinned component url dir err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(tag "${VFA_PIN_${component}_TAG}")
   set(prefix ${VFA_${component}_PREFIX})
-  vfa_shown_url(shown "${shown}")
+  vfa_shown_url(shown "${url}")
   string(CONCAT offline_hint
     "If this machine cannot reach ${shown}, point ${prefix}_MIRROR at a mirror "
     "that has the commit, or ${prefix}_SRC_DIR at a local checkout of it.")
