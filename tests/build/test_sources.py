@@ -237,6 +237,16 @@ def test_cache_entry_with_deleted_or_added_files_is_refused(filled, synthetic, p
     assert expected in result.text and "Remove that folder" in result.text
 
 
+def test_cache_entry_of_a_commit_without_a_required_file_is_refused(filled, synthetic, pin, cache):
+    data = json.loads(pin.read_text())
+    data["cutlass"]["required_files"].append("include/cutlass/gemm/gemm.h")
+    pin.write_text(json.dumps(data))
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources()
+    assert (f"cutlass commit {synthetic.cutlass_commit} lacks files the build needs "
+            "(include/cutlass/gemm/gemm.h). The pin and the build disagree") in result.text
+
+
 def test_cache_entry_without_its_git_folder_is_refused(filled, synthetic, pin, cache):
     entry = _entry(cache, "cutlass", synthetic.cutlass_commit)
     shutil.rmtree(entry / ".git")
