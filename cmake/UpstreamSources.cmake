@@ -68,7 +68,7 @@ macro(vfa_read_source_knobs)
   vfa_option(VFA_FETCH_TIMEOUT 600
     "seconds one git network step (fetch, checkout) may take before it is stopped")
   vfa_option(VFA_FETCH_STALL_TIMEOUT 60
-    "seconds an http(s) fetch may stay below 1 KB/s before it is stopped")
+    "seconds a git server may leave the first contact unanswered, or an http(s) transfer stay below 1 KB/s, before the fetch stops")
   vfa_option(VFA_SOURCE_LOCK_TIMEOUT 1800
     "seconds to wait for another build that is fetching the same source")
   foreach(_vfa_knob VFA_FETCH_TIMEOUT VFA_FETCH_STALL_TIMEOUT VFA_SOURCE_LOCK_TIMEOUT)
