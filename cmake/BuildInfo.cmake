@@ -53,6 +53,16 @@ function(vfa_json_source out_var component)
   endforeach()
   vfa_json_bool(matches "${VFA_${component}_MATCHES_PIN}")
   string(JSON json SET "${json}" matches_pin ${matches})
+  # verified: git compared the compiled paths with the commit; dirty: they
+  # differ from it (null when unverified).
+  vfa_json_bool(verified "${VFA_${component}_VERIFIED}")
+  string(JSON json SET "${json}" verified ${verified})
+  if(VFA_${component}_VERIFIED)
+    vfa_json_bool(dirty "${VFA_${component}_DIRTY}")
+  else()
+    set(dirty null)
+  endif()
+  string(JSON json SET "${json}" dirty ${dirty})
   set(${out_var} "${json}" PARENT_SCOPE)
 endfunction()
 

@@ -65,17 +65,25 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = No
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None) -> Result:
+def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                  timeout: int = 1800) -> Result:
     args = [f"-D{k}={v}" for k, v in defines.items()]
-    return run([tool("cmake"), *args, "-P", str(PROJECT / "cmake/fetch_sources.cmake")], env=env)
+    return run([tool("cmake"), *args, "-P", str(PROJECT / "cmake/fetch_sources.cmake")], env=env, cwd=cwd,
+               timeout=timeout)
+
+
+def fetch_sources_command(defines: dict[str, str]) -> list[str]:
+    """The command line of fetch_sources, for tests that run it in the background."""
+    return [tool("cmake"), *[f"-D{k}={v}" for k, v in defines.items()], "-P",
+            str(PROJECT / "cmake/fetch_sources.cmake")]
 
 
 def configure(build_dir: Path, defines: dict[str, str], env: dict[str, str] | None = None,
-              source_dir: Path = PROJECT) -> Result:
+              source_dir: Path = PROJECT, cwd: Path | None = None) -> Result:
     args = [f"-D{k}={v}" for k, v in defines.items()]
     return run([tool("cmake"), "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                 f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}", f"-DPython_EXECUTABLE={sys.executable}", *args],
-               env=env)
+               env=env, cwd=cwd)
 
 
 def compile_commands(build_dir: Path) -> list[dict]:
