@@ -294,7 +294,7 @@ function(vfa_resolve_source component)
   set(fc_name ${VFA_${component}_FC_NAME})
   set(pinned "${VFA_PIN_${component}_COMMIT}")
 
-  vfa_option(${prefix}_SRC_DIR "" "local ${component} source directory")
+  vfa_option(${prefix}_SRC_DIR)
   set(src_dir "${${prefix}_SRC_DIR}")
   set(src_var "${prefix}_SRC_DIR")
   if(src_dir STREQUAL "" AND DEFINED FETCHCONTENT_SOURCE_DIR_${fc_name}
@@ -350,7 +350,7 @@ function(vfa_resolve_source component)
   string(SUBSTRING "${pinned}" 0 12 short)
   set(dest "${cache}/src/${VFA_${component}_DIRNAME}-${short}")
 
-  vfa_option(${prefix}_MIRROR "" "mirror URL of ${component}")
+  vfa_option(${prefix}_MIRROR)
   if(${prefix}_MIRROR STREQUAL "")
     set(url "${VFA_PIN_${component}_URL}")
   else()
@@ -371,6 +371,7 @@ function(vfa_resolve_source component)
     file(READ "${dest}/${VFA_SOURCE_MARKER}" marker)
     string(JSON url GET "${marker}" url)
   else()
+    vfa_option(FETCHCONTENT_FULLY_DISCONNECTED)
     if(FETCHCONTENT_FULLY_DISCONNECTED)
       message(FATAL_ERROR
         "FETCHCONTENT_FULLY_DISCONNECTED is set, so ${component} is not fetched, and the "
@@ -390,13 +391,12 @@ endfunction()
 
 # Resolves every pinned component; sets VFA_<component>_* in the caller.
 macro(vfa_resolve_upstream_sources)
-  vfa_option(VFA_PIN_FILE "${VFA_PROJECT_DIR}/vendor/flash-attention/pin.json" "pin file")
-  get_filename_component(VFA_PIN_FILE "${VFA_PIN_FILE}" ABSOLUTE)
-  vfa_option(VFA_SOURCE_CACHE "" "folder for fetched upstream checkouts")
+  # Path knobs come back absolute, relative ones taken from the project root.
+  vfa_option(VFA_PIN_FILE)
+  vfa_option(VFA_SOURCE_CACHE)
   if(VFA_SOURCE_CACHE STREQUAL "")
     vfa_default_source_cache(VFA_SOURCE_CACHE)
   endif()
-  get_filename_component(VFA_SOURCE_CACHE "${VFA_SOURCE_CACHE}" ABSOLUTE)
   vfa_read_pin("${VFA_PIN_FILE}")
   foreach(_vfa_component IN LISTS VFA_COMPONENTS)
     vfa_resolve_source(${_vfa_component})

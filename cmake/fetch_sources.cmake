@@ -4,6 +4,7 @@
 # Useful to fill the source cache before an offline build, and used by the tests.
 cmake_minimum_required(VERSION 3.26)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)
+vfa_warn_unknown_settings()
 vfa_resolve_upstream_sources()
 foreach(component IN LISTS VFA_COMPONENTS)
   if(VFA_${component}_MATCHES_PIN)
