@@ -88,7 +88,7 @@ function(vfa_knob_refuse name value origin allowed)
   elseif(origin MATCHES "^env:(.*)$")
     set(where "from the environment variable ${CMAKE_MATCH_1}")
   else()
-    # Declared defaults are checked by tests/unit/test_knobs.py; this is one computed here.
+    # Declared defaults are checked by tests/unit/test_knob_declaration.py; this is one computed here.
     set(where "the default this build computed; set ${name}")
   endif()
   message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
