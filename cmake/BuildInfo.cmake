@@ -154,20 +154,45 @@ function(vfa_write_build_info)
   string(JSON json SET "${json}" build
     "{\"build_type\": ${build_type}, \"jobs\": ${VFA_JOBS}, \"jobs_reason\": ${jobs_reason}, \"jobs_by_memory\": ${VFA_JOBS_BY_MEMORY}, \"nvcc_threads\": ${VFA_NVCC_THREADS}}")
 
-  # Where each knob came from (cmake, env:NAME or default), for bug reports.
+  vfa_json_string(mode "${VFA_CUDA_DRIVER_CALL}")
+  vfa_json_string(reason "${VFA_CUDA_DRIVER_CALL_REASON}")
+  string(JSON json SET "${json}" cuda_driver_call "{\"mode\": ${mode}, \"reason\": ${reason}}")
+
+  # Every build knob declared in cmake/knobs.json, its value and where it came from
+  # (cmake, env:NAME or default). Knobs declared "record": false (paths of this
+  # machine, URLs) keep their origin but not their value out of the wheel.
   set(options "{}")
-  get_property(names GLOBAL PROPERTY VFA_OPTION_NAMES)
+  vfa_declared_knobs(names build)
   foreach(name IN LISTS names)
-    # Paths of this machine stay out of the wheel.
-    if(NOT name MATCHES "_SRC_DIR$|_MIRROR$|^VFA_SOURCE_CACHE$|^VFA_PIN_FILE$")
-      get_property(value GLOBAL PROPERTY VFA_OPTION_VALUE_${name})
-      get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
-      vfa_json_string(v "${value}")
-      vfa_json_string(o "${origin}")
-      string(JSON options SET "${options}" ${name} "{\"value\": ${v}, \"origin\": ${o}}")
+    vfa_option(${name})
+    vfa_option_origin(origin ${name})
+    vfa_knob_declaration(decl ${name})
+    vfa_knob_field(record "${decl}" record ON)
+    if(record)
+      vfa_json_string(v "${${name}}")
+    elseif("${${name}}" STREQUAL "")
+      set(v "\"\"")
+    else()
+      set(v "\"(not recorded)\"")
     endif()
+    vfa_json_string(o "${origin}")
+    string(JSON options SET "${options}" ${name} "{\"value\": ${v}, \"origin\": ${o}}")
   endforeach()
   string(JSON json SET "${json}" options "${options}")
+
+  # VFA_* settings that are no knob (typos): "<env|cmake>:<name>:<suggestion>".
+  set(unknown "[]")
+  get_property(records GLOBAL PROPERTY VFA_UNKNOWN_SETTINGS)
+  foreach(record IN LISTS records)
+    string(REGEX MATCH "^([a-z]+):([^:]*):(.*)$" _ "${record}")
+    vfa_json_string(name "${CMAKE_MATCH_2}")
+    vfa_json_string(source "${CMAKE_MATCH_1}")
+    vfa_json_string(suggestion "${CMAKE_MATCH_3}")
+    string(JSON n LENGTH "${unknown}")
+    string(JSON unknown SET "${unknown}" ${n}
+      "{\"name\": ${name}, \"source\": ${source}, \"did_you_mean\": ${suggestion}}")
+  endforeach()
+  string(JSON json SET "${json}" unknown_settings "${unknown}")
 
   set(path "${CMAKE_CURRENT_BINARY_DIR}/build_info.json")
   file(WRITE "${path}.tmp" "${json}\n")

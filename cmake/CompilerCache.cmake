@@ -56,10 +56,8 @@ macro(_vfa_compiler_cache_unusable mode why note)
 endmacro()
 
 function(vfa_setup_compiler_cache)
-  vfa_option(VFA_COMPILER_CACHE "auto"
-    "compiler cache: auto (sccache when a probe compile works), sccache (fail when it does not), off")
-  string(TOLOWER "${VFA_COMPILER_CACHE}" mode)
-  vfa_check_choices(VFA_COMPILER_CACHE "${mode}" "auto;sccache;off")
+  vfa_option(VFA_COMPILER_CACHE)
+  set(mode "${VFA_COMPILER_CACHE}")
   foreach(var ENABLED LAUNCHER BACKEND LOCATION RW_MODE)
     set(VFA_COMPILER_CACHE_${var} "" PARENT_SCOPE)
   endforeach()

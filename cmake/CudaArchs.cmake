@@ -10,7 +10,6 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-set(VFA_DEFAULT_CUDA_ARCH_LIST "8.0;9.0")
 set(VFA_FA3_MIN_NVCC "12.3")
 
 # Parses "8.0 8.6;9.0a,9.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0").
@@ -45,11 +44,11 @@ endfunction()
 # Sets VFA_CUDA_ARCHS, VFA_FA2_GENCODE / VFA_FA3_GENCODE (code names such as
 # sm_80, compute_80, sm_90a) and VFA_FA{2,3}_ARCH_OK / _ARCH_REASON.
 function(vfa_select_cuda_archs nvcc_version)
-  vfa_option(TORCH_CUDA_ARCH_LIST "${VFA_DEFAULT_CUDA_ARCH_LIST}" "CUDA architectures")
-  vfa_option(VFA_FA2_SM90_SASS "OFF" "also compile FA2 as sm_90 SASS")
-  vfa_option(VFA_FA2_PTX "ON" "embed FA2 compute_80 PTX for newer GPUs")
-  vfa_truthy(sm90_sass "${VFA_FA2_SM90_SASS}")
-  vfa_truthy(ptx "${VFA_FA2_PTX}")
+  vfa_option(TORCH_CUDA_ARCH_LIST)
+  vfa_option(VFA_FA2_SM90_SASS)
+  vfa_option(VFA_FA2_PTX)
+  set(sm90_sass ${VFA_FA2_SM90_SASS})
+  set(ptx ${VFA_FA2_PTX})
   vfa_parse_arch_list(archs "${TORCH_CUDA_ARCH_LIST}")
 
   set(fa2 "")

@@ -13,8 +13,8 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 function(vfa_check_cxx_runtime)
-  vfa_option(VFA_ALLOW_STATIC_LIBSTDCXX "OFF" "build even if libstdc++ would be linked statically")
-  vfa_truthy(allow "${VFA_ALLOW_STATIC_LIBSTDCXX}")
+  vfa_option(VFA_ALLOW_STATIC_LIBSTDCXX)
+  set(allow ${VFA_ALLOW_STATIC_LIBSTDCXX})
   set(runtime "unknown")
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     # The linker takes libstdc++.so when the compiler can name one, else libstdc++.a.

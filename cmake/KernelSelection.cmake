@@ -14,8 +14,7 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-set(VFA_PRESETS full minimal)
-
+# The presets' names are declared with VFA_PRESET in cmake/knobs.json.
 set(VFA_FA3_ALL_HEAD_DIMS 64 96 128 192 256)
 set(VFA_FA3_ALL_DTYPES bf16 fp16 e4m3)
 set(VFA_FA3_ALL_FEATURES paged split softcap local hdimdiff)
@@ -56,41 +55,24 @@ set(VFA_FA2_BASE_DEFINES
   FLASHATTENTION_DISABLE_DROPOUT
   FLASHATTENTION_DISABLE_PYBIND)
 
-# Reads one list knob: -D/env value, else the preset's; "none" means empty.
-function(vfa_selection_knob out_var knob preset_list allowed)
-  vfa_option(${knob} "" "")
-  if("${${knob}}" STREQUAL "")
-    set(values "${preset_list}")
-  else()
-    vfa_normalize_list(values "${${knob}}")
-    if(values STREQUAL "none")
-      set(values "")
-    endif()
-    vfa_check_choices(${knob} "${values}" "${allowed}")
-  endif()
-  set(${out_var} "${values}" PARENT_SCOPE)
-endfunction()
-
-# Sets VFA_PRESET and VFA_{FA2,FA3}_{HEAD_DIMS,DTYPES,FEATURES}.
+# Sets VFA_PRESET and VFA_{FA2,FA3}_{HEAD_DIMS,DTYPES,FEATURES}: each list knob
+# as given (checked and in canonical order by vfa_option; "none" means empty),
+# else the preset's.
 function(vfa_read_selection)
-  vfa_option(VFA_PRESET "full" "kernel preset")
-  string(TOLOWER "${VFA_PRESET}" preset)
-  vfa_check_choices(VFA_PRESET "${preset}" "${VFA_PRESETS}")
+  vfa_option(VFA_PRESET)
   foreach(part FA3 FA2)
     foreach(what HEAD_DIMS DTYPES FEATURES)
-      vfa_selection_knob(values VFA_${part}_${what}
-        "${VFA_PRESET_${preset}_${part}_${what}}" "${VFA_${part}_ALL_${what}}")
-      # Keep the canonical order so equal selections give equal builds.
-      set(ordered "")
-      foreach(item IN LISTS VFA_${part}_ALL_${what})
-        if(item IN_LIST values)
-          list(APPEND ordered ${item})
-        endif()
-      endforeach()
-      set(VFA_${part}_${what} "${ordered}" PARENT_SCOPE)
+      vfa_option(VFA_${part}_${what})
+      set(values "${VFA_${part}_${what}}")
+      if(values STREQUAL "")
+        set(values "${VFA_PRESET_${VFA_PRESET}_${part}_${what}}")
+      elseif(values STREQUAL "none")
+        set(values "")
+      endif()
+      set(VFA_${part}_${what} "${values}" PARENT_SCOPE)
     endforeach()
   endforeach()
-  set(VFA_PRESET "${preset}" PARENT_SCOPE)
+  set(VFA_PRESET "${VFA_PRESET}" PARENT_SCOPE)
 endfunction()
 
 # --- FA3 -------------------------------------------------------------------------
@@ -195,9 +177,8 @@ function(vfa_fa3_selection head_dims dtypes features)
   # grows with the context (measured on the H200 with value vectors of mean 0.5: 1.2 %
   # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13-31 %
   # faster FP8, a trade a user makes knowingly.
-  vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION "ON" "FP8 two-level accumulation (upstream: on)")
-  vfa_truthy(two_level "${VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION}")
-  if(NOT two_level)
+  vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
+  if(NOT VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
     list(APPEND defines FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
   endif()
   set(VFA_FA3_INSTANTIATIONS "${files}" PARENT_SCOPE)

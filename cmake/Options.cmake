@@ -1,64 +1,398 @@
-# Build knobs: each one is a CMake cache variable (-DNAME=..., or
-# `pip ... -C cmake.define.NAME=...`) that falls back to an environment
-# variable of the same name, then to a default. Where a value came from is
-# kept in global properties so the build info can say it.
+# Build knobs, declared once in cmake/knobs.json (type, default, allowed values,
+# environment names, one line of doc; how to add one: the "about" lines there).
+# This file reads that declaration; cmake/knobs.py makes the README tables and
+# cibuildwheel's environment-pass from the same file.
+#
+# A knob's value is the first of
+#   -DNAME=VALUE (pip: -C cmake.define.NAME=VALUE)     origin "cmake"
+#   $ENV{NAME}, then each of its declared "env" names  origin "env:<that name>"
+#   its declared default                               origin "default"
+# given to THIS configure. A -D value is taken out of the CMake cache as soon as
+# it is read: a knob must not stick to a build dir, or a refused typo would come
+# back in the next build, and a preset given once would silently outlive a later
+# VFA_PRESET in the environment. (CMake's own -D stickiness is what pip's
+# `-C cmake.define` and a rerun of CMake by ninja would otherwise inherit; the
+# latter now falls back to the environment and the default, and says so.)
+#
+# Every value is checked against its declaration and normalised: bool -> ON/OFF,
+# tristate -> auto/on/off, choice -> lower case, list -> the declared order
+# (";"-separated, or "none"), int -> plain digits within min..max, path -> absolute
+# (relative to the project root, the same in a configure and in
+# `cmake -P cmake/fetch_sources.cmake`). A malformed value stops the configure with
+# a message naming the knob, the value, where it came from and what is allowed.
+#
+#   vfa_read_knobs()                  resolve every "build" knob (start of a configure)
+#   vfa_option(VFA_PRESET)            -> VFA_PRESET = "full", or what was given
+#   vfa_option(VFA_BUILD_MEMORY_MB DEFAULT 24000)
+#                                     a default computed by the caller, for a knob
+#                                     declared with "default": ""
+#   vfa_warn_unknown_settings()       VFA_* variables in the environment or on the
+#                                     command line that no knob declares: a loud
+#                                     warning with the closest declared name
 
 include_guard(GLOBAL)
 
-# vfa_option(NAME DEFAULT DOC [ENV_NAMES name...])
-#   The first of: -DNAME, $ENV{NAME}, $ENV{<each ENV_NAMES>}, DEFAULT.
-function(vfa_option name default doc)
-  cmake_parse_arguments(PARSE_ARGV 3 arg "" "" "ENV_NAMES")
-  set(origin "default")
-  set(value "${default}")
-  if(DEFINED ${name} AND NOT "${${name}}" STREQUAL "")
-    set(value "${${name}}")
-    set(origin "cmake")
-  else()
-    foreach(env_name IN ITEMS ${name} ${arg_ENV_NAMES})
-      if(DEFINED ENV{${env_name}} AND NOT "$ENV{${env_name}}" STREQUAL "")
-        set(value "$ENV{${env_name}}")
-        set(origin "env:${env_name}")
-        break()
-      endif()
-    endforeach()
+get_filename_component(_vfa_project_dir "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+set_property(GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR "${_vfa_project_dir}")
+set_property(GLOBAL PROPERTY VFA_KNOBS_FILE "${CMAKE_CURRENT_LIST_DIR}/knobs.json")
+set_property(GLOBAL PROPERTY VFA_KNOBS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/knobs.py")
+file(READ "${CMAKE_CURRENT_LIST_DIR}/knobs.json" _vfa_knobs_json)
+set_property(GLOBAL PROPERTY VFA_KNOBS_JSON "${_vfa_knobs_json}")
+unset(_vfa_knobs_json)
+unset(_vfa_project_dir)
+
+set(VFA_BOOL_WORDS_ON 1 ON TRUE YES)
+set(VFA_BOOL_WORDS_OFF 0 OFF FALSE NO)
+
+# The declaration of <name> as a JSON object, or a stop naming the file to edit.
+function(vfa_knob_declaration out_var name)
+  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
+  string(JSON decl ERROR_VARIABLE err GET "${json}" knobs ${name})
+  if(err)
+    get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
+    message(FATAL_ERROR
+      "vfa_option(${name}): ${name} is not declared in ${file}. Add one entry for it "
+      "there (type, default, scope, cibuildwheel, doc: see the file's \"about\" lines) "
+      "and run `python cmake/knobs.py write`.")
   endif()
-  set(${name} "${value}" PARENT_SCOPE)
-  # Remembered globally so the build info can list every knob and its origin.
-  get_property(names GLOBAL PROPERTY VFA_OPTION_NAMES)
-  if(NOT name IN_LIST names)
-    set_property(GLOBAL APPEND PROPERTY VFA_OPTION_NAMES ${name})
+  set(${out_var} "${decl}" PARENT_SCOPE)
+endfunction()
+
+# <field> of a declaration, or <fallback> when it has none. Lists come back as
+# CMake lists.
+function(vfa_knob_field out_var decl field fallback)
+  string(JSON type ERROR_VARIABLE err TYPE "${decl}" ${field})
+  if(err)
+    set(${out_var} "${fallback}" PARENT_SCOPE)
+  elseif(type STREQUAL "ARRAY")
+    string(JSON count LENGTH "${decl}" ${field})
+    set(items "")
+    if(count GREATER 0)
+      math(EXPR last "${count} - 1")
+      foreach(i RANGE ${last})
+        string(JSON item GET "${decl}" ${field} ${i})
+        list(APPEND items "${item}")
+      endforeach()
+    endif()
+    set(${out_var} "${items}" PARENT_SCOPE)
+  else()
+    string(JSON value GET "${decl}" ${field})
+    set(${out_var} "${value}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Stops with the knob, the value, where it came from and what would be accepted.
+function(vfa_knob_refuse name value origin allowed)
+  if(origin STREQUAL "cmake")
+    set(where "given as -D${name} (pip: -C cmake.define.${name})")
+  elseif(origin MATCHES "^env:(.*)$")
+    set(where "from the environment variable ${CMAKE_MATCH_1}")
+  else()
+    # Declared defaults are checked by tests/unit/test_knob_declaration.py; this is one computed here.
+    set(where "the default this build computed; set ${name}")
+  endif()
+  message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
+endfunction()
+
+# Checks and normalises <value> of the knob declared as <decl>.
+function(vfa_knob_normalize out_var name decl value origin)
+  vfa_knob_field(type "${decl}" type "")
+  vfa_knob_field(choices "${decl}" choices "")
+  string(STRIP "${value}" value)
+  if(value STREQUAL "")
+    set(${out_var} "" PARENT_SCOPE)
+    return()
+  endif()
+  string(TOUPPER "${value}" upper)
+  if(type STREQUAL "bool" OR type STREQUAL "tristate")
+    if(upper IN_LIST VFA_BOOL_WORDS_ON)
+      set(result ON)
+    elseif(upper IN_LIST VFA_BOOL_WORDS_OFF)
+      set(result OFF)
+    elseif(type STREQUAL "tristate" AND upper STREQUAL "AUTO")
+      set(result auto)
+    else()
+      set(allowed "ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case)")
+      if(type STREQUAL "tristate")
+        set(allowed "auto, or ${allowed}")
+      endif()
+      vfa_knob_refuse(${name} "${value}" "${origin}" "${allowed}")
+    endif()
+    if(type STREQUAL "tristate")
+      string(TOLOWER "${result}" result)
+    endif()
+  elseif(type STREQUAL "int")
+    vfa_knob_field(min "${decl}" min "")
+    vfa_knob_field(max "${decl}" max "")
+    # Compared as text first: CMake's integers are 64-bit, so a 20-digit value
+    # must be refused before any arithmetic sees it.
+    string(REGEX REPLACE "^0+([0-9])" "\\1" digits "${value}")
+    string(LENGTH "${digits}" n)
+    string(LENGTH "${max}" max_n)
+    if(NOT digits MATCHES "^[0-9]+$" OR n GREATER max_n OR digits LESS min OR digits GREATER max)
+      vfa_knob_refuse(${name} "${value}" "${origin}" "an integer from ${min} to ${max}")
+    endif()
+    set(result "${digits}")
+  elseif(type STREQUAL "choice")
+    string(TOLOWER "${value}" lower)
+    if(NOT lower IN_LIST choices)
+      string(REPLACE ";" ", " allowed "${choices}")
+      vfa_knob_refuse(${name} "${value}" "${origin}" "${allowed}")
+    endif()
+    set(result "${lower}")
+  elseif(type STREQUAL "list")
+    # "64,96 128;192" -> "64;96;128;192", in the declared order so that equal
+    # selections give equal builds.
+    string(TOLOWER "${value}" items)
+    string(REGEX REPLACE "[ ,;]+" ";" items "${items}")
+    list(REMOVE_ITEM items "")
+    string(REPLACE ";" ", " allowed "${choices}")
+    set(allowed "any of ${allowed} (separated by commas, semicolons or spaces), or none")
+    if(items STREQUAL "none")
+      set(result "none")
+    else()
+      foreach(item IN LISTS items)
+        if(NOT item IN_LIST choices)
+          vfa_knob_refuse(${name} "${item}" "${origin}" "${allowed}")
+        endif()
+      endforeach()
+      set(result "")
+      foreach(choice IN LISTS choices)
+        if(choice IN_LIST items)
+          list(APPEND result "${choice}")
+        endif()
+      endforeach()
+    endif()
+  elseif(type STREQUAL "path")
+    get_property(project_dir GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR)
+    get_filename_component(result "${value}" ABSOLUTE BASE_DIR "${project_dir}")
+  elseif(type STREQUAL "string")
+    set(result "${value}")
+  else()
+    message(FATAL_ERROR "cmake/knobs.json: ${name} has an unknown type '${type}'.")
+  endif()
+  set(${out_var} "${result}" PARENT_SCOPE)
+endfunction()
+
+# vfa_option(<name> [DEFAULT <computed default>]): sets <name> in the caller.
+function(vfa_option name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "DEFAULT" "")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR
+      "vfa_option(${name} ${arg_UNPARSED_ARGUMENTS}): defaults and docs live in cmake/knobs.json "
+      "now; call vfa_option(${name}) and declare the knob there.")
+  endif()
+  vfa_knob_declaration(decl ${name})
+  vfa_knob_field(declared_default "${decl}" default "")
+
+  get_property(resolved GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name} SET)
+  if(resolved)
+    # Read once per configure: a -D value is gone from the cache after the first read.
+    get_property(value GLOBAL PROPERTY VFA_OPTION_VALUE_${name})
+    get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
+  else()
+    set(origin "default")
+    set(value "")
+    if(DEFINED CACHE{${name}})
+      set(given "$CACHE{${name}}")
+      # Read it through ${} too: that is what tells CMake a -D variable was used.
+      set(_vfa_mark_used "${${name}}")
+      unset(${name} CACHE)
+      if(NOT given STREQUAL "")
+        set(value "${given}")
+        set(origin "cmake")
+      endif()
+    endif()
+    if(origin STREQUAL "default")
+      vfa_knob_field(env_names "${decl}" env "")
+      foreach(env_name IN ITEMS ${name} ${env_names})
+        if(DEFINED ENV{${env_name}} AND NOT "$ENV{${env_name}}" STREQUAL "")
+          set(value "$ENV{${env_name}}")
+          set(origin "env:${env_name}")
+          break()
+        endif()
+      endforeach()
+    endif()
+    if(origin STREQUAL "default")
+      set(value "${declared_default}")
+    endif()
+    vfa_knob_normalize(value ${name} "${decl}" "${value}" "${origin}")
+    get_property(names GLOBAL PROPERTY VFA_OPTION_NAMES)
+    if(NOT name IN_LIST names)
+      set_property(GLOBAL APPEND PROPERTY VFA_OPTION_NAMES ${name})
+    endif()
+  endif()
+
+  if(DEFINED arg_DEFAULT)
+    if(NOT declared_default STREQUAL "")
+      message(FATAL_ERROR
+        "vfa_option(${name} DEFAULT ...): cmake/knobs.json declares the default "
+        "'${declared_default}'; a computed default is only for knobs declared with \"default\": \"\".")
+    endif()
+    if(origin STREQUAL "default")
+      vfa_knob_normalize(value ${name} "${decl}" "${arg_DEFAULT}" "default")
+    endif()
   endif()
   set_property(GLOBAL PROPERTY VFA_OPTION_VALUE_${name} "${value}")
   set_property(GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name} "${origin}")
+  set(${name} "${value}" PARENT_SCOPE)
 endfunction()
 
-# Normalise a user list: accepts "a,b c;d" and returns "a;b;c;d" in lower case.
-function(vfa_normalize_list out_var)
-  string(REPLACE "," ";" items "${ARGN}")
-  string(REPLACE " " ";" items "${items}")
-  string(TOLOWER "${items}" items)
-  list(REMOVE_ITEM items "")
-  list(REMOVE_DUPLICATES items)
-  set(${out_var} "${items}" PARENT_SCOPE)
+# Where <name>'s value came from: cmake, env:<NAME> or default.
+function(vfa_option_origin out_var name)
+  get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
+  set(${out_var} "${origin}" PARENT_SCOPE)
 endfunction()
 
-# Fail with a message that names the knob, the bad value and the allowed ones.
-function(vfa_check_choices knob values allowed)
-  foreach(item IN LISTS values)
-    if(NOT item IN_LIST allowed)
-      string(REPLACE ";" ", " allowed_text "${allowed}")
-      message(FATAL_ERROR
-        "${knob}: '${item}' is not a valid value. Valid values: ${allowed_text}.")
+# The declared knobs of one scope (build, version, runtime, ci, benchmark), or all.
+function(vfa_declared_knobs out_var scope)
+  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
+  string(JSON count LENGTH "${json}" knobs)
+  math(EXPR last "${count} - 1")
+  set(names "")
+  foreach(i RANGE ${last})
+    string(JSON name MEMBER "${json}" knobs ${i})
+    string(JSON knob_scope GET "${json}" knobs ${name} scope)
+    if(scope STREQUAL "" OR knob_scope STREQUAL scope)
+      list(APPEND names ${name})
     endif()
   endforeach()
+  set(${out_var} "${names}" PARENT_SCOPE)
 endfunction()
 
-function(vfa_truthy out_var value)
-  string(TOUPPER "${value}" upper)
-  if(upper MATCHES "^(1|ON|YES|TRUE|Y)$")
-    set(${out_var} TRUE PARENT_SCOPE)
-  else()
-    set(${out_var} FALSE PARENT_SCOPE)
+# Resolves and checks every "build" knob, so a malformed one stops the configure in
+# its first second whether or not this build reads it, and the build info can list
+# them all. Sets each one in the caller.
+macro(vfa_read_knobs)
+  vfa_declared_knobs(_vfa_build_knobs build)
+  foreach(_vfa_knob IN LISTS _vfa_build_knobs)
+    vfa_option(${_vfa_knob})
+  endforeach()
+  vfa_note_dropped_cmake_knobs()
+  unset(_vfa_knob)
+  unset(_vfa_build_knobs)
+endmacro()
+
+# A knob the previous configure of this build dir got as -D, and this one did not,
+# now comes from the environment or its default: say so, since a rerun of CMake by
+# the build tool (after a CMake file changed) looks like that too.
+function(vfa_note_dropped_cmake_knobs)
+  set(now "")
+  get_property(names GLOBAL PROPERTY VFA_OPTION_NAMES)
+  foreach(name IN LISTS names)
+    get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
+    get_property(value GLOBAL PROPERTY VFA_OPTION_VALUE_${name})
+    if(origin STREQUAL "cmake")
+      list(APPEND now "${name}")
+    elseif(name IN_LIST VFA_LAST_CMAKE_KNOBS)
+      message(WARNING
+        "${name} was given as -D${name} to the previous configure of this build dir, but "
+        "not to this one, so it is now '${value}' (${origin}). Knobs do not carry over "
+        "between configures: give -D${name} again to keep the earlier value.")
+    endif()
+  endforeach()
+  set(VFA_LAST_CMAKE_KNOBS "${now}" CACHE INTERNAL "knobs the last configure got as -D")
+endfunction()
+
+# VFA_* settings no knob declares: environment variables, and -D variables (given
+# to this configure; project-set cache entries are INTERNAL or typed by a find_*
+# call and are skipped). Each gets a loud warning with the closest declared name
+# (Python's difflib, through cmake/knobs.py), is recorded for the build info, and
+# a -D one is taken out of the cache like a knob.
+function(vfa_warn_unknown_settings)
+  vfa_declared_knobs(declared "")
+  foreach(name IN LISTS declared)
+    vfa_knob_declaration(decl ${name})
+    vfa_knob_field(env_names "${decl}" env "")
+    list(APPEND declared ${env_names})
+  endforeach()
+  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
+  vfa_knob_field(cache_variables "${json}" "cache_variables;names" "")
+  list(APPEND declared ${cache_variables})
+
+  set(unknown "")
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E environment OUTPUT_VARIABLE environment)
+  string(REGEX MATCHALL "(^|\n)VFA_[A-Za-z0-9_]*=" env_names "${environment}")
+  foreach(entry IN LISTS env_names)
+    string(REGEX REPLACE "^\n?(.*)=$" "\\1" env_name "${entry}")
+    if(NOT env_name IN_LIST declared)
+      list(APPEND unknown "env:${env_name}")
+    endif()
+  endforeach()
+  get_cmake_property(cache_names CACHE_VARIABLES)
+  foreach(var IN LISTS cache_names)
+    if(var MATCHES "^VFA_" AND NOT var IN_LIST declared)
+      get_property(type CACHE ${var} PROPERTY TYPE)
+      if(type STREQUAL "UNINITIALIZED" OR type STREQUAL "STRING")
+        list(APPEND unknown "cmake:${var}")
+        unset(${var} CACHE)
+      endif()
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY VFA_UNKNOWN_SETTINGS "")
+  if(NOT unknown)
+    return()
   endif()
+
+  set(names "")
+  foreach(entry IN LISTS unknown)
+    string(REGEX REPLACE "^[a-z]+:" "" name "${entry}")
+    list(APPEND names "${name}")
+  endforeach()
+  vfa_knob_suggestions(suggestions ${names})
+  set(lines "")
+  set(records "")
+  foreach(entry IN LISTS unknown)
+    string(REGEX MATCH "^([a-z]+):(.*)$" _ "${entry}")
+    set(kind "${CMAKE_MATCH_1}")
+    set(name "${CMAKE_MATCH_2}")
+    set(suggestion "")
+    foreach(pair IN LISTS suggestions)
+      if(pair MATCHES "^${name}=(.*)$")
+        set(suggestion "${CMAKE_MATCH_1}")
+      endif()
+    endforeach()
+    if(kind STREQUAL "env")
+      set(where "environment variable")
+    else()
+      set(where "-D variable")
+    endif()
+    set(line " ${name} (${where}) is not a knob of this project")
+    if(suggestion)
+      string(APPEND line ": did you mean ${suggestion}?")
+    endif()
+    string(APPEND lines "${line}\n")
+    list(APPEND records "${kind}:${name}:${suggestion}")
+  endforeach()
+  set_property(GLOBAL PROPERTY VFA_UNKNOWN_SETTINGS "${records}")
+  message(WARNING
+    "\n"
+    "==========================================================================\n"
+    "${lines}"
+    " It is ignored. The knobs are listed in the README (cmake/knobs.json).\n"
+    "==========================================================================")
+endfunction()
+
+# "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's
+# difflib (cmake/knobs.py suggest); without a Python there are no suggestions.
+function(vfa_knob_suggestions out_var)
+  set(python "")
+  if(Python_EXECUTABLE)
+    set(python "${Python_EXECUTABLE}")
+  else()
+    find_program(_vfa_knobs_python NAMES python3 python NO_CACHE)
+    if(_vfa_knobs_python)
+      set(python "${_vfa_knobs_python}")
+    endif()
+  endif()
+  set(pairs "")
+  if(python)
+    get_property(script GLOBAL PROPERTY VFA_KNOBS_SCRIPT)
+    execute_process(COMMAND "${python}" "${script}" suggest ${ARGN}
+      OUTPUT_VARIABLE out RESULT_VARIABLE rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
+    if(rc EQUAL 0 AND NOT out STREQUAL "")
+      string(REPLACE "\n" ";" pairs "${out}")
+    endif()
+  endif()
+  set(${out_var} "${pairs}" PARENT_SCOPE)
 endfunction()

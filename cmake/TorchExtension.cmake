@@ -10,17 +10,47 @@ include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 # torch >= 2.10 stable ABI: pins the headers' target version and bans unstable use.
 set(VFA_TORCH_TARGET_VERSION "0x020A000000000000ULL")
 
-# CUTLASS calls the CUDA driver (cuTensorMapEncodeTiled, ...). Upstream calls
-# it directly and links libcuda. A build machine without the driver library
-# (no GPU, no toolkit stub) has no CUDA::cuda_driver target; there the modules
-# reach the driver through the runtime's entry-point query instead, so the
-# build needs no driver and the module loads wherever torch does.
-function(vfa_cuda_driver_mode out_var)
-  if(TARGET CUDA::cuda_driver)
-    set(${out_var} "direct" PARENT_SCOPE)
+# CUTLASS calls the CUDA driver (cuTensorMapEncodeTiled, ...). Upstream compiles
+# its CUDA units (nvcc only, not its C++ units) with
+# CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1 and links libcuda (CUDA::cuda_driver).
+# A toolkit without libcuda or its stub (lib64/stubs/libcuda.so), as on a GPU-less
+# CI machine, has no such target; there CUTLASS reaches the driver through the
+# runtime's entry-point query (cudaGetDriverEntryPoint, its default) instead, so
+# the build needs no driver. The manylinux CUDA images that release wheels build
+# in have the stub, so they build upstream's way. The choice is printed here and
+# recorded in the build info (cuda_driver_call).
+#   VFA_CUDA_DRIVER_CALL=auto         direct where CUDA::cuda_driver exists, else entry_point
+#   VFA_CUDA_DRIVER_CALL=direct       upstream's way; stops where there is no libcuda
+#   VFA_CUDA_DRIVER_CALL=entry_point  never links libcuda
+# Sets VFA_CUDA_DRIVER_CALL (direct or entry_point) and VFA_CUDA_DRIVER_CALL_REASON.
+function(vfa_select_cuda_driver_call)
+  vfa_option(VFA_CUDA_DRIVER_CALL)
+  set(mode "${VFA_CUDA_DRIVER_CALL}")
+  # (No paths here: the reason goes into the build info.)
+  if(TARGET CUDA::cuda_driver AND CUDA_cuda_driver_LIBRARY MATCHES "/stubs/")
+    set(found "the toolkit has the driver stub")
+  elseif(TARGET CUDA::cuda_driver)
+    set(found "this machine has libcuda")
   else()
-    set(${out_var} "entry_point" PARENT_SCOPE)
+    set(found "this machine has no libcuda, and the toolkit no stub lib64/stubs/libcuda.so")
   endif()
+  if(mode STREQUAL "direct" AND NOT TARGET CUDA::cuda_driver)
+    message(FATAL_ERROR
+      "VFA_CUDA_DRIVER_CALL=direct, but ${found}, so there is no CUDA::cuda_driver to "
+      "link. Use a toolkit with the driver stub (the manylinux CUDA images have it), or "
+      "VFA_CUDA_DRIVER_CALL=auto.")
+  elseif(mode STREQUAL "auto" AND TARGET CUDA::cuda_driver)
+    set(mode "direct")
+    set(reason "auto: ${found}; as upstream")
+  elseif(mode STREQUAL "auto")
+    set(mode "entry_point")
+    set(reason "auto: ${found}; upstream calls the driver directly")
+  else()
+    set(reason "VFA_CUDA_DRIVER_CALL=${mode}")
+  endif()
+  message(STATUS "vendored-flash-attn: CUTLASS driver calls: ${mode} (${reason})")
+  set(VFA_CUDA_DRIVER_CALL "${mode}" PARENT_SCOPE)
+  set(VFA_CUDA_DRIVER_CALL_REASON "${reason}" PARENT_SCOPE)
 endfunction()
 
 # Fatbin compression (nvcc >= 12.8 --compress-mode): how device code is stored in the
@@ -29,9 +59,8 @@ endfunction()
 # and on the H200 neither the first call (module load included) nor the kernels got
 # slower. So "auto" means "size" where nvcc has the option, nvcc's default elsewhere.
 function(vfa_select_fatbin_compression nvcc_version)
-  vfa_option(VFA_FATBIN_COMPRESSION "auto" "nvcc --compress-mode: auto, default, size, speed, balance, none")
-  string(TOLOWER "${VFA_FATBIN_COMPRESSION}" mode)
-  vfa_check_choices(VFA_FATBIN_COMPRESSION "${mode}" "auto;default;size;speed;balance;none")
+  vfa_option(VFA_FATBIN_COMPRESSION)
+  set(mode "${VFA_FATBIN_COMPRESSION}")
   if(mode STREQUAL "auto")
     if(nvcc_version VERSION_LESS 12.8)
       set(mode "default")
@@ -72,18 +101,23 @@ function(vfa_add_torch_extension name)
     "$<$<COMPILE_LANGUAGE:CUDA>:${cuda_flags}>"
     "$<$<COMPILE_LANGUAGE:CUDA>:${gencode_flags}>")
 
-  vfa_cuda_driver_mode(driver_mode)
   set(defines ${arg_DEFINES} TORCH_EXTENSION_NAME=${name} USE_CUDA
               TORCH_TARGET_VERSION=${VFA_TORCH_TARGET_VERSION})
   set(libraries torch CUDA::cudart)
-  if(driver_mode STREQUAL "direct")
-    list(APPEND defines CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1)
+  set(cuda_defines "")
+  if(VFA_CUDA_DRIVER_CALL STREQUAL "direct")
+    # CUDA units only, as upstream (its C++ units do not get it).
+    set(cuda_defines CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1)
     list(APPEND libraries CUDA::cuda_driver)
   endif()
   target_compile_definitions(${name} PRIVATE ${defines})
+  if(cuda_defines)
+    target_compile_definitions(${name} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${cuda_defines}>")
+  endif()
   target_include_directories(${name} PRIVATE ${arg_INCLUDE_DIRS})
   target_link_libraries(${name} PRIVATE ${libraries})
   install(TARGETS ${name} LIBRARY DESTINATION vendored_flash_attn)
   set_property(GLOBAL PROPERTY VFA_${name}_DEFINES "${defines}")
-  set_property(GLOBAL PROPERTY VFA_${name}_DRIVER_CALL "${driver_mode}")
+  set_property(GLOBAL PROPERTY VFA_${name}_CUDA_DEFINES "${cuda_defines}")
+  set_property(GLOBAL PROPERTY VFA_${name}_DRIVER_CALL "${VFA_CUDA_DRIVER_CALL}")
 endfunction()

@@ -65,20 +65,12 @@ set(VFA_GIT_LOCATION_ENV GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTO
 # Reads the network and lock knobs into the caller's scope.
 #   vfa_read_source_knobs()  ->  VFA_FETCH_TIMEOUT=600, VFA_FETCH_STALL_TIMEOUT=60, ...
 macro(vfa_read_source_knobs)
-  vfa_option(VFA_FETCH_TIMEOUT 600
-    "seconds one git network step (fetch, checkout) may take before it is stopped")
-  vfa_option(VFA_FETCH_STALL_TIMEOUT 60
-    "seconds a git server may leave the first contact unanswered, or an http(s) transfer stay below 1 KB/s, before the fetch stops")
-  vfa_option(VFA_SOURCE_LOCK_TIMEOUT 1800
-    "seconds to wait for another build that is fetching the same source")
-  foreach(_vfa_knob VFA_FETCH_TIMEOUT VFA_FETCH_STALL_TIMEOUT VFA_SOURCE_LOCK_TIMEOUT)
-    if(NOT "${${_vfa_knob}}" MATCHES "^[1-9][0-9]?[0-9]?[0-9]?[0-9]?$" OR "${${_vfa_knob}}" GREATER 86400)
-      message(FATAL_ERROR
-        "${_vfa_knob}='${${_vfa_knob}}' is not a whole number of seconds from 1 to 86400.")
-    endif()
-  endforeach()
-  vfa_option(FETCHCONTENT_FULLY_DISCONNECTED OFF "never fetch; the cache or a source dir must have the sources")
-  vfa_truthy(VFA_FULLY_DISCONNECTED "${FETCHCONTENT_FULLY_DISCONNECTED}")
+  # Types and ranges (whole seconds, 1 to 86400) are checked by vfa_option (cmake/knobs.json).
+  vfa_option(VFA_FETCH_TIMEOUT)
+  vfa_option(VFA_FETCH_STALL_TIMEOUT)
+  vfa_option(VFA_SOURCE_LOCK_TIMEOUT)
+  vfa_option(FETCHCONTENT_FULLY_DISCONNECTED)
+  set(VFA_FULLY_DISCONNECTED ${FETCHCONTENT_FULLY_DISCONNECTED})
 endmacro()
 
 # An absolute path for a path knob. A relative one is taken from the project
@@ -743,7 +735,7 @@ function(vfa_resolve_source component)
   set(pinned "${VFA_PIN_${component}_COMMIT}")
   set(VFA_${component}_ERROR "" PARENT_SCOPE)
 
-  vfa_option(${prefix}_SRC_DIR "" "local ${component} source directory")
+  vfa_option(${prefix}_SRC_DIR)
   set(src_dir "${${prefix}_SRC_DIR}")
   set(src_var "${prefix}_SRC_DIR")
   if(src_dir STREQUAL "" AND DEFINED FETCHCONTENT_SOURCE_DIR_${fc_name}
@@ -774,7 +766,7 @@ function(vfa_resolve_source component)
 
   string(SUBSTRING "${pinned}" 0 12 short)
   set(dest "${VFA_SOURCE_CACHE}/src/${VFA_${component}_DIRNAME}-${short}")
-  vfa_option(${prefix}_MIRROR "" "mirror URL of ${component}")
+  vfa_option(${prefix}_MIRROR)
   if(${prefix}_MIRROR STREQUAL "")
     set(url "${VFA_PIN_${component}_URL}")
   else()
@@ -812,13 +804,12 @@ endfunction()
 # When any fails, one message says, for every component, what it needs.
 macro(vfa_resolve_upstream_sources)
   vfa_read_source_knobs()
-  vfa_option(VFA_PIN_FILE "${VFA_PROJECT_DIR}/vendor/flash-attention/pin.json" "pin file")
-  vfa_absolute_path(VFA_PIN_FILE "${VFA_PIN_FILE}")
-  vfa_option(VFA_SOURCE_CACHE "" "folder for fetched upstream checkouts")
+  # Path knobs come back absolute, relative ones taken from the project root.
+  vfa_option(VFA_PIN_FILE)
+  vfa_option(VFA_SOURCE_CACHE)
   if(VFA_SOURCE_CACHE STREQUAL "")
     vfa_default_source_cache(VFA_SOURCE_CACHE)
   endif()
-  vfa_absolute_path(VFA_SOURCE_CACHE "${VFA_SOURCE_CACHE}")
   vfa_read_pin("${VFA_PIN_FILE}")
 
   # Git runs for these repositories only, never prompts, and never sees

@@ -31,7 +31,10 @@ def _build_summary(info: BuildInfo) -> dict:
         "fa2": _component(raw.get("fa2", {"built": False})),
         "fa3": _component(raw.get("fa3", {"built": False})),
     }
-    for key in ("torch", "cuda", "compiler", "compiler_cache"):
+    # The knobs (every build knob: value and origin), VFA_* settings that were no knob,
+    # and the machine-dependent choices, as build_info.json has them.
+    for key in ("torch", "cuda", "compiler", "compiler_cache", "cuda_driver_call", "build", "options",
+                "unknown_settings"):
         if key in raw:
             summary[key] = raw[key]
     return summary
@@ -97,6 +100,21 @@ def _list(values) -> str:
     return ", ".join(str(v) for v in values) if values else "-"
 
 
+def _knob_lines(build: dict) -> list[str]:
+    """The knobs that were not at their default, and settings that were no knob."""
+    options = build.get("options")
+    if options is None:
+        return []
+    changed = [f"{name}={knob.get('value', '')} ({knob.get('origin', '?')})"
+               for name, knob in sorted(options.items()) if knob.get("origin", "default") != "default"]
+    lines = ["  knobs not at their default: " + (", ".join(changed) if changed else "none")]
+    for unknown in build.get("unknown_settings") or []:
+        source = "environment" if unknown.get("source") == "env" else "-D"
+        hint = f"; did you mean {unknown['did_you_mean']}?" if unknown.get("did_you_mean") else ""
+        lines.append(f"  IGNORED at build time, not a knob: {unknown.get('name')} ({source}{hint})")
+    return lines
+
+
 def render(report: dict) -> str:
     lines: list[str] = []
     build = report["build"]
@@ -136,6 +154,10 @@ def render(report: dict) -> str:
                 lines.append(f"  distributed compiles: {'yes' if dist.get('distributed') else 'no'} "
                              f"(sccache-dist scheduler {dist['scheduler']}, {dist.get('state', '-')}, "
                              f"{dist.get('remote_jobs', 0)} remote jobs)")
+        driver = build.get("cuda_driver_call")
+        if driver:
+            lines.append(f"  CUTLASS driver calls: {driver.get('mode', '-')} ({driver.get('reason', '')})")
+        lines += _knob_lines(build)
     runtime = report["runtime"]
     lines += ["", "This machine",
               f"  torch {runtime.get('torch') or '-'}, CUDA runtime {runtime.get('cuda') or '-'}"]

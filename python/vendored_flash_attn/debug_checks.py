@@ -10,6 +10,7 @@ environment is swapped, for tests).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -19,10 +20,19 @@ from .errors import FlashAttnInputError
 DEBUG_ENV = "VFA_DEBUG_CHECKS"
 
 
+_ON = ("1", "on", "true", "yes")
+_OFF = ("", "0", "off", "false", "no")
+
+
 @functools.lru_cache(maxsize=1)
 def debug_checks_enabled() -> bool:
+    """The boolean words every knob takes (cmake/knobs.json); any other value is off,
+    with one warning (an exception here would reach every attention call)."""
     value = (current_environment().getenv(DEBUG_ENV) or "").strip().lower()
-    return value in ("1", "true", "yes", "on")
+    if value not in _ON + _OFF:
+        warnings.warn(f"{DEBUG_ENV}={value!r} is not a valid value; the debug checks stay off. "
+                      "Valid values: ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case).", stacklevel=2)
+    return value in _ON
 
 
 on_environment_change(debug_checks_enabled.cache_clear)

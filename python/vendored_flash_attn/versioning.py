@@ -47,8 +47,9 @@ ENV_LOCAL = "VFA_VERSION_LOCAL"
 ENV_CUDA_MAJOR = "VFA_CUDA_MAJOR"
 PIN_FILE = Path("vendor/flash-attention/pin.json")
 COMMIT_CHARS = 7
-_TRUE = {"1", "on", "yes", "true", "y"}
-_FALSE = {"0", "off", "no", "false", "n"}
+# The boolean words every knob takes (cmake/knobs.json, type tristate).
+_TRUE = {"1", "on", "yes", "true"}
+_FALSE = {"0", "off", "no", "false"}
 
 
 class VersionSchemeError(ValueError):
@@ -153,7 +154,7 @@ def want_local(env: Mapping[str, str], from_sdist: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise VersionSchemeError(f"{ENV_LOCAL}={value!r}: use 1, 0 or auto")
+    raise VersionSchemeError(f"{ENV_LOCAL}={value!r}: use 1, 0 or auto (or ON/OFF, TRUE/FALSE, YES/NO)")
 
 
 def with_local(base: Version, label: Optional[str]) -> Version:

@@ -9,33 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import build_info, clean_env, compile_commands, configure, fetch_sources
-
-
-@pytest.fixture(scope="module")
-def sources(synthetic, tmp_path_factory):
-    """A pin and a filled source cache shared by this module's configures."""
-    root = tmp_path_factory.mktemp("configure")
-    pin = synthetic.write_pin(root / "pin.json")
-    cache = root / "cache"
-    result = fetch_sources({"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache)})
-    assert result.returncode == 0, result.output
-    return {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache), "VFA_COMPILER_CACHE": "off"}
-
-
-def configured(tmp_path: Path, sources: dict, env=None, **knobs):
-    build = tmp_path / "build"
-    result = configure(build, {**sources, **knobs}, env=env)
-    return build, result
-
-
-def units(build: Path) -> dict[str, dict[str, str]]:
-    """module -> {file name: compile command} from compile_commands.json."""
-    found: dict[str, dict[str, str]] = {}
-    for entry in compile_commands(build):
-        module = re.search(r"-DTORCH_EXTENSION_NAME=(\w+)", entry["command"]).group(1)
-        found.setdefault(module, {})[Path(entry["file"]).name] = entry["command"]
-    return found
+from support.cmake_runner import build_info, clean_env, compile_commands, configured, units
 
 
 def instantiations(commands: dict[str, str], prefix: str) -> set[str]:
@@ -182,26 +156,50 @@ def test_fp8_two_level_accumulation_switch(tmp_path, sources, value, disabled):
         assert ("-DFLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION" in cmd) is disabled, name
 
 
+GIVEN = "(given as -D{0} (pip: -C cmake.define.{0}))"
+BOOL_WORDS = "ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case)"
+
+
 @pytest.mark.parametrize(
     "knobs, message",
     [
-        ({"VFA_PRESET": "tiny"}, "VFA_PRESET: 'tiny' is not a valid value. Valid values: full, minimal."),
-        ({"VFA_FA3_DTYPES": "bf16,fp32"}, "VFA_FA3_DTYPES: 'fp32' is not a valid value."),
-        ({"VFA_FA3_HEAD_DIMS": "80"}, "VFA_FA3_HEAD_DIMS: '80' is not a valid value."),
+        ({"VFA_PRESET": "tiny"}, f"VFA_PRESET: 'tiny' is not a valid value {GIVEN.format('VFA_PRESET')}. "
+                                 "Valid values: full, minimal."),
+        ({"VFA_FA3_DTYPES": "bf16,fp32"}, "VFA_FA3_DTYPES: 'fp32' is not a valid value"),
+        ({"VFA_FA3_HEAD_DIMS": "80"}, "VFA_FA3_HEAD_DIMS: '80' is not a valid value"),
         ({"VFA_FA3_DTYPES": "fp16,e4m3"}, "VFA_FA3_DTYPES must include bf16"),
         ({"TORCH_CUDA_ARCH_LIST": "7.5"}, "Nothing to build"),
         ({"TORCH_CUDA_ARCH_LIST": "sm80"}, "TORCH_CUDA_ARCH_LIST: 'sm80' is not an architecture"),
         ({"TORCH_CUDA_ARCH_LIST": "8.0", "VFA_BUILD_FA3": "on"}, "VFA_BUILD_FA3=on, but TORCH_CUDA_ARCH_LIST='8.0' does not contain 9.0"),
-        ({"VFA_COMPILER_CACHE": "maybe"}, "VFA_COMPILER_CACHE: 'maybe' is not a valid value."),
-        ({"MAX_JOBS": "lots"}, "MAX_JOBS must be a positive integer, got 'lots'."),
-        ({"NVCC_THREADS": "0"}, "NVCC_THREADS must be a positive integer, got '0'."),
-        ({"VFA_FATBIN_COMPRESSION": "max"}, "VFA_FATBIN_COMPRESSION: 'max' is not a valid value."),
+        ({"VFA_COMPILER_CACHE": "maybe"}, "VFA_COMPILER_CACHE: 'maybe' is not a valid value"),
+        ({"MAX_JOBS": "lots"}, f"MAX_JOBS: 'lots' is not a valid value {GIVEN.format('MAX_JOBS')}. "
+                               "Valid values: an integer from 1 to 4096."),
+        ({"NVCC_THREADS": "0"}, "NVCC_THREADS: '0' is not a valid value"),
+        ({"VFA_FATBIN_COMPRESSION": "max"}, "VFA_FATBIN_COMPRESSION: 'max' is not a valid value"),
+        # Booleans take their documented words only ("enable" used to mean off).
+        ({"VFA_FA2_PTX": "enable"}, f"VFA_FA2_PTX: 'enable' is not a valid value {GIVEN.format('VFA_FA2_PTX')}. "
+                                    f"Valid values: {BOOL_WORDS}."),
+        ({"VFA_BUILD_FA3": "yes please"}, f"Valid values: auto, or {BOOL_WORDS}."),
+        # A number CMake's 64-bit arithmetic cannot hold (it used to end in a JSON error).
+        ({"VFA_JOB_MEMORY_MB": "1" * 20}, f"VFA_JOB_MEMORY_MB: '{'1' * 20}' is not a valid value"),
+        ({"VFA_BUILD_MEMORY_MB": "-5"}, "Valid values: an integer from 1 to 1073741824."),
+        ({"VFA_BUILD_MEMORY_MB": "0"}, "Valid values: an integer from 1 to 1073741824."),
+        # An FA3 asked for, with nothing selected to build.
+        ({"VFA_BUILD_FA3": "ON", "VFA_FA3_HEAD_DIMS": "none"},
+         "VFA_BUILD_FA3=on, but the selection has no FA3 HEAD_DIMS (VFA_FA3_HEAD_DIMS is empty)."),
     ],
 )
 def test_bad_knobs_fail_with_a_clear_message(tmp_path, sources, knobs, message):
     _, result = configured(tmp_path, {**sources, "VFA_PRESET": "minimal"}, **knobs)
     assert result.returncode != 0
     assert message in result.text
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(tmp_path, sources):
+    _, result = configured(tmp_path, sources, env=clean_env(VFA_FA2_PTX="enable"))
+    assert result.returncode != 0
+    assert ("VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable VFA_FA2_PTX). "
+            f"Valid values: {BOOL_WORDS}.") in result.text
 
 
 def test_job_count_follows_max_jobs_and_nvcc_threads(tmp_path, sources):
@@ -219,7 +217,7 @@ def test_job_count_follows_max_jobs_and_nvcc_threads(tmp_path, sources):
 def test_default_job_count_is_bounded_by_memory(tmp_path, sources):
     # 1 GB per job on a machine with far more memory: cores decide; a huge
     # per-job figure: memory decides, down to one job.
-    build, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_JOB_MEMORY_MB="100000000")
+    build, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_JOB_MEMORY_MB="16000000")
     assert result.returncode == 0, result.output
     info = build_info(build)
     assert info["build"]["jobs"] == 1 and info["build"]["jobs_reason"].startswith("memory")
@@ -244,12 +242,6 @@ def test_job_pool_budgets_each_unit_by_its_kind(tmp_path, sources):
     info = build_info(build)["build"]
     assert info["jobs_by_memory"] == len(compile_commands(build))
     assert info["jobs_reason"] == "cores"
-
-
-def test_build_memory_knob_is_checked(tmp_path, sources):
-    _, result = configured(tmp_path, sources, VFA_PRESET="minimal", VFA_BUILD_MEMORY_MB="lots")
-    assert result.returncode != 0
-    assert "VFA_BUILD_MEMORY_MB must be a positive integer, got 'lots'." in result.text
 
 
 def _static_only_cxx(tmp_path: Path) -> Path:

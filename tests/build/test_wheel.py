@@ -39,10 +39,14 @@ def hit_rate(s: dict) -> tuple[int, int]:
     return hits, misses
 
 
-def build_wheel(project: Path, out: Path, env: dict, knobs: dict[str, str]) -> tuple[Path, str]:
+def pip_wheel(project: Path, out: Path, env: dict, knobs: dict[str, str]):
     config = [f"-Ccmake.define.{k}={v}" for k, v in knobs.items()]
-    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
-                  "-w", str(out), *config, "-Cbuild.verbose=true", str(project)], env=env, timeout=3000)
+    return run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
+                "-w", str(out), *config, "-Cbuild.verbose=true", str(project)], env=env, timeout=3000)
+
+
+def build_wheel(project: Path, out: Path, env: dict, knobs: dict[str, str]) -> tuple[Path, str]:
+    result = pip_wheel(project, out, env, knobs)
     assert result.returncode == 0, result.output[-8000:]
     wheels = list(out.glob("vendored_flash_attn-*.whl"))
     assert len(wheels) == 1
@@ -51,13 +55,27 @@ def build_wheel(project: Path, out: Path, env: dict, knobs: dict[str, str]) -> t
 
 @pytest.fixture(scope="module")
 def built(synthetic, sccache_env, tmp_path_factory):
+    """The README's quick start after a typo: a refused -C cmake.define.VFA_PRESET, then
+    VFA_PRESET=minimal in the environment, in the same checkout (same build dir)."""
     root = tmp_path_factory.mktemp("wheel")
     pin = synthetic.write_pin(root / "pin.json")
-    knobs = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(root / "source-cache"), "VFA_PRESET": "minimal"}
+    knobs = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(root / "source-cache")}
     first_checkout = checkout_copy(root / "checkout-a")
-    wheel, log = build_wheel(first_checkout, root / "dist-a", sccache_env, knobs)
+    refused = pip_wheel(first_checkout, root / "dist-a", sccache_env, {**knobs, "VFA_PRESET": "minmal"})
+    env = {**sccache_env, "VFA_PRESET": "minimal"}
+    wheel, log = build_wheel(first_checkout, root / "dist-a", env, knobs)
     first = stats(sccache_env)
-    return {"root": root, "knobs": knobs, "wheel": wheel, "log": log, "first": first}
+    return {"root": root, "knobs": knobs, "env": env, "wheel": wheel, "log": log, "first": first,
+            "refused": refused}
+
+
+def test_a_refused_knob_does_not_stick_to_the_build_dir(built):
+    refused = built["refused"]
+    assert refused.returncode != 0
+    assert "VFA_PRESET: 'minmal' is not a valid value (given as -DVFA_PRESET" in refused.text
+    info = json.loads(zipfile.ZipFile(built["wheel"]).read("vendored_flash_attn/build_info.json"))
+    assert info["preset"] == "minimal"
+    assert info["options"]["VFA_PRESET"] == {"value": "minimal", "origin": "env:VFA_PRESET"}
 
 
 def test_wheel_holds_both_modules_and_the_build_info(built, synthetic):
@@ -93,6 +111,14 @@ def test_modules_load_and_register_their_ops(built, tmp_path):
     assert "_vendored_fa2_C::varlen_fwd(" in result.stdout
     assert "_vendored_fa3_C::fwd(" in result.stdout
 
+    # `info` reports the knobs as build_info.json holds them.
+    info = run([sys.executable, "-m", "vendored_flash_attn", "info", "--json"], env=clean_env(PYTHONPATH=str(site)))
+    assert info.returncode == 0, info.output
+    build = json.loads(info.stdout)["build"]
+    assert build["options"]["VFA_PRESET"] == {"value": "minimal", "origin": "env:VFA_PRESET"}
+    assert build["options"] == json.loads(zipfile.ZipFile(built["wheel"]).read(
+        "vendored_flash_attn/build_info.json"))["options"]
+
 
 def test_build_prints_compiler_cache_statistics(built):
     log = built["log"]
@@ -105,7 +131,7 @@ def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, sccache_env
     assert misses_before > 0, "the first build must have compiled something"
     second = checkout_copy(built["root"] / "checkout-b")
     run([tool("sccache"), "--zero-stats"], env=sccache_env)
-    wheel, _ = build_wheel(second, built["root"] / "dist-b", sccache_env, built["knobs"])
+    wheel, _ = build_wheel(second, built["root"] / "dist-b", built["env"], built["knobs"])
     hits, misses = hit_rate(stats(sccache_env))
     assert hits + misses > 0
     assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"

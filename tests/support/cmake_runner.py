@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -84,6 +85,22 @@ def configure(build_dir: Path, defines: dict[str, str], env: dict[str, str] | No
     return run([tool("cmake"), "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                 f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}", f"-DPython_EXECUTABLE={sys.executable}", *args],
                env=env, cwd=cwd)
+
+
+def configured(tmp_path: Path, sources: dict, env: dict[str, str] | None = None, **knobs: str):
+    """Configure <tmp_path>/build with the given sources and knobs (as -D)."""
+    build = tmp_path / "build"
+    result = configure(build, {**sources, **knobs}, env=env)
+    return build, result
+
+
+def units(build: Path) -> dict[str, dict[str, str]]:
+    """module -> {file name: compile command} from compile_commands.json."""
+    found: dict[str, dict[str, str]] = {}
+    for entry in compile_commands(build):
+        module = re.search(r"-DTORCH_EXTENSION_NAME=(\w+)", entry["command"]).group(1)
+        found.setdefault(module, {})[Path(entry["file"]).name] = entry["command"]
+    return found
 
 
 def compile_commands(build_dir: Path) -> list[dict]:

@@ -38,8 +38,9 @@ MINIMAL = {
 }
 
 
-def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None = None) -> BuildInfo:
-    """A BuildInfo like CMake writes; ``fa2``/``fa3`` override fields of the preset."""
+def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None = None, **more) -> BuildInfo:
+    """A BuildInfo like CMake writes; ``fa2``/``fa3`` override fields of the preset,
+    ``more`` adds top-level fields (options, unknown_settings, ...)."""
     base = {"full": FULL, "minimal": MINIMAL}[preset]
     data = {
         "schema": 1, "preset": preset,
@@ -50,6 +51,7 @@ def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None =
         "fa3": {**base["fa3"], **(fa3 or {})},
         "torch": {"version": "2.14.1"}, "cuda": {"version": "13.0"},
         "compiler_cache": {"launcher": "sccache", "enabled": True},
+        **more,
     }
     return BuildInfo.from_dict(data)
 

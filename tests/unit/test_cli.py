@@ -69,3 +69,34 @@ def test_module_entry_point_runs_on_this_machine():
     assert "Build info" in result.stdout and "GPUs" in result.stdout
     if result.returncode == 1:  # a source tree without an installed build_info.json
         assert "MISSING" in result.stdout and "no build info" in result.stderr
+
+
+KNOBS = {
+    "options": {"VFA_PRESET": {"value": "minimal", "origin": "env:VFA_PRESET"},
+                "MAX_JOBS": {"value": "3", "origin": "cmake"},
+                "NVCC_THREADS": {"value": "1", "origin": "default"},
+                "VFA_BUILD_MEMORY_MB": {"value": "23000", "origin": "default"}},
+    "unknown_settings": [{"name": "VFA_PRESTE", "source": "env", "did_you_mean": "VFA_PRESET"}],
+    "cuda_driver_call": {"mode": "entry_point", "reason": "auto: this machine has no libcuda"},
+}
+
+
+def test_json_report_has_the_knobs_and_their_origins(describe, capsys):
+    describe(caps=(), build=make_build("minimal", **KNOBS))
+    assert cli.main(["info", "--json"]) == 0
+    build = json.loads(capsys.readouterr().out)["build"]
+    for key, value in KNOBS.items():
+        assert build[key] == value
+
+
+def test_text_report_names_the_knobs_not_at_their_default(describe, capsys):
+    describe(caps=(), build=make_build("minimal", **KNOBS))
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "knobs not at their default: MAX_JOBS=3 (cmake), VFA_PRESET=minimal (env:VFA_PRESET)\n" in text
+    assert "IGNORED at build time, not a knob: VFA_PRESTE (environment; did you mean VFA_PRESET?)" in text
+    assert "CUTLASS driver calls: entry_point (auto: this machine has no libcuda)" in text
+    describe(caps=(), build=make_build("minimal", options={"NVCC_THREADS": {"value": "1", "origin": "default"}}))
+    assert cli.main(["info"]) == 0
+    assert "knobs not at their default: none" in capsys.readouterr().out
+
