@@ -58,7 +58,8 @@ def test_check_fails_on_a_hand_edit(tmp_path):
     assert "-| `VFA_PRESET` | `full`, `minimal` | `minimal` |" in knobs.drift(tmp_path)
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('"VFA_BUILD_MEMORY_MB", ', ""))
-    assert '+  "NVCC_THREADS", "VFA_JOB_MEMORY_MB", "VFA_BUILD_MEMORY_MB"' in knobs.drift(tmp_path)
+    added = [line for line in knobs.drift(tmp_path).splitlines() if line.startswith("+ ")]
+    assert any('"VFA_BUILD_MEMORY_MB"' in line for line in added), added
     out = subprocess.run([sys.executable, str(PROJECT / "cmake/knobs.py"), "check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr  # the real project is in order
 
