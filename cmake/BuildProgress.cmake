@@ -1,0 +1,77 @@
+# Build progress: what a user sees while the modules compile.
+#
+# A cold build runs for half an hour on a small machine, and ninja prints a unit only
+# when it ends (minutes without a line), under ~100 warnings about upstream code that no
+# user can act on. So every compile of the given targets goes through
+# cmake/build_progress.py (in front of the launcher the targets already have, sccache
+# or none), which records when each unit starts and ends and keeps the warnings located
+# in the pinned upstream and CUTLASS out of the console; and a `build_progress` target
+# in ninja's console pool prints, while the units compile, a line per finished unit and
+# every VFA_BUILD_PROGRESS_INTERVAL seconds the units running, how many are done, the
+# elapsed time and an estimate of what is left (from this build's finished units, or
+# reference times until there are some). Errors, and warnings anywhere else, are shown
+# as the compiler printed them.
+#
+#   VFA_BUILD_PROGRESS           on (default), off: neither wrapper nor monitor
+#   VFA_BUILD_PROGRESS_INTERVAL  seconds between progress lines while units compile (30)
+#
+# In the build dir: vfa-compile.log (every unit's whole compiler output),
+# vfa-progress.log (the progress lines; `tail -f` it where pip runs without -v and
+# shows nothing until the build ends), vfa-progress.jsonl (the start/end events).
+#
+# Example, after the targets and the job pool (VFA_JOBS) exist:
+#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)
+#   -- vendored-flash-attn: build progress every 30 s; compiler output in full: <build>/vfa-compile.log
+
+include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
+
+set(_VFA_BUILD_PROGRESS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/build_progress.py")
+
+function(vfa_setup_build_progress)
+  vfa_option(VFA_BUILD_PROGRESS "on" "progress lines and upstream-warning filter while compiling: on, off")
+  string(TOLOWER "${VFA_BUILD_PROGRESS}" mode)
+  vfa_check_choices(VFA_BUILD_PROGRESS "${mode}" "on;off")
+  vfa_option(VFA_BUILD_PROGRESS_INTERVAL "30" "seconds between progress lines while units compile")
+  if(NOT "${VFA_BUILD_PROGRESS_INTERVAL}" MATCHES "^[1-9][0-9]?[0-9]?[0-9]?[0-9]?$")
+    message(FATAL_ERROR
+      "VFA_BUILD_PROGRESS_INTERVAL must be a whole number of seconds from 1 to 99999, got "
+      "'${VFA_BUILD_PROGRESS_INTERVAL}'.")
+  endif()
+  if(mode STREQUAL "off")
+    return()
+  endif()
+
+  # -E -s -S: the interpreter's standard library only, whatever the environment says.
+  set(python "${Python_EXECUTABLE}" -E -s -S "${_VFA_BUILD_PROGRESS_SCRIPT}")
+  set(wrapper ${python} compile --dir "${CMAKE_BINARY_DIR}"
+      --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
+  foreach(target IN LISTS ARGN)
+    if(NOT TARGET ${target})
+      continue()
+    endif()
+    foreach(lang CXX CUDA)
+      get_target_property(launcher ${target} ${lang}_COMPILER_LAUNCHER)
+      if(NOT launcher)
+        set(launcher "")
+      endif()
+      set_property(TARGET ${target} PROPERTY ${lang}_COMPILER_LAUNCHER ${wrapper} ${launcher})
+    endforeach()
+  endforeach()
+
+  set(log "${CMAKE_BINARY_DIR}/vfa-compile.log")
+  if(CMAKE_GENERATOR MATCHES "Ninja")
+    # The console pool is the one way to print while other commands run (ninja buffers
+    # their output); the monitor ends itself and always exits 0 (build_progress.py).
+    add_custom_target(build_progress ALL
+      COMMAND ${python} monitor --dir "${CMAKE_BINARY_DIR}" --jobs ${VFA_JOBS}
+              --interval ${VFA_BUILD_PROGRESS_INTERVAL}
+      COMMENT "vendored-flash-attn: compile progress"
+      USES_TERMINAL VERBATIM)
+    message(STATUS "vendored-flash-attn: build progress every ${VFA_BUILD_PROGRESS_INTERVAL} s and per "
+      "finished unit; warnings located in upstream code go only to ${log}, with all compiler output")
+  else()
+    message(STATUS "vendored-flash-attn: warnings located in upstream code go only to ${log}, with all "
+      "compiler output (progress lines need the Ninja generator)")
+  endif()
+endfunction()

@@ -1,0 +1,196 @@
+"""CPU checks of the build-progress scripts (cmake/compiler_output.py, cmake/build_progress.py):
+which compiler output is upstream noise, and the estimate of what is left of a build.
+The same scripts run end to end in tests/build/test_build_progress.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
+
+
+def load(name: str):
+    if str(CMAKE_DIR) not in sys.path:
+        sys.path.insert(0, str(CMAKE_DIR))
+    spec = importlib.util.spec_from_file_location(name, CMAKE_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+compiler_output = load("compiler_output")
+build_progress = load("build_progress")
+
+CUTLASS = "/cache/src/cutlass-62750a2b75c8"
+FA = "/cache/src/flash-attention-617264c1c795"
+ROOTS = [CUTLASS, FA]
+
+# What gcc printed for flash_api.cpp of the pinned upstream with CUDA 13 (first two of
+# its five warnings; paths shortened), then an error of ours appended.
+GCC_LONG4 = f"""\
+In file included from {CUTLASS}/include/cutlass/integer_subbyte.h:47,
+                 from {CUTLASS}/include/cutlass/numeric_types.h:40,
+                 from {FA}/csrc/flash_attn/flash_api.cpp:32:
+{CUTLASS}/include/cutlass/platform/platform.h:599:21: warning: \u2018long4\u2019 is deprecated: use long4_16a or long4_32a [-Wdeprecated-declarations]
+  599 | struct alignment_of<long4> {{
+      |                     ^~~~~
+In file included from /usr/local/cuda-13.0/include/driver_types.h:61,
+                 from /usr/local/cuda-13.0/include/builtin_types.h:59,
+                 from {FA}/csrc/flash_attn/flash_api.cpp:15:
+/usr/local/cuda-13.0/include/vector_types.h:532:98: note: declared here
+  532 | typedef __device_builtin__ struct long4 __VECTOR_TYPE_DEPRECATED__("use long4_16a or long4_32a") long4;
+      |                                                                                                  ^~~~~
+{CUTLASS}/include/cutlass/platform/platform.h:603:21: warning: \u2018ulong4\u2019 is deprecated: use ulong4_16a or ulong4_32a [-Wdeprecated-declarations]
+  603 | struct alignment_of<ulong4> {{
+      |                     ^~~~~~
+/usr/local/cuda-13.0/include/vector_types.h:533:101: note: declared here
+  533 | typedef __device_builtin__ struct ulong4 __VECTOR_TYPE_DEPRECATED__("use ulong4_16a or ulong4_32a") ulong4;
+      |                                                                                                     ^~~~~~
+"""
+
+# nvcc 13's cudafe++ (format as printed for a small file; paths made absolute).
+CUDAFE = f"""\
+{CUTLASS}/include/h.h(2): warning #177-D: variable "unused_in_upstream" was declared but never referenced
+  __attribute__((device)) int f() {{ int unused_in_upstream; return 1; }}
+                                        ^
+
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+/build/generated/ours.cu(2): warning #177-D: variable "mine" was declared but never referenced
+  __attribute__((global)) void k(int* p) {{ int mine; }}
+                                               ^
+
+"""
+
+
+def test_upstream_warnings_and_their_notes_are_noise():
+    result = compiler_output.filter_output(GCC_LONG4, ROOTS)
+    assert result.hidden == 2
+    assert result.shown == ""
+
+
+def test_an_error_after_upstream_noise_is_shown_whole():
+    error = (f"In file included from {FA}/hopper/flash_api.cpp:3:\n"
+             f"{FA}/hopper/flash.h:10:3: error: \u2018x\u2019 was not declared in this scope\n"
+             f"   10 |   x = 1;\n      |   ^\n")
+    result = compiler_output.filter_output(GCC_LONG4 + error, ROOTS)
+    assert result.hidden == 2
+    assert result.shown == error  # located in upstream, but an error: never noise
+
+
+def test_warnings_elsewhere_and_tool_messages_are_shown():
+    ours = "/build/generated/fa2_missing_kernels.cpp:7:5: warning: unused variable \u2018y\u2019 [-Wunused-variable]\n"
+    tool = "cc1plus: warning: command-line option \u2018-Wno-x\u2019 is valid for C but not for C++\n"
+    ptxas = "ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes spill stores\n"
+    result = compiler_output.filter_output(GCC_LONG4 + tool + ptxas + ours, ROOTS)
+    assert result.hidden == 2
+    assert result.shown == tool + ptxas + ours
+
+
+def test_cudafe_warnings_are_grouped_and_filtered_by_location():
+    result = compiler_output.filter_output(CUDAFE, ROOTS)
+    assert result.hidden == 1
+    assert "unused_in_upstream" not in result.shown
+    assert result.shown.startswith("/build/generated/ours.cu(2): warning #177-D")
+    assert "int mine" in result.shown
+
+
+def test_warnings_from_template_instantiations_keep_their_context():
+    text = (f"{CUTLASS}/include/cute/tensor.hpp: In instantiation of \u2018void f() [with T = int]\u2019:\n"
+            f"{FA}/hopper/flash_fwd.cu:10:5:   required from here\n"
+            f"{CUTLASS}/include/cute/tensor.hpp:3:7: warning: unused variable \u2018x\u2019 [-Wunused-variable]\n"
+            f"    3 |   int x;\n")
+    assert compiler_output.filter_output(text, ROOTS).hidden == 1
+    assert compiler_output.filter_output(text, ROOTS).shown == ""
+    # The same warning in a header that is not upstream's is shown with its context.
+    assert compiler_output.filter_output(text, ["/elsewhere"]).shown == text
+
+
+def test_a_root_is_a_folder_not_a_prefix():
+    text = f"{CUTLASS}-patched/include/x.h:1:1: warning: something\n"
+    assert compiler_output.filter_output(text, ROOTS).shown == text
+
+
+def test_nothing_is_lost_between_groups():
+    text = GCC_LONG4 + CUDAFE + "1 error detected in the compilation of \"x.cu\".\n"
+    groups = compiler_output.split_diagnostics(text)
+    assert "".join(line for g in groups for line in g.lines) == text
+
+
+# --- the estimate ------------------------------------------------------------------------------
+
+FA3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_{}_sm90.cu.o"
+FA2 = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_hdim128_bf16_{}_sm80.cu.o"
+CPP = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api{}.cpp.o"
+
+
+def test_units_are_classified_by_module_and_language():
+    assert build_progress.unit_kind(FA3.format("paged")) == "FA3 CUDA"
+    assert build_progress.unit_kind(FA2.format("causal")) == "FA2 CUDA"
+    assert build_progress.unit_kind(CPP.format("")) == "C++"
+    assert build_progress.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
+
+
+def state(jobs=2, **kw):
+    s = build_progress.BuildState(t0=1000.0, jobs=jobs)
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def finish(s, unit, start, seconds, rc=0):
+    s.apply({"event": "start", "unit": unit, "t": start})
+    s.apply({"event": "end", "unit": unit, "t": start + seconds, "seconds": seconds, "rc": rc})
+
+
+def test_before_any_unit_finishes_the_estimate_uses_reference_times():
+    units = {FA3.format(v) for v in ("a", "b", "c", "d")}
+    s = state(jobs=2, planned=units)
+    ref = build_progress.REFERENCE_SECONDS["FA3 CUDA"]
+    assert s.seconds_left(1000.0) == pytest.approx(2 * ref)
+    assert s.basis() == "from reference times"
+
+
+def test_finished_units_replace_the_reference_for_their_kind():
+    units = {FA3.format(v) for v in ("a", "b", "c", "d", "e")}
+    s = state(jobs=2, planned=units)
+    finish(s, FA3.format("a"), 1000, 300)
+    # 4 left at 300 s each on 2 jobs
+    assert s.seconds_left(1300.0) == pytest.approx(600)
+    assert s.basis() == "from 1 finished unit"
+
+
+def test_kinds_not_seen_yet_scale_with_this_machines_speed():
+    s = state(jobs=1, planned={CPP.format(""), FA2.format("a")})
+    finish(s, CPP.format(""), 1000, 2 * build_progress.REFERENCE_SECONDS["C++"])  # twice as slow
+    assert s.seconds_left(1010.0) == pytest.approx(2 * build_progress.REFERENCE_SECONDS["FA2 CUDA"])
+
+
+def test_running_units_count_with_what_is_left_of_them():
+    s = state(jobs=2, planned={FA3.format("a"), FA3.format("b"), FA3.format("c")})
+    finish(s, FA3.format("a"), 1000, 100)
+    s.apply({"event": "start", "unit": FA3.format("b"), "t": 1100.0})
+    s.apply({"event": "start", "unit": FA3.format("c"), "t": 1100.0})
+    assert s.seconds_left(1160.0) == pytest.approx(40)
+    # A unit running past its expected cost still counts for something, never zero.
+    assert 0 < s.seconds_left(1400.0) < 40
+
+
+def test_events_of_an_earlier_build_are_ignored():
+    s = state(jobs=2, planned={FA3.format("a")})
+    s.apply({"event": "end", "unit": FA3.format("z"), "t": 900.0, "seconds": 1, "rc": 1})
+    assert s.done == {} and s.total == 1
+
+
+def test_the_job_limit_is_read_from_ninjas_command_line():
+    assert build_progress.job_limit(["ninja", "-j", "7", "all"], cores=2) == 7
+    assert build_progress.job_limit(["ninja", "-j12"], cores=2) == 12
+    assert build_progress.job_limit(["ninja", "-j0"], cores=2) == 1 << 30
+    # ninja's own default: 3 on 2 cores, cores + 2 above
+    assert build_progress.job_limit(["ninja"], cores=2) == 3
+    assert build_progress.job_limit(["ninja", "-C", "build"], cores=16) == 18
