@@ -1,6 +1,6 @@
 """Split a compiler's output into diagnostics and pick out upstream noise.
 
-Used by build_progress.py (the compile wrapper) at build time; stdlib only.
+Used by compile_unit.py (the compile launcher) at build time; stdlib only.
 
 A build of the pinned upstream prints ~100 warnings per build that no user can act on,
 most of them gcc's `'long4' is deprecated` for CUTLASS's use of the CUDA 13 vector
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # gcc/clang: "path:line[:col]: severity: ..."; nvcc/cudafe++: "path(line): severity ...".
@@ -50,13 +49,15 @@ _CONTEXT = (
 _CONTINUATION = re.compile(r"^(\s|$|Remark: The warnings can be suppressed)")
 
 
-@dataclass
 class Diagnostic:
     """Consecutive output lines that belong together; `severity` is None for lines
-    outside any recognised diagnostic (tool banners, linker messages, ...)."""
-    lines: list[str] = field(default_factory=list)
-    severity: str | None = None
-    path: str | None = None
+    outside any recognised diagnostic (tool banners, linker messages, ...). A plain
+    class: this runs once per compile, and importing dataclasses costs more than it."""
+    __slots__ = ("lines", "severity", "path")
+
+    def __init__(self, lines=None, severity: str | None = None, path: str | None = None):
+        self.lines: list[str] = lines if lines is not None else []
+        self.severity, self.path = severity, path
 
     def is_noise(self, quiet_roots: list[str]) -> bool:
         if self.severity != "warning" or not self.path:
@@ -113,14 +114,9 @@ def split_diagnostics(text: str) -> list[Diagnostic]:
     return [g for g in groups if g.lines]
 
 
-@dataclass
-class Filtered:
-    shown: str
-    hidden: int  # upstream warnings left out of `shown`
-
-
-def filter_output(text: str, quiet_roots) -> Filtered:
-    """The output without the warnings located under `quiet_roots` (and their context)."""
+def filter_output(text: str, quiet_roots) -> tuple[str, int]:
+    """(the output without the warnings located under `quiet_roots` and their context,
+    how many warnings that left out)."""
     roots = normalise_roots(quiet_roots)
     shown, hidden = [], 0
     for diagnostic in split_diagnostics(text):
@@ -128,4 +124,4 @@ def filter_output(text: str, quiet_roots) -> Filtered:
             hidden += 1
         else:
             shown += diagnostic.lines
-    return Filtered("".join(shown), hidden)
+    return "".join(shown), hidden

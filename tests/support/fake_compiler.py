@@ -1,26 +1,27 @@
 """A compiler launcher for build tests that must not wait for nvcc: set as
 CMAKE_<LANG>_COMPILER_LAUNCHER, it is called as `fake_compiler.py COMPILER ARGS...`.
 
-By default it writes an empty object (the host compiler on an empty file) and the
-depfile ninja expects, without running the real compile: a module of empty objects
-still links. $FAKE_COMPILE_PLAN (JSON: [[substring, action], ...], first match on the
-command line wins) changes that for chosen units:
+By default it writes an empty object (a copy of $FAKE_EMPTY_OBJECT, else the host
+compiler on an empty file) and the depfile ninja expects, without running the real
+compile: a module of empty objects still links. With $FAKE_NOISE_ROOT set every unit first prints, as every unit of the
+real upstream does with CUDA 13, gcc's `long4` deprecation warnings located in that
+(CUTLASS) tree, plus one warning located elsewhere. $FAKE_COMPILE_PLAN (JSON:
+[[substring, action], ...], first match on the command line wins) changes what a unit
+does:
 
   "sleep:S"          succeed after S seconds
-  "noise"            print upstream-located warnings (as gcc prints CUTLASS's `long4`
-                     deprecations) and one warning located elsewhere, then succeed
-  "fail"             print noise, then an error located in the upstream source, exit 1
-  "fail-after:NAME"  like fail, once a unit whose command line contains NAME has started
+  "fail"             print an error located in the upstream source, exit 1
+  "fail-after:NAME"  the same, once a unit whose output name contains NAME has started
   "real:HEADER"      run the real compile with `-include HEADER` (a test's broken header)
 
-$FAKE_NOISE_ROOT is the upstream tree the noise is located in; $FAKE_MARKERS a folder
-where each unit leaves <name>.started / <name>.ended (time stamps).
+$FAKE_MARKERS is a folder where each unit leaves <name>.started / <name>.ended (times).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -64,12 +65,12 @@ def main() -> int:
         if pattern in joined:
             action = what
             break
-    root = os.environ.get("FAKE_NOISE_ROOT", "/nonexistent")
+    root = os.environ.get("FAKE_NOISE_ROOT")
+    if root:  # like every unit of the real upstream with CUDA 13
+        sys.stdout.write(noise(root))
     rc = 0
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
-    elif action == "noise":
-        sys.stdout.write(noise(root))
     elif action.startswith(("fail", "fail-after:")):
         if action.startswith("fail-after:") and markers:
             other = action.split(":", 1)[1]
@@ -77,16 +78,20 @@ def main() -> int:
             while time.time() < deadline and not any(
                     p.name.endswith(".started") and other in p.name for p in Path(markers).iterdir()):
                 time.sleep(0.05)
-        sys.stdout.write(noise(root))
         sys.stdout.write(f"{root}/hopper/flash_api.cpp:12:3: error: deliberate failure of this unit\n"
                          f"   12 |   broken();\n      |   ^~~~~~\n")
         rc = 1
     elif action.startswith("real:"):
         header = action.split(":", 1)[1]
+        sys.stdout.flush()
         rc = subprocess.run([*command, "-include", header]).returncode
     if rc == 0 and obj and not action.startswith("real:"):
         Path(obj).parent.mkdir(parents=True, exist_ok=True)
-        rc = subprocess.run(["c++", "-x", "c++", "-c", os.devnull, "-o", obj]).returncode
+        empty = os.environ.get("FAKE_EMPTY_OBJECT")
+        if empty:
+            shutil.copyfile(empty, obj)
+        else:
+            rc = subprocess.run(["c++", "-x", "c++", "-c", os.devnull, "-o", obj]).returncode
     depfile = arg_after(command, "-MF")
     if depfile and rc == 0 and not Path(depfile).exists():
         Path(depfile).write_text(f"{obj}: \n")

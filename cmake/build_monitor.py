@@ -1,53 +1,45 @@
-"""Progress of a long build, and the compiler output a user needs to see.
+"""The progress of the compiles, printed while they run.
 
-Two entry points, wired in by cmake/BuildProgress.cmake (stdlib only; run as
-`python -E -s -S build_progress.py ...` so nothing of the environment gets in):
+    build_monitor.py --dir BUILD_DIR --jobs N --interval S
 
-  compile --dir BUILD_DIR [--quiet-under TREE]... -- LAUNCHER... COMPILER ARGS...
-      The compiler launcher of every translation unit, in front of whatever launcher the
-      build already has (sccache). Appends a start and an end event to
-      BUILD_DIR/vfa-progress.jsonl, runs the command, writes its whole output to
-      BUILD_DIR/vfa-compile.log and passes on to ninja the output minus the warnings
-      located under the --quiet-under trees (compiler_output.py). Its exit status is the
-      command's. It never fails a compile of its own accord: when its files cannot be
-      written it passes the output on unfiltered.
+The command of the `build_progress` target (cmake/BuildProgress.cmake), which runs in
+ninja's console pool: the one way to print while other commands run, since ninja
+buffers each command's output until it ends. It follows the events that compile_unit.py
+writes for every unit and prints a line per finished unit and, every S seconds, the
+units running, how many are done, the elapsed time and an estimate of what is left (a
+longest-first schedule of the units still to compile on the N compile jobs, each at the
+mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, C++; or, for a
+kind none of which has finished, reference times scaled by this build's speed so far).
 
-  monitor --dir BUILD_DIR --jobs N --interval S
-      A target in ninja's console pool, so what it prints reaches the console at once
-      (ninja buffers every other command's output until that command ends). It follows
-      the events and prints a line per finished unit and, every S seconds, the units
-      running, how many are done, the elapsed time and an estimate of what is left.
-      While it runs ninja holds back its own lines, so it ends as soon as it has nothing
-      to add: when every unit ninja planned has compiled, when one fails (ninja then
-      prints that unit's error at once), or when ninja runs nothing but the monitor.
-      It exits 0 whatever happens: progress must never fail or hold up a build.
+While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
+add: when every unit ninja planned (a dry run, `ninja -n`, at its start) has compiled,
+when one fails (ninja then prints that unit's error at once), or when ninja runs nothing
+but the monitor. It also steps aside when ninja's -j leaves no room beside the compile
+jobs (it would take a compile's place). It exits 0 whatever happens: progress must never
+fail or hold up a build. Linux only (it reads /proc); elsewhere it prints one line and
+ends.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
 
     [vfa 0:03] compiling 22 units, 2 at a time: about 24 min (from reference times). ...
     [vfa 0:33] 0/22 compiled; running flash_fwd_hdim128_bf16_paged_sm90.cu 0:30, ...
     [vfa 4:31] compiled flash_fwd_hdim128_bf16_paged_sm90.cu (FA3 CUDA) in 4:28 [1/22]; ...
-    [vfa 32:40] 22/22 compiled in 32:37; 97 warnings in upstream code not shown here: ...
+    [vfa 32:40] 22/22 compiled in 32:37; 97 warnings in upstream code not shown here, ...
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compiler_output import filter_output  # noqa: E402
+from compile_unit import COMPILE_LOG, EVENTS, append_line  # noqa: E402
 
-EVENTS = "vfa-progress.jsonl"
-COMPILE_LOG = "vfa-compile.log"
 PROGRESS_LOG = "vfa-progress.log"
 
 # Wall seconds per translation unit by kind, cold, one unit per core: the means measured
@@ -85,84 +77,6 @@ def about(seconds: float) -> str:
     if seconds >= 90:
         return f"about {round(seconds / 60)} min"
     return f"about {max(5, round(seconds / 5) * 5)} s"
-
-
-def append_line(path: str, line: str) -> bool:
-    """One write on an O_APPEND descriptor: lines of parallel writers never interleave."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode("utf-8", "surrogateescape"))
-        finally:
-            os.close(fd)
-        return True
-    except OSError:
-        return False
-
-
-# --- the compile wrapper ---------------------------------------------------------------------
-
-
-def output_of(command: list[str]) -> str:
-    """The object file a compile command writes (its last -o), as ninja names it."""
-    for i in range(len(command) - 2, -1, -1):
-        if command[i] == "-o":
-            return command[i + 1]
-    return command[-1] if command else "?"
-
-
-def append_log(path: str, text: str) -> bool:
-    try:
-        with open(path, "a", encoding="utf-8", errors="surrogateescape") as log:
-            fcntl.flock(log, fcntl.LOCK_EX)
-            log.write(text)
-        return True
-    except OSError:
-        return False
-
-
-def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> int:
-    unit = output_of(command)
-    events = os.path.join(build_dir, EVENTS)
-    start = time.time()
-    append_line(events, json.dumps({"event": "start", "unit": unit, "t": start}) + "\n")
-
-    proc = None
-
-    def forward(signum, _frame):
-        # ninja signals the whole process group, the compiler included; a signal sent to
-        # this wrapper alone must reach the compiler too. Either way wait for it to end.
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
-    try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        raw, _ = proc.communicate()
-        rc = proc.returncode
-    except OSError as error:
-        raw, rc = f"{command[0] if command else '(no command)'}: {error}\n".encode(), 127
-    seconds = time.time() - start
-    text = raw.decode("utf-8", "surrogateescape")
-
-    shown, hidden = text, 0
-    log = os.path.join(build_dir, COMPILE_LOG)
-    if append_log(log, f"==> {unit}: exit {rc}, {seconds:.1f} s\n{text}"):
-        try:
-            filtered = filter_output(text, quiet_roots)
-            shown, hidden = filtered.shown, filtered.hidden
-        except Exception:  # noqa: BLE001 - a filter bug must not cost the user the output
-            pass
-    if rc != 0 and hidden:
-        shown += (f"({hidden} warnings located in upstream code are not shown here; the whole "
-                  f"output of this compile is in {log})\n")
-    if shown:
-        sys.stdout.buffer.write(shown.encode("utf-8", "surrogateescape"))
-        sys.stdout.flush()
-    append_line(events, json.dumps({"event": "end", "unit": unit, "t": time.time(), "rc": rc,
-                                    "seconds": round(seconds, 3), "hidden": hidden}) + "\n")
-    return rc if rc >= 0 else 128 - rc
 
 
 # --- what ninja is doing (Linux /proc) -------------------------------------------------------
@@ -280,19 +194,22 @@ class BuildState:
     running: dict[str, float] = field(default_factory=dict)  # unit -> start time
     done: dict[str, Done] = field(default_factory=dict)
 
-    def apply(self, event: dict) -> str | None:
-        """Take one event in; return the unit of an end event."""
-        unit, t = event.get("unit"), float(event.get("t", 0))
-        if not unit or t < self.t0:
-            return None  # an earlier build's
-        if event.get("event") == "start":
-            self.running[unit] = t
-            return None
-        if event.get("event") == "end":
-            self.running.pop(unit, None)
-            self.done[unit] = Done(unit_kind(unit), float(event.get("seconds", 0)), int(event.get("rc", 0)),
-                                   int(event.get("hidden", 0)))
-            return unit
+    def apply(self, event: list[str]) -> str | None:
+        """Take one event (the fields of a line of compile_unit.py's events) in; return the
+        unit of an end event."""
+        try:
+            kind, t, unit = event[0], float(event[1]), event[2]
+            if t < self.t0:
+                return None  # an earlier build's
+            if kind == "start":
+                self.running[unit] = t
+            elif kind == "end":
+                rc, seconds, hidden = int(event[3]), float(event[4]), int(event[5])
+                self.running.pop(unit, None)
+                self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden)
+                return unit
+        except (IndexError, ValueError):
+            pass  # not an event line
         return None
 
     @property
@@ -351,7 +268,7 @@ class Monitor:
         append_line(self.progress_log, line + "\n")
         self.last_line = now
 
-    def read_events(self) -> list[dict]:
+    def read_events(self) -> list[list[str]]:
         try:
             with open(self.events, encoding="utf-8", errors="surrogateescape") as f:
                 f.seek(self.offset)
@@ -361,13 +278,7 @@ class Monitor:
             return []
         lines = (self.partial + chunk).split("\n")
         self.partial = lines.pop()  # an event still being written
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return events
+        return [line.split("\t") for line in lines if line]
 
     def status(self, state: BuildState, now: float) -> str:
         done = sum(1 for d in state.done.values() if d.rc == 0)
@@ -442,31 +353,16 @@ class Monitor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["compile"]:
-        try:
-            split = argv.index("--")
-        except ValueError:
-            print("build_progress.py compile: no '--' before the command", file=sys.stderr)
-            return 2
-        options = argparse.ArgumentParser(prog="build_progress.py compile")
-        options.add_argument("--dir", required=True)
-        options.add_argument("--quiet-under", action="append", default=[])
-        args = options.parse_args(argv[1:split])
-        return compile_unit(args.dir, args.quiet_under, argv[split + 1:])
-    if argv[:1] == ["monitor"]:
-        options = argparse.ArgumentParser(prog="build_progress.py monitor")
-        options.add_argument("--dir", required=True)
-        options.add_argument("--jobs", type=int, required=True)
-        options.add_argument("--interval", type=float, default=30.0)
-        args = options.parse_args(argv[1:])
-        try:
-            Monitor(args.dir, args.jobs, args.interval).run()
-        except BaseException:  # noqa: BLE001 - Ctrl-C, a /proc surprise: never fail the build
-            pass
-        return 0
-    print("usage: build_progress.py compile|monitor ...", file=sys.stderr)
-    return 2
+    options = argparse.ArgumentParser(prog="build_monitor.py", description=__doc__.split("\n\n")[0])
+    options.add_argument("--dir", required=True)
+    options.add_argument("--jobs", type=int, required=True)
+    options.add_argument("--interval", type=float, default=30.0)
+    args = options.parse_args(argv)
+    try:
+        Monitor(args.dir, args.jobs, args.interval).run()
+    except BaseException:  # noqa: BLE001 - Ctrl-C, a /proc surprise: never fail the build
+        pass
+    return 0
 
 
 if __name__ == "__main__":
