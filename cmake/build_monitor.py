@@ -299,12 +299,18 @@ class Monitor:
             return
         ninja, own_child = me
         state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
-        for event in self.read_events():
-            state.apply(event)
         planned = planned_units(ninja, self.build_dir)
         state.planned = planned or set()
-        if not state.total:
-            return  # nothing to compile: an up-to-date build
+        for event in self.read_events():
+            state.apply(event)
+        failed = [unit for unit, d in state.done.items() if d.rc != 0]
+        if failed:
+            self.failed(state, failed[0])
+            return
+        if not state.running and not state.waiting:
+            if state.done:  # ninja started this monitor after the compiles
+                self.summary(state)
+            return
         limit = ninja_job_limit(ninja)
         if limit <= min(self.jobs, len(state.waiting) + len(state.running)):
             # ninja counts this monitor against -j: it would take the place of a compile.
@@ -323,19 +329,10 @@ class Monitor:
                 unit = state.apply(event)
                 if unit is None:
                     continue
-                d = state.done[unit]
-                if d.rc != 0:
-                    others = len(state.running)
-                    self.say(state, f"FAILED {unit_name(unit)} ({d.kind}) after {clock(d.seconds)}, exit "
-                                    f"{d.rc}: its errors follow" + (
-                                        f"; ninja stops when the {others} compile"
-                                        f"{'s' if others != 1 else ''} still running end" if others else ""))
+                if state.done[unit].rc != 0:
+                    self.failed(state, unit)
                     return
-                finished = sum(1 for x in state.done.values() if x.rc == 0)
-                self.say(state, f"compiled {unit_name(unit)} ({d.kind}) in {clock(d.seconds)} "
-                                f"[{finished}/{state.total}]" + (
-                                    f"; {about(state.seconds_left(time.time()))} left ({state.basis()})"
-                                    if state.running or state.waiting else ""))
+                self.finished(state, unit)
             now = time.time()
             if planned is not None and not state.running and not state.waiting:
                 break
@@ -345,6 +342,23 @@ class Monitor:
                 break  # ninja runs nothing else: done, interrupted, or nothing to watch
             if state.running and now - self.last_line >= self.interval:
                 self.say(state, self.status(state, now))
+        self.summary(state)
+
+    def finished(self, state: BuildState, unit: str) -> None:
+        d = state.done[unit]
+        count = sum(1 for x in state.done.values() if x.rc == 0)
+        left = state.running or state.waiting
+        self.say(state, f"compiled {unit_name(unit)} ({d.kind}) in {clock(d.seconds)} [{count}/{state.total}]"
+                 + (f"; {about(state.seconds_left(time.time()))} left ({state.basis()})" if left else ""))
+
+    def failed(self, state: BuildState, unit: str) -> None:
+        """Said once, then the monitor ends: ninja prints the unit's errors as soon as it has."""
+        d, others = state.done[unit], len(state.running)
+        self.say(state, f"FAILED {unit_name(unit)} ({d.kind}) after {clock(d.seconds)}, exit {d.rc}: its "
+                        f"errors follow" + (f"; ninja stops when the {others} compile{'s' if others != 1 else ''}"
+                                            f" still running end" if others else ""))
+
+    def summary(self, state: BuildState) -> None:
         hidden = sum(d.hidden for d in state.done.values())
         compiled = sum(1 for d in state.done.values() if d.rc == 0)
         self.say(state, f"{compiled}/{state.total} compiled in {clock(time.time() - state.t0)}"
