@@ -138,13 +138,19 @@ def test_a_failing_unit_fails_the_build_with_its_error_shown_at_once(project):
 
 
 def test_a_real_compile_error_is_shown(project, tmp_path):
+    """The real compiler, with a header that it reads as an upstream (CUTLASS) file: its
+    warning there is noise, its error there is shown."""
+    upstream_file = project["cutlass"] / "include" / "cutlass" / "vfa_test.h"
     broken = tmp_path / "broken.h"
-    broken.write_text("static int vfa_broken_on_purpose = vfa_no_such_symbol;\n")
+    broken.write_text(f'#line 5 "{upstream_file}"\n'
+                      '#warning "an upstream warning, for the log only"\n'
+                      "static int vfa_broken_on_purpose = vfa_no_such_symbol;\n")
     b = build(project, [["hopper/flash_api.cpp", f"real:{broken}"]], "real")
     assert b.returncode != 0
-    b.first("error:", "vfa_no_such_symbol")
+    b.first(f"{upstream_file}:6:", "error:", "vfa_no_such_symbol")
     b.first("[vfa", "FAILED flash_api.cpp (C++)")
-    assert "vfa_no_such_symbol" in b.log
+    assert "for the log only" not in b.output
+    assert "for the log only" in b.log and "vfa_no_such_symbol" in b.log
 
 
 def test_progress_off_leaves_ninjas_own_output(project):

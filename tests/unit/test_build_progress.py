@@ -153,12 +153,14 @@ def test_before_any_unit_finishes_the_estimate_uses_reference_times():
 
 
 def test_finished_units_replace_the_reference_for_their_kind():
-    units = {FA3.format(v) for v in ("a", "b", "c", "d", "e")}
+    units = {FA3.format(v) for v in ("a", "b", "c", "d", "e")} | {CPP.format(""), CPP.format("_2")}
     s = state(jobs=2, planned=units)
+    for cpp in (CPP.format(""), CPP.format("_2")):  # at the reference time: this machine's speed is 1
+        finish(s, cpp, 1000, build_monitor.REFERENCE_SECONDS["C++"])
     finish(s, FA3.format("a"), 1000, 300)
-    # 4 left at 300 s each on 2 jobs
+    # 4 FA3 units left at 300 s each (this build's own mean for FA3, not 153) on 2 jobs
     assert s.seconds_left(1300.0) == pytest.approx(600)
-    assert s.basis() == "from 1 finished unit"
+    assert s.basis() == "from 3 finished units"
 
 
 def test_kinds_not_seen_yet_scale_with_this_machines_speed():
