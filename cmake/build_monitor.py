@@ -354,9 +354,9 @@ class Monitor:
     def failed(self, state: BuildState, unit: str) -> None:
         """Said once, then the monitor ends: ninja prints the unit's errors as soon as it has."""
         d, others = state.done[unit], len(state.running)
+        running = "the compile still running ends" if others == 1 else f"the {others} compiles still running end"
         self.say(state, f"FAILED {unit_name(unit)} ({d.kind}) after {clock(d.seconds)}, exit {d.rc}: its "
-                        f"errors follow" + (f"; ninja stops when the {others} compile{'s' if others != 1 else ''}"
-                                            f" still running end" if others else ""))
+                        f"errors follow" + (f"; ninja stops once {running}" if others else ""))
 
     def summary(self, state: BuildState) -> None:
         hidden = sum(d.hidden for d in state.done.values())

@@ -129,7 +129,7 @@ def test_a_failing_unit_fails_the_build_with_its_error_shown_at_once(project):
     shown = b.first(f"{project['cutlass']}/hopper/flash_api.cpp:12:3: error: deliberate failure of this unit")
     assert shown < b.ended(SLOW) - 1, "the error waited for the other compile to end"
     b.first("[vfa", "FAILED flash_api.cpp (C++)", "its errors follow",
-            "ninja stops when the 1 compile still running end")
+            "ninja stops once the compile still running ends")
     b.first("FAILED: [code=1] CMakeFiles/_vendored_fa3_C.dir/")
     b.first("2 warnings located in upstream code are not shown here", "vfa-compile.log")
     assert "is deprecated" not in b.output
