@@ -47,10 +47,12 @@ function(vfa_setup_build_progress)
   set(python "${Python_EXECUTABLE}" -E -s -S)
   set(wrapper ${python} "${_VFA_COMPILE_UNIT_SCRIPT}" "${CMAKE_BINARY_DIR}"
       --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
+  set(targets "")
   foreach(target IN LISTS ARGN)
     if(NOT TARGET ${target})
       continue()
     endif()
+    list(APPEND targets ${target})
     foreach(lang CXX CUDA)
       get_target_property(launcher ${target} ${lang}_COMPILER_LAUNCHER)
       if(NOT launcher)
@@ -65,8 +67,8 @@ function(vfa_setup_build_progress)
     # The console pool is the one way to print while other commands run (ninja buffers
     # their output); the monitor ends itself and always exits 0 (build_monitor.py).
     add_custom_target(build_progress ALL
-      COMMAND ${python} "${_VFA_BUILD_MONITOR_SCRIPT}" --dir "${CMAKE_BINARY_DIR}" --jobs ${VFA_JOBS}
-              --interval ${VFA_BUILD_PROGRESS_INTERVAL}
+      COMMAND ${python} "${_VFA_BUILD_MONITOR_SCRIPT}" --dir "${CMAKE_BINARY_DIR}" --targets ${targets}
+              --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL}
       COMMENT "vendored-flash-attn: compile progress"
       USES_TERMINAL VERBATIM)
     message(STATUS "vendored-flash-attn: build progress every ${VFA_BUILD_PROGRESS_INTERVAL} s and per "

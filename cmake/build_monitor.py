@@ -1,6 +1,6 @@
 """The progress of the compiles, printed while they run.
 
-    build_monitor.py --dir BUILD_DIR --jobs N --interval S
+    build_monitor.py --dir BUILD_DIR --targets TARGET... --jobs N --interval S
 
 The command of the `build_progress` target (cmake/BuildProgress.cmake), which runs in
 ninja's console pool: the one way to print while other commands run, since ninja
@@ -12,7 +12,8 @@ mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, C++; o
 kind none of which has finished, reference times scaled by this build's speed so far).
 
 While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
-add: when every unit ninja planned (a dry run, `ninja -n`, at its start) has compiled,
+add: when every unit ninja planned for the targets (a dry run, `ninja -n`, at its start)
+has compiled,
 when one fails (ninja then prints that unit's error at once), or when ninja runs nothing
 but the monitor. It also steps aside when ninja's -j leaves no room beside the compile
 jobs (it would take a compile's place). It exits 0 whatever happens: progress must never
@@ -159,13 +160,15 @@ def ninja_job_limit(pid: int) -> int:
     return job_limit(args, cores)
 
 
-def planned_units(ninja_pid: int, build_dir: str) -> set[str] | None:
-    """The compiles ninja still has to run, from a dry run (`ninja -n` writes nothing)."""
+def planned_units(ninja: str, build_dir: str, targets: list[str]) -> set[str] | None:
+    """The compiles `ninja` (the executable) still has to run for `targets`, from a dry run
+    (`ninja -n` writes nothing). Not the default target: that holds this monitor, and
+    while a console-pool edge runs, even a dry one, ninja keeps only the last of the
+    other edges' lines."""
     try:
-        exe = os.readlink(f"/proc/{ninja_pid}/exe")
         env = dict(os.environ, NINJA_STATUS="")
         env.pop("MAKEFLAGS", None)
-        out = subprocess.run([exe, "-n", "-C", build_dir], capture_output=True, text=True, env=env,
+        out = subprocess.run([ninja, "-n", "-C", build_dir, *targets], capture_output=True, text=True, env=env,
                              timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -251,8 +254,9 @@ class BuildState:
 
 
 class Monitor:
-    def __init__(self, build_dir: str, jobs: int, interval: float, poll: float = 0.5):
+    def __init__(self, build_dir: str, targets: list[str], jobs: int, interval: float, poll: float = 0.5):
         self.build_dir = os.path.abspath(build_dir)
+        self.targets = targets
         self.jobs, self.interval, self.poll = jobs, interval, poll
         self.events = os.path.join(self.build_dir, EVENTS)
         self.log = os.path.join(self.build_dir, COMPILE_LOG)
@@ -294,12 +298,15 @@ class Monitor:
     def run(self) -> None:
         me = ninja_ancestor(os.getpid())
         if me is None:
-            print("[vfa] progress: not run by ninja, no progress lines (ninja prints each unit as it ends)",
-                  flush=True)
+            print("[vfa] progress: cannot see ninja's jobs here (it needs Linux /proc); ninja prints each "
+                  "unit as it ends", flush=True)
             return
         ninja, own_child = me
         state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
-        planned = planned_units(ninja, self.build_dir)
+        try:
+            planned = planned_units(os.readlink(f"/proc/{ninja}/exe"), self.build_dir, self.targets)
+        except OSError:
+            planned = None
         state.planned = planned or set()
         for event in self.read_events():
             state.apply(event)
@@ -369,11 +376,12 @@ class Monitor:
 def main(argv: list[str] | None = None) -> int:
     options = argparse.ArgumentParser(prog="build_monitor.py", description=__doc__.split("\n\n")[0])
     options.add_argument("--dir", required=True)
+    options.add_argument("--targets", nargs="+", required=True, help="the targets whose compiles to follow")
     options.add_argument("--jobs", type=int, required=True)
     options.add_argument("--interval", type=float, default=30.0)
     args = options.parse_args(argv)
     try:
-        Monitor(args.dir, args.jobs, args.interval).run()
+        Monitor(args.dir, args.targets, args.jobs, args.interval).run()
     except BaseException:  # noqa: BLE001 - Ctrl-C, a /proc surprise: never fail the build
         pass
     return 0

@@ -195,6 +195,21 @@ def test_the_job_limit_is_read_from_ninjas_command_line():
     assert build_monitor.job_limit(["ninja", "-C", "build"], cores=16) == 18
 
 
+def test_the_dry_run_plans_every_unit_of_the_targets(tmp_path):
+    """A console-pool edge in the dry run (as the monitor's own target is in `all`) would
+    make ninja drop the lines of the edges it runs meanwhile: the dry run names the
+    module targets."""
+    from support.cmake_runner import tool
+    objects = [f"CMakeFiles/m.dir/u{i}.cu.o" for i in range(6)]
+    (tmp_path / "build.ninja").write_text(
+        "rule cc\n  command = touch $out\n  description = Building CUDA object $out\n"
+        "rule monitor\n  command = sleep 1\n  pool = console\n  description = progress\n"
+        + "".join(f"build {o}: cc\n" for o in objects)
+        + f"build m: phony {' '.join(objects)}\nbuild progress: monitor\nbuild all: phony progress m\ndefault all\n")
+    assert build_monitor.planned_units(tool("ninja"), str(tmp_path), ["m"]) == set(objects)
+    assert build_monitor.planned_units(tool("ninja"), str(tmp_path / "missing"), ["m"]) is None
+
+
 # --- the launcher --------------------------------------------------------------------------------
 
 
