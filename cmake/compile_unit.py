@@ -19,8 +19,7 @@ wired in by cmake/BuildProgress.cmake in front of whatever launcher the build al
 
 It never fails or hides anything of its own accord: when its log cannot be written it
 passes the output on unfiltered; events that cannot be written are skipped. It runs once
-per unit, so it imports little (its cost per unit is measured in the README's build
-section).
+per unit, so it imports little (what it costs: docs/PERFORMANCE.md, "Build").
 """
 
 from __future__ import annotations
