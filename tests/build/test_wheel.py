@@ -4,6 +4,7 @@ compiler-cache hits from a second checkout path and build dir."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -136,3 +137,15 @@ def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, sccache_env
     assert hits + misses > 0
     assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"
     assert wheel.name == built["wheel"].name
+
+
+def test_the_build_shows_progress_and_keeps_compiler_output_in_a_log(built):
+    """Through pip -v with sccache: the console-pool monitor reports, the log has every unit."""
+    log = built["log"]
+    assert re.search(r"\[vfa \d+:\d\d\] compiling 22 units, \d+ at a time", log), log[-5000:]
+    assert re.search(r"\[vfa \d+:\d\d\] compiled flash_fwd_hdim128_\w+_sm90\.cu \(FA3 CUDA\) in ", log)
+    assert re.search(r"\[vfa \d+:\d\d\] 22/22 compiled in ", log)
+    assert "Added CUDA NVCC flags" not in log  # torch's -gencode list, which this build replaces
+    assert re.search(r"FA3 8 kernels .* for sm_90a", log)
+    compile_log = next((built["root"] / "checkout-a" / "build").glob("*/vfa-compile.log"))
+    assert compile_log.read_text().count("==> CMakeFiles/") == 22

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("kernels", "overhead", "first_call", "fp8_accuracy", "build")
+SCRIPTS = ("kernels", "overhead", "first_call", "fp8_accuracy", "build", "launcher_overhead")
 
 
 def load(name: str):
@@ -303,6 +303,27 @@ def test_summary_bars_of_the_build_experiment():
     s = build.summarise(builds)
     assert s["warm_over_cold"] == pytest.approx(9 / 240)
     assert [b["verdict"] for b in s["bars"]] == ["PASS", "PASS"]
+
+
+def test_the_isolated_build_is_pips_default_and_is_summarised_beside_the_warm_one(tmp_path):
+    plain = build.pip_wheel_command(tmp_path / "src", tmp_path / "b", tmp_path / "d", {"VFA_PRESET": "minimal"}, False)
+    isolated = build.pip_wheel_command(tmp_path / "src", tmp_path / "b", tmp_path / "d", {"VFA_PRESET": "minimal"},
+                                       True)
+    assert "--no-build-isolation" in plain and "--no-build-isolation" not in isolated
+    assert [a for a in plain if a != "--no-build-isolation"] == isolated
+
+    def stats(hits, misses):
+        return build.parse_sccache_stats({"stats": {"cache_hits": {"counts": {"PTX": hits}},
+                                                    "cache_misses": {"counts": {"PTX": misses}}}})
+    builds = {"cold": {"wall_s": 100.0, "analysis": {"ninja": {"span_s": 90.0}}},
+              "warm": {"wall_s": 20.0, "analysis": {"ninja": {"span_s": 10.0}, "sccache": stats(70, 0)}},
+              "warm-isolated": {"wall_s": 50.0, "isolated": True,
+                                "analysis": {"ninja": {"span_s": 11.0}, "sccache": stats(69, 1)}}}
+    s = build.summarise(builds)
+    assert s["isolated_over_warm"] == pytest.approx(2.5)
+    assert (s["warm_isolated_hits"], s["warm_isolated_misses"]) == (69, 1)
+    assert build.build_row("x", builds["warm-isolated"])[2:] == ["isolated", "50", "11", "69 / 1"]
+    assert build.build_row("x", builds["warm"])[2] == "--no-build-isolation"
 
 
 def test_plain_table_renders():

@@ -1,0 +1,75 @@
+# Build progress: what a user sees while the modules compile.
+#
+# A cold build runs for half an hour on a small machine, and ninja prints a unit only
+# when it ends (minutes without a line), under ~100 warnings about upstream code that no
+# user can act on. So every compile of the given targets goes through
+# cmake/compile_unit.py, in front of the launcher the targets already have (sccache or
+# none): it records when each unit starts and ends and keeps the warnings located in
+# the pinned upstream and CUTLASS off the console. And a `build_progress` target in
+# ninja's console pool (cmake/build_monitor.py) prints, while the units compile, a line
+# per finished unit and every VFA_BUILD_PROGRESS_INTERVAL seconds the units running, how
+# many are done, the elapsed time and an estimate of what is left. Errors, and warnings
+# located anywhere else, are shown as the compiler printed them.
+#
+#   VFA_BUILD_PROGRESS           on (default), off: neither launcher nor monitor
+#   VFA_BUILD_PROGRESS_INTERVAL  seconds between progress lines while units compile (30)
+#
+# In the build dir: vfa-compile.log (every unit's whole compiler output),
+# vfa-progress.log (the progress lines; `tail -f` it where pip runs without -v and
+# shows nothing until the build ends), vfa-progress.tsv (the start/end events).
+#
+# Example, after the targets and the job pool (VFA_JOBS) exist:
+#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)
+#   -- vendored-flash-attn: build progress every 30 s and per finished unit; warnings located
+#      in upstream code go only to <build>/vfa-compile.log, with all compiler output
+
+include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
+
+set(_VFA_COMPILE_UNIT_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compile_unit.py")
+set(_VFA_BUILD_MONITOR_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/build_monitor.py")
+
+function(vfa_setup_build_progress)
+  # Types and ranges are checked by vfa_option (cmake/knobs.json).
+  vfa_option(VFA_BUILD_PROGRESS)
+  vfa_option(VFA_BUILD_PROGRESS_INTERVAL)
+  string(TOLOWER "${VFA_BUILD_PROGRESS}" mode)
+  if(mode STREQUAL "off")
+    return()
+  endif()
+
+  # -E -s -S: the interpreter's standard library only, whatever the environment says.
+  set(python "${Python_EXECUTABLE}" -E -s -S)
+  set(wrapper ${python} "${_VFA_COMPILE_UNIT_SCRIPT}" "${CMAKE_BINARY_DIR}"
+      --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
+  set(targets "")
+  foreach(target IN LISTS ARGN)
+    if(NOT TARGET ${target})
+      continue()
+    endif()
+    list(APPEND targets ${target})
+    foreach(lang CXX CUDA)
+      get_target_property(launcher ${target} ${lang}_COMPILER_LAUNCHER)
+      if(NOT launcher)
+        set(launcher "")
+      endif()
+      set_property(TARGET ${target} PROPERTY ${lang}_COMPILER_LAUNCHER ${wrapper} ${launcher})
+    endforeach()
+  endforeach()
+
+  set(log "${CMAKE_BINARY_DIR}/vfa-compile.log")
+  if(CMAKE_GENERATOR MATCHES "Ninja")
+    # The console pool is the one way to print while other commands run (ninja buffers
+    # their output); the monitor ends itself and always exits 0 (build_monitor.py).
+    add_custom_target(build_progress ALL
+      COMMAND ${python} "${_VFA_BUILD_MONITOR_SCRIPT}" --dir "${CMAKE_BINARY_DIR}" --targets ${targets}
+              --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL}
+      COMMENT "vendored-flash-attn: compile progress"
+      USES_TERMINAL VERBATIM)
+    message(STATUS "vendored-flash-attn: build progress every ${VFA_BUILD_PROGRESS_INTERVAL} s and per "
+      "finished unit; warnings located in upstream code go only to ${log}, with all compiler output")
+  else()
+    message(STATUS "vendored-flash-attn: warnings located in upstream code go only to ${log}, with all "
+      "compiler output (progress lines need the Ninja generator)")
+  endif()
+endfunction()

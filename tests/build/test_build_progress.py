@@ -1,0 +1,175 @@
+"""What a user sees while the modules compile (cmake/BuildProgress.cmake): progress lines
+while a unit is still compiling, upstream warnings kept off the console but in the log,
+errors shown at once and in full.
+
+The project is configured for real on the synthetic upstream; its compiles go through
+tests/support/fake_compiler.py (a slow unit, noise, a failure, a real compile with a
+broken header) so a build takes seconds. The same wiring runs through pip with real
+nvcc and sccache in tests/build/test_wheel.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import clean_env, configure, fetch_sources, tool
+
+FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_compiler.py"
+SLOW = "flash_fwd_hdim128_bf16_paged_sm90"
+
+
+@pytest.fixture(scope="module")
+def project(synthetic, tmp_path_factory):
+    root = tmp_path_factory.mktemp("progress")
+    pin = synthetic.write_pin(root / "pin.json")
+    cache = root / "cache"
+    fetched = fetch_sources({"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache)})
+    assert fetched.returncode == 0, fetched.output
+    launcher = f"{sys.executable};{FAKE}"
+    build = root / "build"
+    defines = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache), "VFA_PRESET": "minimal",
+               "VFA_COMPILER_CACHE": "off"}
+    result = configure(build, {
+        **defines, "CMAKE_CUDA_COMPILER_LAUNCHER": launcher, "CMAKE_CXX_COMPILER_LAUNCHER": launcher,
+        # Two compile jobs whatever this machine has; a progress line every second.
+        "MAX_JOBS": "2", "VFA_BUILD_MEMORY_MB": "65536", "VFA_BUILD_PROGRESS_INTERVAL": "1"})
+    assert result.returncode == 0, result.output[-5000:]
+    assert "Added CUDA NVCC flags" not in result.output  # torch's -gencode line, which we do not use
+    assert "for sm_90a" in result.output
+    cutlass = next((cache / "src").glob("cutlass-*"))
+    empty = root / "empty.o"
+    subprocess.run(["c++", "-x", "c++", "-c", os.devnull, "-o", str(empty)], check=True)
+    return {"root": root, "build": build, "cutlass": cutlass, "defines": defines, "empty": empty,
+            "launcher": launcher}
+
+
+class Build:
+    def __init__(self, returncode: int, lines: list[tuple[float, str]], seconds: float, markers: Path,
+                 log_path: Path):
+        self.returncode, self.lines, self.seconds, self.markers = returncode, lines, seconds, markers
+        self.log_path = log_path
+        self.log = log_path.read_text() if log_path.exists() else ""
+
+    @property
+    def output(self) -> str:
+        return "\n".join(text for _, text in self.lines)
+
+    def first(self, *needles: str) -> float:
+        """When the first line holding every needle was read (time.time())."""
+        for t, text in self.lines:
+            if all(n in text for n in needles):
+                return t
+        raise AssertionError(f"no line with {needles} in:\n{self.output[-6000:]}")
+
+    def ended(self, unit: str) -> float:
+        return float(next(self.markers.glob(f"{unit}*.ended")).read_text())
+
+
+def build(project, plan: list[list[str]], name: str, timeout: float = 120) -> Build:
+    """`cmake --build` from clean, its output read line by line as it comes (no TTY, as in CI)."""
+    build_dir = project["build"]
+    subprocess.run([tool("cmake"), "--build", str(build_dir), "--target", "clean"], env=clean_env(),
+                   capture_output=True, check=True)
+    (build_dir / "vfa-compile.log").unlink(missing_ok=True)
+    markers = project["root"] / f"markers-{name}"
+    markers.mkdir()
+    env = clean_env(FAKE_COMPILE_PLAN=json.dumps(plan), FAKE_MARKERS=str(markers),
+                    FAKE_NOISE_ROOT=str(project["cutlass"]), FAKE_EMPTY_OBJECT=str(project["empty"]))
+    start = time.time()
+    proc = subprocess.Popen([tool("cmake"), "--build", str(build_dir)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines = []
+    for line in proc.stdout:
+        lines.append((time.time(), line.rstrip("\n")))
+        assert time.time() - start < timeout, "the build hangs"
+    proc.wait(timeout=timeout)
+    return Build(proc.returncode, lines, time.time() - start, markers, build_dir / "vfa-compile.log")
+
+
+@pytest.fixture(scope="module")
+def slow(project) -> Build:
+    """One build for two tests: a slow unit among fast ones, every unit printing noise."""
+    return build(project, [[SLOW, "sleep:4"]], "slow")
+
+
+def test_progress_lines_appear_while_a_slow_unit_compiles(slow):
+    b = slow
+    assert b.returncode == 0, b.output[-5000:]
+    b.first("[vfa", "compiling 22 units, 2 at a time")
+    seen = b.first("[vfa", "compiled;", f"running {SLOW}.cu", "left")
+    assert seen < b.ended(SLOW) - 0.5, "the progress line came only when the slow unit ended"
+    b.first("[vfa", f"compiled {SLOW}.cu (FA3 CUDA)", "[22/22]")
+    # ninja's own lines follow once the monitor is done, and the modules link.
+    b.first("Linking CXX shared module _vendored_fa3_C")
+    progress = (b.log_path.parent / "vfa-progress.log").read_text()
+    assert f"running {SLOW}.cu" in progress
+
+
+def test_upstream_warnings_go_to_the_log_not_the_console(slow):
+    b = slow
+    assert b.returncode == 0, b.output[-5000:]
+    assert "is deprecated" not in b.output and "note: declared here" not in b.output
+    assert b.output.count("unused variable \u2018ours\u2019") == 22  # a warning that is not upstream's
+    b.first("[vfa", "22/22 compiled", "44 warnings in upstream code not shown here", str(b.log_path))
+    assert b.log.count("\u2018long4\u2019 is deprecated") == 22
+    assert b.log.count("note: declared here") == 44
+    assert b.log.count("==> CMakeFiles/") == 22
+
+
+def test_a_failing_unit_fails_the_build_with_its_error_shown_at_once(project):
+    plan = [["hopper/flash_api.cpp", f"fail-after:{SLOW}"], [SLOW, "sleep:4"]]
+    b = build(project, plan, "fail")
+    assert b.returncode != 0
+    # A rebuild: ninja now knows the monitor runs long and starts it first, in its dry run
+    # too; the count must still hold every unit.
+    b.first("[vfa", "compiling 22 units, 2 at a time")
+    shown = b.first(f"{project['cutlass']}/hopper/flash_api.cpp:12:3: error: deliberate failure of this unit")
+    assert shown < b.ended(SLOW) - 1, "the error waited for the other compile to end"
+    b.first("[vfa", "FAILED flash_api.cpp (C++)", "its errors follow",
+            "ninja stops once the compile still running ends")
+    b.first("FAILED: [code=1] CMakeFiles/_vendored_fa3_C.dir/")
+    b.first("2 warnings located in upstream code are not shown here", "vfa-compile.log")
+    assert "is deprecated" not in b.output
+    assert "deliberate failure" in b.log and "is deprecated" in b.log
+    assert b.seconds < 4 + 30  # stops once the slow unit ends: no hang
+
+
+def test_a_real_compile_error_is_shown(project, tmp_path):
+    """The real compiler, with a header that it reads as an upstream (CUTLASS) file: its
+    warning there is noise, its error there is shown."""
+    upstream_file = project["cutlass"] / "include" / "cutlass" / "vfa_test.h"
+    broken = tmp_path / "broken.h"
+    broken.write_text(f'#line 5 "{upstream_file}"\n'
+                      '#warning "an upstream warning, for the log only"\n'
+                      "static int vfa_broken_on_purpose = vfa_no_such_symbol;\n")
+    b = build(project, [["hopper/flash_api.cpp", f"real:{broken}"]], "real")
+    assert b.returncode != 0
+    b.first(f"{upstream_file}:6:", "error:", "vfa_no_such_symbol")
+    b.first("[vfa", "FAILED flash_api.cpp (C++)")
+    assert "for the log only" not in b.output
+    assert "for the log only" in b.log and "vfa_no_such_symbol" in b.log
+
+
+def test_progress_off_leaves_ninjas_own_output(project):
+    """Reconfigures the module's build dir (seconds: the compilers are known by then)."""
+    knobs = {**project["defines"], "CMAKE_CUDA_COMPILER_LAUNCHER": project["launcher"],
+             "CMAKE_CXX_COMPILER_LAUNCHER": project["launcher"], "MAX_JOBS": "2", "VFA_BUILD_MEMORY_MB": "65536"}
+    build_dir = project["build"]
+    try:
+        off = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS": "off"})
+        assert off.returncode == 0, off.output[-3000:]
+        ninja_file = (build_dir / "build.ninja").read_text()
+        assert "build_progress" not in ninja_file and "compile_unit.py" not in ninja_file
+        assert f"LAUNCHER = {project['launcher'].replace(';', ' ')} " in ninja_file
+        bad = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS_INTERVAL": "soon"})
+        assert bad.returncode != 0 and "VFA_BUILD_PROGRESS_INTERVAL" in bad.text and "is not an integer from 1 to 99999" in bad.text
+    finally:
+        again = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS": "on", "VFA_BUILD_PROGRESS_INTERVAL": "1"})
+        assert again.returncode == 0, again.output[-3000:]
+    assert "compile_unit.py" in (build_dir / "build.ninja").read_text()

@@ -1,0 +1,247 @@
+"""CPU checks of the build-progress scripts (cmake/compiler_output.py, cmake/compile_unit.py,
+cmake/build_monitor.py): which compiler output is upstream noise, the launcher's events
+and exit status, and the estimate of what is left of a build.
+The same scripts run end to end in tests/build/test_build_monitor.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
+
+
+def load(name: str):
+    if str(CMAKE_DIR) not in sys.path:
+        sys.path.insert(0, str(CMAKE_DIR))
+    spec = importlib.util.spec_from_file_location(name, CMAKE_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+compiler_output = load("compiler_output")
+compile_unit = load("compile_unit")
+build_monitor = load("build_monitor")
+
+CUTLASS = "/cache/src/cutlass-62750a2b75c8"
+FA = "/cache/src/flash-attention-617264c1c795"
+ROOTS = [CUTLASS, FA]
+
+# What gcc printed for flash_api.cpp of the pinned upstream with CUDA 13 (first two of
+# its five warnings; paths shortened), then an error of ours appended.
+GCC_LONG4 = f"""\
+In file included from {CUTLASS}/include/cutlass/integer_subbyte.h:47,
+                 from {CUTLASS}/include/cutlass/numeric_types.h:40,
+                 from {FA}/csrc/flash_attn/flash_api.cpp:32:
+{CUTLASS}/include/cutlass/platform/platform.h:599:21: warning: \u2018long4\u2019 is deprecated: use long4_16a or long4_32a [-Wdeprecated-declarations]
+  599 | struct alignment_of<long4> {{
+      |                     ^~~~~
+In file included from /usr/local/cuda-13.0/include/driver_types.h:61,
+                 from /usr/local/cuda-13.0/include/builtin_types.h:59,
+                 from {FA}/csrc/flash_attn/flash_api.cpp:15:
+/usr/local/cuda-13.0/include/vector_types.h:532:98: note: declared here
+  532 | typedef __device_builtin__ struct long4 __VECTOR_TYPE_DEPRECATED__("use long4_16a or long4_32a") long4;
+      |                                                                                                  ^~~~~
+{CUTLASS}/include/cutlass/platform/platform.h:603:21: warning: \u2018ulong4\u2019 is deprecated: use ulong4_16a or ulong4_32a [-Wdeprecated-declarations]
+  603 | struct alignment_of<ulong4> {{
+      |                     ^~~~~~
+/usr/local/cuda-13.0/include/vector_types.h:533:101: note: declared here
+  533 | typedef __device_builtin__ struct ulong4 __VECTOR_TYPE_DEPRECATED__("use ulong4_16a or ulong4_32a") ulong4;
+      |                                                                                                     ^~~~~~
+"""
+
+# nvcc 13's cudafe++ (format as printed for a small file; paths made absolute).
+CUDAFE = f"""\
+{CUTLASS}/include/h.h(2): warning #177-D: variable "unused_in_upstream" was declared but never referenced
+  __attribute__((device)) int f() {{ int unused_in_upstream; return 1; }}
+                                        ^
+
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+/build/generated/ours.cu(2): warning #177-D: variable "mine" was declared but never referenced
+  __attribute__((global)) void k(int* p) {{ int mine; }}
+                                               ^
+
+"""
+
+
+def test_upstream_warnings_and_their_notes_are_noise():
+    assert compiler_output.filter_output(GCC_LONG4, ROOTS) == ("", 2)
+
+
+def test_an_error_after_upstream_noise_is_shown_whole():
+    error = (f"In file included from {FA}/hopper/flash_api.cpp:3:\n"
+             f"{FA}/hopper/flash.h:10:3: error: \u2018x\u2019 was not declared in this scope\n"
+             f"   10 |   x = 1;\n      |   ^\n")
+    # located in upstream, but an error: never noise
+    assert compiler_output.filter_output(GCC_LONG4 + error, ROOTS) == (error, 2)
+
+
+def test_warnings_elsewhere_and_tool_messages_are_shown():
+    ours = "/build/generated/fa2_missing_kernels.cpp:7:5: warning: unused variable \u2018y\u2019 [-Wunused-variable]\n"
+    tool = "cc1plus: warning: command-line option \u2018-Wno-x\u2019 is valid for C but not for C++\n"
+    ptxas = "ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes spill stores\n"
+    assert compiler_output.filter_output(GCC_LONG4 + tool + ptxas + ours, ROOTS) == (tool + ptxas + ours, 2)
+
+
+def test_cudafe_warnings_are_grouped_and_filtered_by_location():
+    shown, hidden = compiler_output.filter_output(CUDAFE, ROOTS)
+    assert hidden == 1
+    assert "unused_in_upstream" not in shown
+    assert shown.startswith("/build/generated/ours.cu(2): warning #177-D")
+    assert "int mine" in shown
+
+
+def test_warnings_from_template_instantiations_keep_their_context():
+    text = (f"{CUTLASS}/include/cute/tensor.hpp: In instantiation of \u2018void f() [with T = int]\u2019:\n"
+            f"{FA}/hopper/flash_fwd.cu:10:5:   required from here\n"
+            f"{CUTLASS}/include/cute/tensor.hpp:3:7: warning: unused variable \u2018x\u2019 [-Wunused-variable]\n"
+            f"    3 |   int x;\n")
+    assert compiler_output.filter_output(text, ROOTS) == ("", 1)
+    # The same warning in a header that is not upstream's is shown with its context.
+    assert compiler_output.filter_output(text, ["/elsewhere"]) == (text, 0)
+
+
+def test_a_root_is_a_folder_not_a_prefix():
+    text = f"{CUTLASS}-patched/include/x.h:1:1: warning: something\n"
+    assert compiler_output.filter_output(text, ROOTS) == (text, 0)
+
+
+def test_nothing_is_lost_between_groups():
+    text = GCC_LONG4 + CUDAFE + "1 error detected in the compilation of \"x.cu\".\n"
+    groups = compiler_output.split_diagnostics(text)
+    assert "".join(line for g in groups for line in g.lines) == text
+
+
+# --- the estimate ------------------------------------------------------------------------------
+
+FA3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_{}_sm90.cu.o"
+FA2 = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_hdim128_bf16_{}_sm80.cu.o"
+CPP = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api{}.cpp.o"
+
+
+def test_units_are_classified_by_module_and_language():
+    assert build_monitor.unit_kind(FA3.format("paged")) == "FA3 CUDA"
+    assert build_monitor.unit_kind(FA2.format("causal")) == "FA2 CUDA"
+    assert build_monitor.unit_kind(CPP.format("")) == "C++"
+    assert build_monitor.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
+
+
+def state(jobs=2, **kw):
+    s = build_monitor.BuildState(t0=1000.0, jobs=jobs)
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def finish(s, unit, start, seconds, rc=0):
+    s.apply(["start", str(start), unit])
+    s.apply(["end", str(start + seconds), unit, str(rc), str(seconds), "0"])
+
+
+def test_before_any_unit_finishes_the_estimate_uses_reference_times():
+    units = {FA3.format(v) for v in ("a", "b", "c", "d")}
+    s = state(jobs=2, planned=units)
+    ref = build_monitor.REFERENCE_SECONDS["FA3 CUDA"]
+    assert s.seconds_left(1000.0) == pytest.approx(2 * ref)
+    assert s.basis() == "from reference times"
+
+
+def test_finished_units_replace_the_reference_for_their_kind():
+    units = {FA3.format(v) for v in ("a", "b", "c", "d", "e")} | {CPP.format(""), CPP.format("_2")}
+    s = state(jobs=2, planned=units)
+    for cpp in (CPP.format(""), CPP.format("_2")):  # at the reference time: this machine's speed is 1
+        finish(s, cpp, 1000, build_monitor.REFERENCE_SECONDS["C++"])
+    finish(s, FA3.format("a"), 1000, 300)
+    # 4 FA3 units left at 300 s each (this build's own mean for FA3, not 153) on 2 jobs
+    assert s.seconds_left(1300.0) == pytest.approx(600)
+    assert s.basis() == "from 3 finished units"
+
+
+def test_kinds_not_seen_yet_scale_with_this_machines_speed():
+    s = state(jobs=1, planned={CPP.format(""), FA2.format("a")})
+    finish(s, CPP.format(""), 1000, 2 * build_monitor.REFERENCE_SECONDS["C++"])  # twice as slow
+    assert s.seconds_left(1010.0) == pytest.approx(2 * build_monitor.REFERENCE_SECONDS["FA2 CUDA"])
+
+
+def test_running_units_count_with_what_is_left_of_them():
+    s = state(jobs=2, planned={FA3.format("a"), FA3.format("b"), FA3.format("c")})
+    finish(s, FA3.format("a"), 1000, 100)
+    s.apply(["start", "1100.0", FA3.format("b")])
+    s.apply(["start", "1100.0", FA3.format("c")])
+    assert s.seconds_left(1160.0) == pytest.approx(40)
+    # A unit running past its expected cost still counts for something, never zero.
+    assert 0 < s.seconds_left(1400.0) < 40
+
+
+def test_events_of_an_earlier_build_are_ignored():
+    s = state(jobs=2, planned={FA3.format("a")})
+    s.apply(["end", "900.0", FA3.format("z"), "1", "1.0", "0"])
+    s.apply(["a line that is no event"])
+    assert s.done == {} and s.total == 1
+
+
+def test_the_job_limit_is_read_from_ninjas_command_line():
+    assert build_monitor.job_limit(["ninja", "-j", "7", "all"], cores=2) == 7
+    assert build_monitor.job_limit(["ninja", "-j12"], cores=2) == 12
+    assert build_monitor.job_limit(["ninja", "-j0"], cores=2) == 1 << 30
+    # ninja's own default: 3 on 2 cores, cores + 2 above
+    assert build_monitor.job_limit(["ninja"], cores=2) == 3
+    assert build_monitor.job_limit(["ninja", "-C", "build"], cores=16) == 18
+
+
+def test_the_dry_run_plans_every_unit_of_the_targets(tmp_path):
+    """A console-pool edge in the dry run (as the monitor's own target is in `all`) would
+    make ninja drop the lines of the edges it runs meanwhile: the dry run names the
+    module targets."""
+    from support.cmake_runner import tool
+    objects = [f"CMakeFiles/m.dir/u{i}.cu.o" for i in range(6)]
+    (tmp_path / "build.ninja").write_text(
+        "rule cc\n  command = touch $out\n  description = Building CUDA object $out\n"
+        "rule monitor\n  command = sleep 1\n  pool = console\n  description = progress\n"
+        + "".join(f"build {o}: cc\n" for o in objects)
+        + f"build m: phony {' '.join(objects)}\nbuild progress: monitor\nbuild all: phony progress m\ndefault all\n")
+    assert build_monitor.planned_units(tool("ninja"), str(tmp_path), ["m"]) == set(objects)
+    assert build_monitor.planned_units(tool("ninja"), str(tmp_path / "missing"), ["m"]) is None
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
+def launch(tmp_path, script: str, roots=(CUTLASS,)):
+    """compile_unit.py in front of a `compiler` that is a shell script."""
+    import subprocess
+    args = [f for r in roots for f in ("--quiet-under", r)]
+    return subprocess.run([sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(tmp_path),
+                           *args, "--", "sh", "-c", script, "-o", "CMakeFiles/m.dir/x.cu.o"],
+                          capture_output=True, text=True)
+
+
+def test_the_launcher_passes_on_the_exit_status_and_records_the_unit(tmp_path):
+    noisy = GCC_LONG4.replace("'", "'\\''")
+    run = launch(tmp_path, f"printf '%s' '{noisy}'; echo 'x.cu:1:1: error: ours' >&2; exit 3")
+    assert run.returncode == 3
+    assert run.stdout == "x.cu:1:1: error: ours\n(2 warnings located in upstream code are not shown here; " \
+                         f"the whole output of this compile is in {tmp_path}/vfa-compile.log)\n"
+    log = (tmp_path / "vfa-compile.log").read_text()
+    assert log.startswith("==> CMakeFiles/m.dir/x.cu.o: exit 3, ") and "\u2018long4\u2019" in log
+    events = [line.split("\t") for line in (tmp_path / "vfa-progress.tsv").read_text().splitlines()]
+    assert [e[0] for e in events] == ["start", "end"]
+    assert events[1][2:4] == ["CMakeFiles/m.dir/x.cu.o", "3"] and events[1][5] == "2"
+
+
+def test_the_launcher_shows_everything_when_it_cannot_keep_a_log(tmp_path):
+    noisy = GCC_LONG4.replace("'", "'\\''")
+    run = launch(tmp_path / "missing", f"printf '%s' '{noisy}'")
+    assert run.returncode == 0
+    assert run.stdout == GCC_LONG4
+
+
+def test_a_compiler_killed_by_a_signal_fails_the_unit(tmp_path):
+    run = launch(tmp_path, "kill -9 $$")
+    assert run.returncode == 137
