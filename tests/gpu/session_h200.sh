@@ -48,8 +48,10 @@ export PATH=/tmp/vfa-site/bin:$PATH PYTHONPATH=/tmp/vfa-site${PYTHONPATH:+:$PYTH
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
 export VFA_SOURCE_CACHE=/tmp/vfa-source-cache
 
+# EXTRA_DEFINES and SOURCE_CACHE_FROM let the CPU machine try the stages on the tests'
+# synthetic upstream (its pin, an empty cache to fetch into).
 COMMON=(-Ccmake.define.TORCH_CUDA_ARCH_LIST=9.0 -Ccmake.define.VFA_FA2_SM90_SASS=ON
-        -Ccmake.define.VFA_FA2_PTX=OFF)
+        -Ccmake.define.VFA_FA2_PTX=OFF ${EXTRA_DEFINES:-})
 # Memory: A ~140 GB of compiles, B 32 GB here plus 6 build-server slots of 8 GB.
 DEFINES_A=(-Ccmake.define.VFA_PRESET=full -Ccmake.define.VFA_FA3_HEAD_DIMS=128,256
            -Ccmake.define.VFA_FA2_HEAD_DIMS=128,256 -Ccmake.define.VFA_BUILD_MEMORY_MB=140000)
@@ -104,7 +106,7 @@ wait_builds() {
 case "$STAGE" in
 start)
   rm -rf "${RES:?}"/* "$VFA_SOURCE_CACHE"
-  cp -a .upstream-cache "$VFA_SOURCE_CACHE"
+  cp -a "${SOURCE_CACHE_FROM:-.upstream-cache}" "$VFA_SOURCE_CACHE"
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; free -g | head -2
     nvcc --version | tail -2; cmake --version | head -1
     "$PY" -c 'import torch, sys; print(sys.version.split()[0], torch.__version__)'; sccache --version
@@ -119,7 +121,8 @@ start)
     < /dev/null > "$RES/detached-A.log" 2>&1 &
   mkdir -p "$RES/dist"
   setsid bash -c "SCCACHE_SERVER_PORT=4300 RESULTS='$RES/dist' OUT='$RES/dist' DIST_SLOTS=6 \
-      BUILD_DEFINES='$DEFINES_B' '$SRC_B/tests/gpu/run_dist_h200.sh' dist; echo \$? > '$RES/build-B.rc'" \
+      BUILD_DEFINES='$DEFINES_B ${EXTRA_DEFINES:-}' '$SRC_B/tests/gpu/run_dist_h200.sh' dist; \
+      echo \$? > '$RES/build-B.rc'" \
     < /dev/null > "$RES/detached-B.log" 2>&1 &
   wait_builds A B
   ;;
@@ -146,6 +149,13 @@ test)
   rc=0
   "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
     --junitxml="$RES/gpu-junit.xml" -q -ra 2>&1 | tee "$RES/gpu-tests.log" || rc=1
+  "$PY" "$ROOT/.buildkite/scripts/check_gpu_junit.py" "$RES/gpu-junit.xml" --forbid-skip "FA3 not usable" \
+    --forbid-skip "FA2 not usable" 2>&1 | tail -n 30 > "$RES/gpu-junit-check.txt" || rc=1
+  # The same suite on B (the minimal preset, two-level off): what a minimal wheel refuses
+  # and falls back from (no FA3 softcap, no sparse), and the long-context FP8 test's skip.
+  (cd /tmp && PYTHONPATH=/tmp/vfa-wheel-b:$PYTHONPATH "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider \
+    -o pythonpath= --junitxml="$RES/gpu-junit-B.xml" -q -ra) > "$RES/gpu-tests-B.log" 2>&1 || rc=1
+  tail -n 3 "$RES/gpu-tests-B.log"
   fp8_args=(--shapes prefill_4x2k decode_32x8k --distributions gaussian llama_like --plain)
   "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" "${fp8_args[@]}" > "$RES/fp8-on.log" 2>&1 || rc=1
   (cd /tmp && PYTHONPATH=/tmp/vfa-wheel-b:$PYTHONPATH "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" \
