@@ -120,7 +120,7 @@ start)
     sccache --show-stats --stats-format=json > '$RES/dist/sccache-local-cold.json'" \
     < /dev/null > "$RES/detached-A.log" 2>&1 &
   mkdir -p "$RES/dist"
-  setsid bash -c "SCCACHE_SERVER_PORT=4300 RESULTS='$RES/dist' OUT='$RES/dist' DIST_SLOTS=6 \
+  setsid bash -c "SCCACHE_SERVER_PORT=4300 RESULTS='$RES/dist' OUT='$RES/dist-out' DIST_SLOTS=6 \
       BUILD_DEFINES='$DEFINES_B ${EXTRA_DEFINES:-}' '$SRC_B/tests/gpu/run_dist_h200.sh' dist; \
       echo \$? > '$RES/build-B.rc'" \
     < /dev/null > "$RES/detached-B.log" 2>&1 &
