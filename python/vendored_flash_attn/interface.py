@@ -17,6 +17,7 @@ from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .kernels import dtype_name, dtype_problem, head_size_problem
+from .op_schemas import OP_NAMESPACES
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
 from .scheduler_metadata import forget_verdicts, op_error, record as record_scheduler_metadata
 from .scheduler_metadata import records as scheduler_metadata_records
@@ -25,7 +26,6 @@ from .validation import (_integer, _is_local, check_q_device, check_varlen_call,
                          quick_check_varlen_call)
 
 _E4M3 = torch.float8_e4m3fn
-OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
 
 
 def _component(version: int) -> ComponentInfo:

@@ -49,24 +49,16 @@ import torch
 
 from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
-from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
-from .interface import OP_NAMESPACES
+from .errors import FlashAttnTypeError, FlashAttnUnavailableError
+from .interface import maybe_contiguous
 from .kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
+from .op_schemas import OP_NAMESPACES
 from .selector import resolve_device_index, version_problem
-from .validation import _integer, _same_device, _tensor, check_q_device
+from .validation import _fail, _integer, _same_device, _tensor, check_q_device
 
 BLOCK_M = 64   # query rows per row block (kBlockM of the hdim-128 sparse kernel traits)
 BLOCK_N = 64   # keys per listed block (kBlockN)
 _INT32_LIMIT = 2 ** 31  # the kernel computes index-tensor offsets in int
-
-
-def _fail(message: str) -> None:
-    raise FlashAttnInputError(message)
-
-
-def maybe_contiguous(x):
-    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
 # --- the ops ---------------------------------------------------------------------------
