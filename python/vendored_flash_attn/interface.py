@@ -19,7 +19,7 @@ from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailabl
 from .kernels import dtype_name, dtype_problem, head_size_problem
 from .op_schemas import OP_NAMESPACES
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
-from .scheduler_metadata import forget_verdicts, op_error, record as record_scheduler_metadata
+from .scheduler_metadata import op_error, record as record_scheduler_metadata
 from .scheduler_metadata import records as scheduler_metadata_records
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
 from .validation import (_integer, _is_local, check_q_device, check_varlen_call,
@@ -70,7 +70,6 @@ def _device_index(tensor: torch.Tensor) -> int:
 # microseconds on every layer of every step.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
-on_environment_change(forget_verdicts)
 
 # Bits of the resolution key: the FA3 kernel features a call needs (the selector falls
 # back to FA2 when this wheel's FA3 lacks one that FA2 has).
