@@ -163,24 +163,37 @@ def get_scheduler_metadata(
     if len(window_size) != 2:
         raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
     window = (int(window_size[0]), int(window_size[1]))
+    if pack_gqa is not None:
+        pack_gqa = bool(pack_gqa)
     name = dtype_name(qkv_dtype)
     problem = dtype_problem(3, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
-        3, comp, int(headdim), int(headdim_v), name)
+        3, comp, headdim, headdim_v, name)
     if problem:
         raise FlashAttnInputError(f"get_scheduler_metadata: {problem}")
-    if num_heads_kv < 1 or num_heads_q % num_heads_kv:
+    if num_heads_q % num_heads_kv:
         raise FlashAttnInputError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv "
                                   f"({num_heads_kv})")
     if tuple(cache_seqlens.shape) != (batch_size,):
         raise FlashAttnInputError(f"cache_seqlens must have shape ({batch_size},), got "
                                   f"{tuple(cache_seqlens.shape)}")
-    for label, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
-                     ("cache_leftpad", cache_leftpad)):
-        if x is not None and x.device != cache_seqlens.device:
+    # The op's prepare kernel reads these through raw int32 pointers, `length` entries each.
+    for label, x, length in (("cu_seqlens_q", cu_seqlens_q, batch_size + 1),
+                             ("cu_seqlens_k_new", cu_seqlens_k_new, batch_size + 1),
+                             ("cache_leftpad", cache_leftpad, batch_size)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise FlashAttnTypeError(f"{label} must be a torch.Tensor or None, got {type(x).__name__}")
+        if x.device != cache_seqlens.device:
             raise FlashAttnInputError(f"{label} is on {x.device} but cache_seqlens is on "
                                       f"{cache_seqlens.device}")
-        if x is not None and x.dtype != torch.int32:
+        if x.dtype != torch.int32:
             raise FlashAttnTypeError(f"{label} must have dtype torch.int32, got {x.dtype}")
+        if tuple(x.shape) != (length,):
+            raise FlashAttnInputError(f"{label} must have shape ({length},) for batch_size={batch_size}, "
+                                      f"got {tuple(x.shape)}")
+        if not x.is_contiguous():
+            raise FlashAttnInputError(f"{label} must be contiguous; pass {label}.contiguous()")
     cache_seqlens = maybe_contiguous(cache_seqlens)
     metadata = _ops(3).get_scheduler_metadata(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
@@ -203,7 +216,7 @@ def get_scheduler_metadata(
     record_scheduler_metadata(metadata, MetadataArgs(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
         qkv_dtype, cu_seqlens_q is not None, page_size, bool(causal), window, bool(has_softcap),
-        num_splits, None if pack_gqa is None else bool(pack_gqa), sm_margin, max_seqlen_k_new,
+        num_splits, pack_gqa, sm_margin, max_seqlen_k_new,
         cu_seqlens_k_new is not None, cache_leftpad is not None))
     return metadata
 
