@@ -352,10 +352,12 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
 # check_varlen_call, so the messages and the verdicts stay its own: this is a
 # conservative shortcut, never a second set of rules.
 #
-# Nothing is left to the compiled ops' own argument checks: on the H200 with torch
-# 2.11, a failing check inside an op (upstream's STD_TORCH_CHECK in mha_fwd) killed the
-# process with a segmentation fault instead of raising (tests/gpu/test_bad_input.py
-# found it when this path once relied on them).
+# Nothing is left to the compiled ops' own argument checks: their messages name C++
+# internals, and a module linked with a private static libstdc++ died on a failing
+# STD_TORCH_CHECK (SIGSEGV) instead of raising - found by tests/gpu/test_bad_input.py when
+# this path once relied on them; cmake/CxxRuntime.cmake now refuses such a compiler. The
+# one check left to an op is scheduler_metadata's size for a tensor get_scheduler_metadata
+# did not return (scheduler_metadata.op_error), which Python cannot know.
 
 # id(comp) -> (comp, signatures accepted for it). The entry holds comp: while it is
 # alive its id cannot be reused by another ComponentInfo (a verdict keyed on a bare
