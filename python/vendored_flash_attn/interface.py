@@ -100,9 +100,11 @@ def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
         if selection.version is None:
             raise FlashAttnUnavailableError(f"no usable FlashAttention version: {selection.reason}")
         return selection.version
-    if fa_version not in (2, 3):
+    # A tensor would compare equal to 3 elementwise, but key _resolved by its id: refused.
+    if isinstance(fa_version, torch.Tensor) or fa_version not in (2, 3):
         raise FlashAttnInputError(f"fa_version must be 2, 3 or None (let the selector choose), "
                                   f"got {fa_version!r}")
+    fa_version = int(fa_version)
     problem = version_problem(fa_version, _device_index(tensor))
     if problem is not None:
         raise FlashAttnUnavailableError(f"fa_version={fa_version} cannot run here: {problem}")
