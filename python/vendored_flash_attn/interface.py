@@ -17,15 +17,15 @@ from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .kernels import dtype_name, dtype_problem, head_size_problem
+from .op_schemas import OP_NAMESPACES
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
-from .scheduler_metadata import forget_verdicts, op_error, record as record_scheduler_metadata
+from .scheduler_metadata import op_error, record as record_scheduler_metadata
 from .scheduler_metadata import records as scheduler_metadata_records
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
 from .validation import (_integer, _is_local, check_q_device, check_varlen_call,
                          quick_check_varlen_call)
 
 _E4M3 = torch.float8_e4m3fn
-OP_NAMESPACES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
 
 
 def _component(version: int) -> ComponentInfo:
@@ -70,7 +70,6 @@ def _device_index(tensor: torch.Tensor) -> int:
 # microseconds on every layer of every step.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
-on_environment_change(forget_verdicts)
 
 # Bits of the resolution key: the FA3 kernel features a call needs (the selector falls
 # back to FA2 when this wheel's FA3 lacks one that FA2 has).
@@ -101,9 +100,11 @@ def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
         if selection.version is None:
             raise FlashAttnUnavailableError(f"no usable FlashAttention version: {selection.reason}")
         return selection.version
-    if fa_version not in (2, 3):
+    # A tensor would compare equal to 3 elementwise, but key _resolved by its id: refused.
+    if isinstance(fa_version, torch.Tensor) or fa_version not in (2, 3):
         raise FlashAttnInputError(f"fa_version must be 2, 3 or None (let the selector choose), "
                                   f"got {fa_version!r}")
+    fa_version = int(fa_version)
     problem = version_problem(fa_version, _device_index(tensor))
     if problem is not None:
         raise FlashAttnUnavailableError(f"fa_version={fa_version} cannot run here: {problem}")
@@ -164,24 +165,37 @@ def get_scheduler_metadata(
     if len(window_size) != 2:
         raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
     window = (int(window_size[0]), int(window_size[1]))
+    if pack_gqa is not None:
+        pack_gqa = bool(pack_gqa)
     name = dtype_name(qkv_dtype)
     problem = dtype_problem(3, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
-        3, comp, int(headdim), int(headdim_v), name)
+        3, comp, headdim, headdim_v, name)
     if problem:
         raise FlashAttnInputError(f"get_scheduler_metadata: {problem}")
-    if num_heads_kv < 1 or num_heads_q % num_heads_kv:
+    if num_heads_q % num_heads_kv:
         raise FlashAttnInputError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv "
                                   f"({num_heads_kv})")
     if tuple(cache_seqlens.shape) != (batch_size,):
         raise FlashAttnInputError(f"cache_seqlens must have shape ({batch_size},), got "
                                   f"{tuple(cache_seqlens.shape)}")
-    for label, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
-                     ("cache_leftpad", cache_leftpad)):
-        if x is not None and x.device != cache_seqlens.device:
+    # The op's prepare kernel reads these through raw int32 pointers, `length` entries each.
+    for label, x, length in (("cu_seqlens_q", cu_seqlens_q, batch_size + 1),
+                             ("cu_seqlens_k_new", cu_seqlens_k_new, batch_size + 1),
+                             ("cache_leftpad", cache_leftpad, batch_size)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise FlashAttnTypeError(f"{label} must be a torch.Tensor or None, got {type(x).__name__}")
+        if x.device != cache_seqlens.device:
             raise FlashAttnInputError(f"{label} is on {x.device} but cache_seqlens is on "
                                       f"{cache_seqlens.device}")
-        if x is not None and x.dtype != torch.int32:
+        if x.dtype != torch.int32:
             raise FlashAttnTypeError(f"{label} must have dtype torch.int32, got {x.dtype}")
+        if tuple(x.shape) != (length,):
+            raise FlashAttnInputError(f"{label} must have shape ({length},) for batch_size={batch_size}, "
+                                      f"got {tuple(x.shape)}")
+        if not x.is_contiguous():
+            raise FlashAttnInputError(f"{label} must be contiguous; pass {label}.contiguous()")
     cache_seqlens = maybe_contiguous(cache_seqlens)
     metadata = _ops(3).get_scheduler_metadata(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
@@ -204,7 +218,7 @@ def get_scheduler_metadata(
     record_scheduler_metadata(metadata, MetadataArgs(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
         qkv_dtype, cu_seqlens_q is not None, page_size, bool(causal), window, bool(has_softcap),
-        num_splits, None if pack_gqa is None else bool(pack_gqa), sm_margin, max_seqlen_k_new,
+        num_splits, pack_gqa, sm_margin, max_seqlen_k_new,
         cu_seqlens_k_new is not None, cache_leftpad is not None))
     return metadata
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 FA2_NAMESPACE = "_vendored_fa2_C"
 FA3_NAMESPACE = "_vendored_fa3_C"
+#: FA version -> the torch.ops namespace its module registers.
+OP_NAMESPACES = {2: FA2_NAMESPACE, 3: FA3_NAMESPACE}
 
 FA2_VARLEN_FWD = (
     "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "

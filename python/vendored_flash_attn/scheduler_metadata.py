@@ -48,6 +48,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .build_info import ComponentInfo
+from .environment import on_environment_change
 from .errors import FlashAttnInputError
 from .kernels import fa3_bucket
 
@@ -303,6 +304,9 @@ def forget_verdicts() -> None:
     for entry in _records.values():
         entry[2].clear()
         entry[3] = None
+
+
+on_environment_change(forget_verdicts)
 
 
 # The call's values a verdict depends on, in the order flash_attn_varlen_func builds

@@ -228,7 +228,8 @@ def select_flash_attn_version(
         head_size = int(head_size)
     if head_size_v is not None:
         head_size_v = int(head_size_v)
-    needed = set(features)
+    # One name given as a string is that name, not its letters.
+    needed = {features} if isinstance(features, str) else set(features)
     if requires_local_attention:
         needed.add("local")
     return _select(environment_generation(), override, bool(requires_alibi), head_size,

@@ -49,24 +49,17 @@ import torch
 
 from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
-from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
-from .interface import OP_NAMESPACES
+from .errors import FlashAttnTypeError, FlashAttnUnavailableError
+from .interface import maybe_contiguous
 from .kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
+from .op_schemas import OP_NAMESPACES
 from .selector import resolve_device_index, version_problem
-from .validation import _integer, _same_device, _tensor, check_q_device
+from .validation import (_fail, _integer, _same_device, _tensor, check_heads, check_out,
+                         check_q_device, check_same_dtype)
 
 BLOCK_M = 64   # query rows per row block (kBlockM of the hdim-128 sparse kernel traits)
 BLOCK_N = 64   # keys per listed block (kBlockN)
 _INT32_LIMIT = 2 ** 31  # the kernel computes index-tensor offsets in int
-
-
-def _fail(message: str) -> None:
-    raise FlashAttnInputError(message)
-
-
-def maybe_contiguous(x):
-    # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride 1).
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
 # --- the ops ---------------------------------------------------------------------------
@@ -84,19 +77,14 @@ def _op(name: str):
 
 # --- cheap checks (metadata only) -------------------------------------------------------
 
-def _check_common(q, k, v, indexes, *, batch: int, num_rows: int, out, out_shape,
+def _check_common(q, k, v, indexes, *, batch: int, num_rows: int, out,
                   dropout_p, softmax_scale, softcap, alibi_slopes) -> None:
     """Everything both entry points share; q/k/v shapes are checked by the caller first.
     ``indexes``: the four index tensors by name; ``num_rows``: cdiv(seqlen_q, 64)."""
     num_heads, head_size = q.shape[-2], q.shape[-1]
-    num_heads_k = k.shape[-2]
     if k.shape != v.shape:
         _fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[-1] != head_size:
-        _fail(f"k has head size {k.shape[-1]} but q has {head_size}; they must match")
-    if num_heads_k == 0 or num_heads % num_heads_k:
-        _fail(f"q has {num_heads} heads and k/v have {num_heads_k}; the number of q heads must be "
-              "a multiple of the number of k/v heads (GQA/MQA)")
+    check_heads(q, k)
     comp = current_environment().build_info().fa2
     problem = sparse_problem(comp, head_size)
     if problem:
@@ -124,12 +112,7 @@ def _check_common(q, k, v, indexes, *, batch: int, num_rows: int, out, out_shape
                   f"(< {_INT32_LIMIT})")
 
     if out is not None:
-        if out.dtype != q.dtype:
-            raise FlashAttnTypeError(f"out has dtype {out.dtype}; it must be {q.dtype} like q")
-        if tuple(out.shape) != out_shape:
-            _fail(f"out must have shape {out_shape} (q's shape), got {tuple(out.shape)}")
-        if out.stride(-1) != 1:
-            _fail("out must have a contiguous last dimension (stride 1)")
+        check_out(out, q.dtype, tuple(q.shape))
     if float(dropout_p) != 0.0:
         _fail(f"dropout_p must be 0.0: these kernels are inference-only and built without dropout "
               f"(got {dropout_p})")
@@ -172,13 +155,6 @@ def _check_fa2_usable(q) -> None:
     problem = dtype_problem(2, comp, dtype_name(q.dtype), shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
-
-
-def _check_same_dtype(q, k, v) -> None:
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise FlashAttnTypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v "
-                                     "must have the same dtype")
 
 
 def _num_rows(seqlen_q: int) -> int:
@@ -286,7 +262,7 @@ def sparse_attn_func(
                    column_index=column_index)
     _check_tensors(q, dict(k=k, v=v, **indexes), dict(out=out, alibi_slopes=alibi_slopes))
     _check_fa2_usable(q)
-    _check_same_dtype(q, k, v)
+    check_same_dtype(q, k, v)
     if q.dim() != 4:
         _fail(f"q must be 4-D (batch, seqlen_q, num_heads, head_size), got shape {tuple(q.shape)}; "
               "packed sequences go to sparse_attn_varlen_func")
@@ -300,7 +276,7 @@ def sparse_attn_func(
     if batch == 0 or seqlen_q == 0:
         _fail(f"q must hold at least one query (got batch {batch}, seqlen_q {seqlen_q})")
     _check_common(q, k, v, indexes, batch=batch, num_rows=_num_rows(seqlen_q), out=out,
-                  out_shape=tuple(q.shape), dropout_p=dropout_p, softmax_scale=softmax_scale,
+                  dropout_p=dropout_p, softmax_scale=softmax_scale,
                   softcap=softcap, alibi_slopes=alibi_slopes)
     if debug_checks_enabled():
         check_sparse_indexes(block_count, block_offset, column_count, column_index,
@@ -362,7 +338,7 @@ def sparse_attn_varlen_func(
     _check_tensors(q, dict(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **indexes),
                    dict(out=out, alibi_slopes=alibi_slopes))
     _check_fa2_usable(q)
-    _check_same_dtype(q, k, v)
+    check_same_dtype(q, k, v)
     if q.dim() != 3:
         _fail(f"q must be 3-D (total_q, num_heads, head_size), got shape {tuple(q.shape)}; "
               "batched (4-D) inputs go to sparse_attn_func")
@@ -386,7 +362,7 @@ def sparse_attn_varlen_func(
     max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
     total_q, num_heads, head_size = q.shape
     _check_common(q, k, v, indexes, batch=batch, num_rows=_num_rows(max_seqlen_q), out=out,
-                  out_shape=tuple(q.shape), dropout_p=dropout_p, softmax_scale=softmax_scale,
+                  dropout_p=dropout_p, softmax_scale=softmax_scale,
                   softcap=softcap, alibi_slopes=alibi_slopes)
     if debug_checks_enabled():
         run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -80,6 +80,36 @@ def _index_tensor(name: str, x, q, shape: Optional[tuple] = None, dims: int = 1)
         _fail(f"{name} must have a contiguous last dimension (stride 1); pass {name}.contiguous()")
 
 
+def check_same_dtype(q, k, v) -> None:
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise FlashAttnTypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v "
+                                     "must have the same dtype")
+
+
+def check_heads(q, k) -> None:
+    """q and k: (..., heads, head size). Same head size; GQA/MQA head ratio."""
+    num_heads, head_size = q.shape[-2], q.shape[-1]
+    num_heads_k = k.shape[-2]
+    if k.shape[-1] != head_size:
+        _fail(f"k has head size {k.shape[-1]} but q has {head_size}; they must match")
+    if num_heads_k == 0 or num_heads % num_heads_k:
+        _fail(f"q has {num_heads} heads and k/v have {num_heads_k}; the number of q heads must be "
+              "a multiple of the number of k/v heads (GQA/MQA)")
+
+
+def check_out(out, dtype, shape: tuple, fp8: bool = False) -> None:
+    """The output buffer is written in place, so it is never silently copied or cast:
+    exactly ``dtype`` and ``shape``, and a unit last stride."""
+    if out.dtype != dtype:
+        raise FlashAttnTypeError(f"out has dtype {out.dtype}; it must be {dtype}"
+                                 + (" (FP8 attention writes bf16)" if fp8 else " like q"))
+    if tuple(out.shape) != shape:
+        _fail(f"out must have shape {shape}, got {tuple(out.shape)}")
+    if out.stride(-1) != 1:
+        _fail("out must have a contiguous last dimension (stride 1)")
+
+
 def check_q_device(q, device_type: str) -> None:
     if q.device.type != device_type:
         _fail(f"q is on {q.device}, but FlashAttention runs on {device_type.upper()} devices; move "
@@ -120,10 +150,7 @@ def check_varlen_call(
     problem = dtype_problem(version, comp, qname, shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise FlashAttnTypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v "
-                                     "must have the same dtype")
+    check_same_dtype(q, k, v)
     fp8 = qname == "e4m3"
 
     # KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched (FA3).
@@ -162,11 +189,7 @@ def check_varlen_call(
               f"{tuple(v.shape)}")
     num_heads_k = k.shape[-2]
     head_size_v = v.shape[-1]
-    if k.shape[-1] != head_size:
-        _fail(f"k has head size {k.shape[-1]} but q has {head_size}; they must match")
-    if num_heads_k == 0 or num_heads % num_heads_k:
-        _fail(f"q has {num_heads} heads and k/v have {num_heads_k}; the number of q heads must be "
-              "a multiple of the number of k/v heads (GQA/MQA)")
+    check_heads(q, k)
     problem = head_size_problem(version, comp, head_size, head_size_v, qname)
     if problem:
         _fail(problem)
@@ -189,16 +212,8 @@ def check_varlen_call(
     max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
 
-    # Output buffer: written in place, so never silently copied.
     if out is not None:
-        want = torch.bfloat16 if fp8 else q.dtype
-        if out.dtype != want:
-            raise FlashAttnTypeError(f"out has dtype {out.dtype}; it must be {want}"
-                                     + (" (FP8 attention writes bf16)" if fp8 else " like q"))
-        if tuple(out.shape) != (total_q, num_heads, head_size_v):
-            _fail(f"out must have shape {(total_q, num_heads, head_size_v)}, got {tuple(out.shape)}")
-        if out.stride(-1) != 1:
-            _fail("out must have a contiguous last dimension (stride 1)")
+        check_out(out, torch.bfloat16 if fp8 else q.dtype, (total_q, num_heads, head_size_v), fp8=fp8)
 
     # Options.
     if float(dropout_p) != 0.0:
@@ -337,10 +352,12 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
 # check_varlen_call, so the messages and the verdicts stay its own: this is a
 # conservative shortcut, never a second set of rules.
 #
-# Nothing is left to the compiled ops' own argument checks: on the H200 with torch
-# 2.11, a failing check inside an op (upstream's STD_TORCH_CHECK in mha_fwd) killed the
-# process with a segmentation fault instead of raising (tests/gpu/test_bad_input.py
-# found it when this path once relied on them).
+# Nothing is left to the compiled ops' own argument checks: their messages name C++
+# internals, and a module linked with a private static libstdc++ died on a failing
+# STD_TORCH_CHECK (SIGSEGV) instead of raising - found by tests/gpu/test_bad_input.py when
+# this path once relied on them; cmake/CxxRuntime.cmake now refuses such a compiler. The
+# one check left to an op is scheduler_metadata's size for a tensor get_scheduler_metadata
+# did not return (scheduler_metadata.op_error), which Python cannot know.
 
 # id(comp) -> (comp, signatures accepted for it). The entry holds comp: while it is
 # alive its id cannot be reused by another ComponentInfo (a verdict keyed on a bare

@@ -70,6 +70,31 @@ def real_machine():
     set_environment(None)
 
 
+@pytest.fixture
+def op_versions(monkeypatch):
+    """The FA versions whose forward op the interface called, in order (the compiled ops
+    wrapped in a counter)."""
+    from vendored_flash_attn import interface
+    from vendored_flash_attn.environment import set_environment
+
+    calls = []
+    real_forward_op = interface._forward_op
+
+    def counted_forward_op(version):
+        op = real_forward_op(version)
+
+        def counted(*args):
+            calls.append(version)
+            return op(*args)
+
+        return counted
+
+    monkeypatch.setattr(interface, "_forward_op", counted_forward_op)
+    set_environment(None)  # resolutions made before hold the unwrapped ops
+    yield calls
+    set_environment(None)  # the unwrapped ops again for the next test
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not MEASURED:
         return

@@ -384,31 +384,15 @@ def valid_call_is_correct(version: int, rng: Rand, label: str) -> float:
     return check(p, out, lse, ref_out, ref_lse, label=label)
 
 
-def test_context_intact_after_all_bad_calls(rng, monkeypatch):
+def test_context_intact_after_all_bad_calls(rng, op_versions):
     """All applicable bad calls in a row in this process, then synchronize and valid calls
     on every usable version, compared with the reference. The compiled forward ops are
-    wrapped in a counter: no bad call may reach one (refused in Python, before any
-    kernel), and the valid calls must (so the counter does count)."""
-    from vendored_flash_attn import interface
-    from vendored_flash_attn.environment import set_environment
-
+    wrapped in a counter (op_versions): no bad call may reach one (refused in Python,
+    before any kernel), and the valid calls must (so the counter does count)."""
     usable = [v for v in (2, 3) if version_skip_reason(v) is None]
     if not usable:
         pytest.skip("no usable FlashAttention version")
-    op_calls = []
-    real_forward_op = interface._forward_op
-
-    def counted_forward_op(version):
-        op = real_forward_op(version)
-
-        def counted(*args):
-            op_calls.append(version)
-            return op(*args)
-
-        return counted
-
-    monkeypatch.setattr(interface, "_forward_op", counted_forward_op)
-    set_environment(None)  # drop resolutions made with the unwrapped ops
+    op_calls = op_versions
     base = Base(rng)
     refused, skipped = [], []
     for bad in BAD:
@@ -425,4 +409,3 @@ def test_context_intact_after_all_bad_calls(rng, monkeypatch):
         valid_call_is_correct(version, rng, f"FA{version} valid call after {len(refused)} bad calls")
     torch.cuda.synchronize()
     assert sorted(set(op_calls)) == usable, op_calls
-    set_environment(None)  # the unwrapped ops again for the next test

@@ -39,30 +39,6 @@ def selector_defaults(real_machine, monkeypatch):
     return real_machine
 
 
-@pytest.fixture
-def op_versions(monkeypatch):
-    """The FA versions whose forward op the interface called, in order."""
-    from vendored_flash_attn import interface
-    from vendored_flash_attn.environment import set_environment
-
-    calls = []
-    real_forward_op = interface._forward_op
-
-    def counted_forward_op(version):
-        op = real_forward_op(version)
-
-        def counted(*args):
-            calls.append(version)
-            return op(*args)
-
-        return counted
-
-    monkeypatch.setattr(interface, "_forward_op", counted_forward_op)
-    set_environment(None)  # resolutions made before hold the unwrapped ops
-    yield calls
-    set_environment(None)
-
-
 # --- schemas --------------------------------------------------------------------------
 
 def test_op_schemas_are_the_compiled_modules(real_machine):

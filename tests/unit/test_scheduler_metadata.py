@@ -107,6 +107,21 @@ def test_a_call_shape_that_changes_after_a_good_one_is_refused(describe, fake_op
         flash_attn_varlen_func(**{**call, "causal": False}, scheduler_metadata=metadata)
 
 
+def test_verdicts_are_redone_for_another_build(describe, fake_ops):
+    """A verdict belongs to the build info it read. FP8 local attention with metadata that
+    omits has_softcap: the same tile with two-level accumulation (the default), another
+    one without it; after the environment changes, the cached verdict must not answer."""
+    call = dict(varlen_call(FP8), causal=True, window_size=(3, 0), softcap=30.0)
+    describe(caps=(HOPPER,))
+    metadata = metadata_for(call, has_softcap=False)
+    flash_attn_varlen_func(**call, scheduler_metadata=metadata)  # accepted, and remembered
+    two_level_off = make_build("full", fa3={"defines": [
+        "FLASHATTENTION_PACKGQA_ONLY", "FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION"]})
+    describe(caps=(HOPPER,), build=two_level_off)
+    with pytest.raises(FlashAttnInputError, match=r"tile: \(128, 224\) for the metadata, \(128, 192\)"):
+        flash_attn_varlen_func(**call, scheduler_metadata=metadata)
+
+
 # Omissions FA3 derives the same schedule from: accepted.
 def test_vllm_omits_has_softcap(describe, fake_ops):
     # vLLM's FlashAttention backend computes the metadata without has_softcap and calls with

@@ -169,6 +169,8 @@ CASES = [
      r"window_size must be \(left, right\)"),
     ("fa_version-4", 4, "full", varlen_call(), None, FlashAttnInputError,
      r"fa_version must be 2, 3 or None"),
+    ("fa_version-tensor", torch.tensor(3), "full", varlen_call(), None, FlashAttnInputError,
+     r"fa_version must be 2, 3 or None"),
     ("k-not-a-tensor", 2, "full", varlen_call(), _with(k=[1, 2]), FlashAttnTypeError,
      r"k must be a torch.Tensor, got list"),
 ]
@@ -288,6 +290,16 @@ def test_debug_checks_pass_a_good_call(describe, fake_ops):
      r"cache_seqlens must have dtype torch.int32"),
     (dict(cache_seqlens=torch.tensor([1, 2, 3], dtype=torch.int32)), FlashAttnInputError,
      r"cache_seqlens must have shape \(2,\)"),
+    # Read by the op's prepare kernel through raw pointers: batch_size + 1 (or batch_size)
+    # contiguous int32 entries, or it reads past them.
+    (dict(cu_seqlens_q=torch.tensor([0, 4], dtype=torch.int32)), FlashAttnInputError,
+     r"cu_seqlens_q must have shape \(3,\) for batch_size=2, got \(2,\)"),
+    (dict(cu_seqlens_q=[0, 4, 8]), FlashAttnTypeError,
+     r"cu_seqlens_q must be a torch.Tensor or None, got list"),
+    (dict(cache_leftpad=torch.zeros(2, 2, dtype=torch.int32)[:, 0]), FlashAttnInputError,
+     r"cache_leftpad must be contiguous"),
+    (dict(cu_seqlens_k_new=torch.zeros(2, dtype=torch.int32)), FlashAttnInputError,
+     r"cu_seqlens_k_new must have shape \(3,\)"),
 ])
 def test_scheduler_metadata_checks(describe, fake_ops, change, error, pattern):
     describe(caps=(HOPPER,), build="minimal")

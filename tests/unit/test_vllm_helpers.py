@@ -134,6 +134,7 @@ FA2_NO_128 = make_build("minimal", fa2={"head_dims": [64]})
 # (id, build, env, features asked, request) -> version, warning fragment or None
 FALLBACK_CASES = [
     ("softcap-missing", NO_SOFTCAP, {}, ("softcap",), {}, 2, "softcap > 0 ('softcap')"),
+    ("softcap-as-a-string", NO_SOFTCAP, {}, "softcap", {}, 2, "softcap > 0 ('softcap')"),
     ("softcap-paged-missing", NO_SOFTCAP, {}, ("paged", "softcap"), {}, 2, "'softcap'"),
     ("softcap-env-3", NO_SOFTCAP, {"VLLM_FLASH_ATTN_VERSION": "3"}, ("softcap",), {}, 2, "'softcap'"),
     ("softcap-built", "full", {}, ("softcap",), {}, 3, None),

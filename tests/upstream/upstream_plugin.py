@@ -8,17 +8,13 @@ from __future__ import annotations
 import pytest
 
 
-def _shown(value) -> str:
-    return str(value)
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None:
             continue
         for name, value in callspec.params.items():
-            item.user_properties.append((f"param:{name}", _shown(value)))
+            item.user_properties.append((f"param:{name}", str(value)))
 
 
 @pytest.hookimpl(hookwrapper=True)
