@@ -294,11 +294,14 @@ function(vfa_note_dropped_cmake_knobs)
   set(VFA_LAST_CMAKE_KNOBS "${now}" CACHE INTERNAL "knobs the last configure got as -D")
 endfunction()
 
-# VFA_* settings no knob declares: environment variables, and -D variables (given
-# to this configure; project-set cache entries are INTERNAL or typed by a find_*
-# call and are skipped). Each gets a loud warning with the closest declared name
-# (Python's difflib, through cmake/knobs.py), is recorded for the build info, and
-# a -D one is taken out of the cache like a knob.
+# VFA_* settings no knob declares: environment variables, and -D variables of any
+# type (-DVFA_FA2_PTXX:BOOL=OFF too; the project's own cache entries are INTERNAL,
+# or declared under "cache_variables" in cmake/knobs.json). Each gets a loud
+# warning with the closest declared name (Python's difflib, through
+# cmake/knobs.py), is recorded for the build info, and a -D one is taken out of
+# the cache like a knob.
+#   VFA_PRESTE=minimal in the environment  ->  " VFA_PRESTE (environment variable)
+#   is not a knob of this project: did you mean VFA_PRESET?"
 function(vfa_warn_unknown_settings)
   vfa_declared_knobs(declared "")
   foreach(name IN LISTS declared)
@@ -323,7 +326,7 @@ function(vfa_warn_unknown_settings)
   foreach(var IN LISTS cache_names)
     if(var MATCHES "^VFA_" AND NOT var IN_LIST declared)
       get_property(type CACHE ${var} PROPERTY TYPE)
-      if(type STREQUAL "UNINITIALIZED" OR type STREQUAL "STRING")
+      if(NOT type STREQUAL "INTERNAL")
         list(APPEND unknown "cmake:${var}")
         unset(${var} CACHE)
       endif()
