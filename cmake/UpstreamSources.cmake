@@ -30,8 +30,9 @@
 # A failure of one repository does not hide the other: both are resolved,
 # then one message says what each needs.
 #
-# Relative paths (VFA_SOURCE_CACHE, VFA_PIN_FILE, *_SRC_DIR) are taken from
-# the project directory, in a configure and in `cmake -P` alike.
+# Relative paths (VFA_SOURCE_CACHE, VFA_PIN_FILE, *_SRC_DIR, a *_MIRROR that is
+# a local path) are taken from the project directory, in a configure and in
+# `cmake -P` alike.
 #
 # The cache path depends only on the commit, never on where this project is
 # checked out: sccache keys CUDA compiles on absolute source paths, so a stable
@@ -82,6 +83,21 @@ endmacro()
 function(vfa_absolute_path out_var path)
   get_filename_component(path "${path}" ABSOLUTE BASE_DIR "${VFA_PROJECT_DIR}")
   set(${out_var} "${path}" PARENT_SCOPE)
+endfunction()
+
+# A mirror as git is to be given it. A URL (scheme://...) or an scp-like address
+# (host:path, no '/' before the ':') stays as it is; anything else is a local
+# path, taken from the project directory like the path knobs (git would take it
+# from the folder it runs in: the shell's for the first contact, the temporary
+# checkout's for the fetch).
+#   vfa_mirror_url(url "../mirrors/fa.git")           ->  <project>/../mirrors/fa.git
+#   vfa_mirror_url(url "git@git.example:fa.git")      ->  git@git.example:fa.git (as given)
+#   vfa_mirror_url(url "https://git.example/fa.git")  ->  https://git.example/fa.git (as given)
+function(vfa_mirror_url out_var mirror)
+  if(NOT mirror MATCHES "^[A-Za-z][A-Za-z0-9+.-]*://" AND NOT mirror MATCHES "^[^/]+:")
+    vfa_absolute_path(mirror "${mirror}")
+  endif()
+  set(${out_var} "${mirror}" PARENT_SCOPE)
 endfunction()
 
 # A URL as it may be shown and recorded: without the user and password a
@@ -770,7 +786,7 @@ function(vfa_resolve_source component)
   if(${prefix}_MIRROR STREQUAL "")
     set(url "${VFA_PIN_${component}_URL}")
   else()
-    set(url "${${prefix}_MIRROR}")
+    vfa_mirror_url(url "${${prefix}_MIRROR}")
   endif()
 
   # Check first, lock only to fetch: a complete cache on a read-only path works.

@@ -358,14 +358,19 @@ def test_an_empty_read_only_cache_says_so(synthetic, pin, cache):
 
 
 def test_relative_paths_are_taken_from_the_project_directory(synthetic, tmp_path):
-    pin = synthetic.write_pin(tmp_path / "my-pin.json")
+    # flash-attention only through its mirror, given as a relative local path: git
+    # alone would take it from where it runs (here, then the temporary checkout).
+    pin = synthetic.write_pin(tmp_path / "my-pin.json", fa_url="file:///nonexistent/flash-attention.git")
     relative = {"VFA_PIN_FILE": os.path.relpath(pin, PROJECT),
-                "VFA_SOURCE_CACHE": os.path.relpath(tmp_path / "rel-cache", PROJECT)}
+                "VFA_SOURCE_CACHE": os.path.relpath(tmp_path / "rel-cache", PROJECT),
+                "FLASH_ATTN_MIRROR": os.path.relpath(synthetic.flash_attention, PROJECT)}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = fetch_sources(relative, cwd=elsewhere)
     assert result.returncode == 0, result.output
     assert result.sources()["cutlass"]["source_dir"].startswith(str(tmp_path / "rel-cache" / "src"))
+    fa = result.sources()["flash_attention"]
+    assert fa["matches_pin"] is True and fa["url"] == str(synthetic.flash_attention)
     assert not list(elsewhere.iterdir())
 
 
