@@ -247,6 +247,25 @@ function(vfa_missing_files out_var dir component)
   set(${out_var} "${missing}" PARENT_SCOPE)
 endfunction()
 
+# "" when the checkout of the pinned commit in <dir> has every file the pin
+# requires of <component>, else what is wrong. The commit itself lacks them, so
+# the pin is wrong, not the checkout: the text names the pin file to fix.
+#   vfa_pin_commit_lacks_files(problem cutlass /cache/src/cutlass-62750a2b75c8)
+#     ->  "cutlass commit 62750a2b... lacks files the build needs (include/cutlass/gemm/gemm.h).
+#          The pin and the build disagree: check cutlass.commit and cutlass.required_files
+#          in the pin file '<VFA_PIN_FILE>'."
+function(vfa_pin_commit_lacks_files out_var component dir)
+  vfa_missing_files(missing "${dir}" ${component})
+  set(text "")
+  if(missing)
+    string(REPLACE ";" ", " missing "${missing}")
+    string(CONCAT text "${component} commit ${VFA_PIN_${component}_COMMIT} lacks files the build needs "
+      "(${missing}). The pin and the build disagree: check ${component}.commit and "
+      "${component}.required_files in the pin file '${VFA_PIN_FILE}'.")
+  endif()
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
 # "a, b, c and 4 more" from a list.
 function(vfa_few out_var)
   set(items ${ARGN})
@@ -515,12 +534,9 @@ function(vfa_check_cached component dest url_var err_var)
     return()
   endif()
   # Unmodified, but the pin asks for files its commit does not have.
-  vfa_missing_files(missing "${dest}" ${component})
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT message "${component} commit ${commit} lacks files the build needs (${missing}). "
-      "The pin and the build disagree: check vendor/flash-attention/pin.json.")
-    set(${err_var} "${message}" PARENT_SCOPE)
+  vfa_pin_commit_lacks_files(problem ${component} "${dest}")
+  if(problem)
+    set(${err_var} "${problem}" PARENT_SCOPE)
     return()
   endif()
   vfa_shown_url(url "${url}")
@@ -717,11 +733,8 @@ function(vfa_checkout_pinned component url dir err_var)
       "${err}${err2}\n${offline_hint}")
     vfa_checkout_failed()
   endif()
-  vfa_missing_files(missing "${dir}" ${component})
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT failure "${component} commit ${commit} from ${shown} lacks files the build needs "
-      "(${missing}). The pin and the build disagree: check vendor/flash-attention/pin.json.")
+  vfa_pin_commit_lacks_files(failure ${component} "${dir}")
+  if(failure)
     vfa_checkout_failed()
   endif()
   # What the next configure checks must hold now (a git filter that does not

@@ -245,6 +245,8 @@ def test_cache_entry_of_a_commit_without_a_required_file_is_refused(filled, synt
     assert result.returncode != 0 and not result.sources()
     assert (f"cutlass commit {synthetic.cutlass_commit} lacks files the build needs "
             "(include/cutlass/gemm/gemm.h). The pin and the build disagree") in result.text
+    # The pin this build read, not the default one.
+    assert f"check cutlass.commit and cutlass.required_files in the pin file '{pin}'" in result.text
 
 
 def test_cache_entry_without_its_git_folder_is_refused(filled, synthetic, pin, cache):
