@@ -7,12 +7,13 @@
 #   -DNAME=VALUE (pip: -C cmake.define.NAME=VALUE)     origin "cmake"
 #   $ENV{NAME}, then each of its declared "env" names  origin "env:<that name>"
 #   its declared default                               origin "default"
-# given to THIS configure. A -D value is taken out of the CMake cache as soon as
-# it is read: a knob must not stick to a build dir, or a refused typo would come
-# back in the next build, and a preset given once would silently outlive a later
-# VFA_PRESET in the environment. (CMake's own -D stickiness is what pip's
-# `-C cmake.define` and a rerun of CMake by ninja would otherwise inherit; the
-# latter now falls back to the environment and the default, and says so.)
+# given to THIS configure; an empty or blank value counts as not given. A -D value
+# is taken out of the CMake cache as soon as it is read: a knob must not stick to
+# a build dir, or a refused typo would come back in the next build, and a preset
+# given once would silently outlive a later VFA_PRESET in the environment. (CMake's
+# own -D stickiness is what pip's `-C cmake.define` and a rerun of CMake by ninja
+# would otherwise inherit; the latter now falls back to the environment and the
+# default, and says so.)
 #
 # Every value is checked against its declaration and normalised: bool -> ON/OFF,
 # tristate -> auto/on/off, choice -> lower case, list -> the declared order
@@ -193,8 +194,10 @@ function(vfa_option name)
   else()
     set(origin "default")
     set(value "")
+    # A blank value is no value: "VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION= " must mean the
+    # default (ON), not an empty value that skips the default and reads as OFF.
     if(DEFINED CACHE{${name}})
-      set(given "$CACHE{${name}}")
+      string(STRIP "$CACHE{${name}}" given)
       # Read it through ${} too: that is what tells CMake a -D variable was used.
       set(_vfa_mark_used "${${name}}")
       unset(${name} CACHE)
@@ -206,8 +209,9 @@ function(vfa_option name)
     if(origin STREQUAL "default")
       vfa_knob_field(env_names "${decl}" env "")
       foreach(env_name IN ITEMS ${name} ${env_names})
-        if(DEFINED ENV{${env_name}} AND NOT "$ENV{${env_name}}" STREQUAL "")
-          set(value "$ENV{${env_name}}")
+        string(STRIP "$ENV{${env_name}}" given)
+        if(NOT given STREQUAL "")
+          set(value "${given}")
           set(origin "env:${env_name}")
           break()
         endif()
