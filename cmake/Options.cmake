@@ -165,6 +165,17 @@ function(vfa_knob_normalize out_var name decl value origin)
       endforeach()
     endif()
   elseif(type STREQUAL "path")
+    # Only a shell expands '~', and not inside -C cmake.define.NAME=~/x: taken as a
+    # relative path it would be a folder named '~' in the project. Refused instead.
+    #   VFA_SOURCE_CACHE=~/cache  ->  stops: "... write '/home/me/cache'"
+    if(value MATCHES "^~")
+      set(meant "the full path")
+      if(value MATCHES "^~(/.*)?$" AND DEFINED ENV{HOME})
+        set(meant "'$ENV{HOME}${CMAKE_MATCH_1}'")
+      endif()
+      vfa_knob_refuse(${name} "${value}" "${origin}"
+        "a path; a leading '~' is expanded only by a shell, not here: write ${meant}")
+    endif()
     get_property(project_dir GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR)
     get_filename_component(result "${value}" ABSOLUTE BASE_DIR "${project_dir}")
   elseif(type STREQUAL "string")
