@@ -46,6 +46,7 @@ set(VFA_BOOL_WORDS_ON 1 ON TRUE YES)
 set(VFA_BOOL_WORDS_OFF 0 OFF FALSE NO)
 
 # The declaration of <name> as a JSON object, or a stop naming the file to edit.
+#   vfa_knob_declaration(decl VFA_PRESET)  ->  {"type": "choice", "choices": ["full", "minimal"], ...}
 function(vfa_knob_declaration out_var name)
   get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
   string(JSON decl ERROR_VARIABLE err GET "${json}" knobs ${name})
@@ -61,6 +62,8 @@ endfunction()
 
 # <field> of a declaration, or <fallback> when it has none. Lists come back as
 # CMake lists.
+#   vfa_knob_field(choices "${decl}" choices "")  ->  "full;minimal"
+#   vfa_knob_field(record "${decl}" record ON)    ->  ON (the field is not there)
 function(vfa_knob_field out_var decl field fallback)
   string(JSON type ERROR_VARIABLE err TYPE "${decl}" ${field})
   if(err)
@@ -83,6 +86,9 @@ function(vfa_knob_field out_var decl field fallback)
 endfunction()
 
 # Stops with the knob, the value, where it came from and what would be accepted.
+#   vfa_knob_refuse(VFA_FA2_PTX enable env:VFA_FA2_PTX "ON/OFF, ...")  ->  stops with
+#   "VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable
+#    VFA_FA2_PTX). Valid values: ON/OFF, ..."
 function(vfa_knob_refuse name value origin allowed)
   if(origin STREQUAL "cmake")
     set(where "given as -D${name} (pip: -C cmake.define.${name})")
@@ -95,7 +101,11 @@ function(vfa_knob_refuse name value origin allowed)
   message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
 endfunction()
 
-# Checks and normalises <value> of the knob declared as <decl>.
+# Checks and normalises <value> of the knob declared as <decl>; a value that is
+# not valid stops (vfa_knob_refuse, naming <origin>). "" stays "" (not set).
+#   vfa_knob_normalize(v VFA_FA2_PTX "${decl}" "yes" cmake)              ->  ON
+#   vfa_knob_normalize(v VFA_FA3_HEAD_DIMS "${decl}" "256, 64" cmake)    ->  64;256
+#   vfa_knob_normalize(v VFA_SOURCE_CACHE "${decl}" "../cache" default)  ->  <project>/../cache
 function(vfa_knob_normalize out_var name decl value origin)
   vfa_knob_field(type "${decl}" type "")
   vfa_knob_field(choices "${decl}" choices "")
@@ -254,12 +264,15 @@ function(vfa_option name)
 endfunction()
 
 # Where <name>'s value came from: cmake, env:<NAME> or default.
+#   vfa_option_origin(origin VFA_PRESET)  ->  env:VFA_PRESET
 function(vfa_option_origin out_var name)
   get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
   set(${out_var} "${origin}" PARENT_SCOPE)
 endfunction()
 
-# The declared knobs of one scope (build, version, runtime, ci, benchmark), or all.
+# The declared knobs of one scope (build, version, runtime, ci, benchmark), or all
+# (scope ""), sorted by name (CMake's JSON reader keeps an object's members sorted).
+#   vfa_declared_knobs(names version)  ->  VFA_CUDA_MAJOR;VFA_VERSION_LOCAL
 function(vfa_declared_knobs out_var scope)
   get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
   string(JSON count LENGTH "${json}" knobs)
@@ -393,6 +406,7 @@ endfunction()
 
 # "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's
 # difflib (cmake/knobs.py suggest); without a Python there are no suggestions.
+#   vfa_knob_suggestions(pairs VFA_PRESTE VFA_XYZZY)  ->  VFA_PRESTE=VFA_PRESET
 function(vfa_knob_suggestions out_var)
   set(python "")
   if(Python_EXECUTABLE)

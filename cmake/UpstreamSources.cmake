@@ -237,6 +237,7 @@ function(vfa_find_git)
 endfunction()
 
 # Which files of the pin's required list are missing under <dir>.
+#   vfa_missing_files(missing /src/fa flash_attention)  ->  hopper/flash_api.cpp (or "")
 function(vfa_missing_files out_var dir component)
   set(missing "")
   foreach(rel IN LISTS VFA_PIN_${component}_REQUIRED_FILES)
@@ -266,7 +267,8 @@ function(vfa_pin_commit_lacks_files out_var component dir)
   set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
 
-# "a, b, c and 4 more" from a list.
+# The first VFA_SHOWN_PATHS items of a list, and how many more.
+#   vfa_few(text a b c d e f g)  ->  "a, b, c, d, e and 2 more"
 function(vfa_few out_var)
   set(items ${ARGN})
   list(LENGTH items n)
@@ -388,6 +390,9 @@ endfunction()
 # Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.
 # Never refuses a readable tree: another commit, a dirty tree or one git
 # cannot verify builds with a loud warning, and the build info says so.
+# <err_var>: why <dir> cannot be used at all (missing, or lacking required files).
+#   vfa_use_source_dir(flash_attention /src/fa FLASH_ATTN_SRC_DIR err)  ->  with an edited
+#   hopper/flash_api.cpp: VFA_flash_attention_MATCHES_PIN=FALSE, _DIRTY=TRUE, a warning
 function(vfa_use_source_dir component dir src_var err_var)
   set(pinned "${VFA_PIN_${component}_COMMIT}")
   if(NOT IS_DIRECTORY "${dir}")
@@ -483,6 +488,9 @@ endfunction()
 # Checks a cache entry: its marker names the pinned commit and its content
 # equals that commit's tree. Sets <url_var> to the URL it was fetched from,
 # or <err_var> to why it is refused and how to fix it. Reads only.
+#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url err)
+#     ->  url=https://github.com/NVIDIA/cutlass.git, err="" (or "The cached cutlass
+#         checkout '...' does not hold commit ...: 1 file changed (...). ... Remove that folder ...")
 function(vfa_check_cached component dest url_var err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(fix "Remove that folder (rm -rf '${dest}') and build again; it will be fetched anew.")
