@@ -626,30 +626,29 @@ def experiment(args) -> dict:
     return result
 
 
+def build_figures(prefix: str, b: dict) -> dict:
+    """One build's wall time, ninja span and (with sccache statistics) hits as
+    <prefix>_s, <prefix>_ninja_span_s, <prefix>_hit_rate_all / _inner, <prefix>_hits / _misses."""
+    analysis = b.get("analysis") or {}
+    figures = {f"{prefix}_s": b["wall_s"], f"{prefix}_ninja_span_s": (analysis.get("ninja") or {}).get("span_s")}
+    sc = analysis.get("sccache")
+    if sc:
+        figures.update({f"{prefix}_hit_rate_all": sc["all"]["rate"], f"{prefix}_hit_rate_inner": sc["inner"]["rate"],
+                        f"{prefix}_hits": sc["all"]["hits"], f"{prefix}_misses": sc["all"]["misses"]})
+    return figures
+
+
 def summarise(builds: dict) -> dict:
     """Warm/cold ratio, hit rates and the bars (pure function of the per-build analyses)."""
-    cold, warm = builds.get("cold"), builds.get("warm")
+    cold, warm, isolated = builds.get("cold"), builds.get("warm"), builds.get("warm-isolated")
     s: dict = {}
     if cold:
-        s["cold_s"] = cold["wall_s"]
-        s["cold_ninja_span_s"] = ((cold.get("analysis") or {}).get("ninja") or {}).get("span_s")
+        s.update(build_figures("cold", cold))
         s["jobs"] = (cold.get("analysis") or {}).get("jobs")
     if warm:
-        s["warm_s"] = warm["wall_s"]
-        s["warm_ninja_span_s"] = ((warm.get("analysis") or {}).get("ninja") or {}).get("span_s")
-        sc = (warm.get("analysis") or {}).get("sccache")
-        if sc:
-            s["warm_hit_rate_all"] = sc["all"]["rate"]
-            s["warm_hit_rate_inner"] = sc["inner"]["rate"]
-            s["warm_hits"], s["warm_misses"] = sc["all"]["hits"], sc["all"]["misses"]
-    isolated = builds.get("warm-isolated")
+        s.update(build_figures("warm", warm))
     if isolated:
-        s["warm_isolated_s"] = isolated["wall_s"]
-        s["warm_isolated_ninja_span_s"] = ((isolated.get("analysis") or {}).get("ninja") or {}).get("span_s")
-        sc = (isolated.get("analysis") or {}).get("sccache")
-        if sc:
-            s["warm_isolated_hit_rate_all"] = sc["all"]["rate"]
-            s["warm_isolated_hits"], s["warm_isolated_misses"] = sc["all"]["hits"], sc["all"]["misses"]
+        s.update(build_figures("warm_isolated", isolated))
         if warm and warm["wall_s"]:
             s["isolated_over_warm"] = isolated["wall_s"] / warm["wall_s"]
     bars = []

@@ -7,12 +7,13 @@
 #   -DNAME=VALUE (pip: -C cmake.define.NAME=VALUE)     origin "cmake"
 #   $ENV{NAME}, then each of its declared "env" names  origin "env:<that name>"
 #   its declared default                               origin "default"
-# given to THIS configure. A -D value is taken out of the CMake cache as soon as
-# it is read: a knob must not stick to a build dir, or a refused typo would come
-# back in the next build, and a preset given once would silently outlive a later
-# VFA_PRESET in the environment. (CMake's own -D stickiness is what pip's
-# `-C cmake.define` and a rerun of CMake by ninja would otherwise inherit; the
-# latter now falls back to the environment and the default, and says so.)
+# given to THIS configure; an empty or blank value counts as not given. A -D value
+# is taken out of the CMake cache as soon as it is read: a knob must not stick to
+# a build dir, or a refused typo would come back in the next build, and a preset
+# given once would silently outlive a later VFA_PRESET in the environment. (CMake's
+# own -D stickiness is what pip's `-C cmake.define` and a rerun of CMake by ninja
+# would otherwise inherit; the latter now falls back to the environment and the
+# default, and says so.)
 #
 # Every value is checked against its declaration and normalised: bool -> ON/OFF,
 # tristate -> auto/on/off, choice -> lower case, list -> the declared order
@@ -45,6 +46,7 @@ set(VFA_BOOL_WORDS_ON 1 ON TRUE YES)
 set(VFA_BOOL_WORDS_OFF 0 OFF FALSE NO)
 
 # The declaration of <name> as a JSON object, or a stop naming the file to edit.
+#   vfa_knob_declaration(decl VFA_PRESET)  ->  {"type": "choice", "choices": ["full", "minimal"], ...}
 function(vfa_knob_declaration out_var name)
   get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
   string(JSON decl ERROR_VARIABLE err GET "${json}" knobs ${name})
@@ -60,6 +62,8 @@ endfunction()
 
 # <field> of a declaration, or <fallback> when it has none. Lists come back as
 # CMake lists.
+#   vfa_knob_field(choices "${decl}" choices "")  ->  "full;minimal"
+#   vfa_knob_field(record "${decl}" record ON)    ->  ON (the field is not there)
 function(vfa_knob_field out_var decl field fallback)
   string(JSON type ERROR_VARIABLE err TYPE "${decl}" ${field})
   if(err)
@@ -82,6 +86,9 @@ function(vfa_knob_field out_var decl field fallback)
 endfunction()
 
 # Stops with the knob, the value, where it came from and what would be accepted.
+#   vfa_knob_refuse(VFA_FA2_PTX enable env:VFA_FA2_PTX "ON/OFF, ...")  ->  stops with
+#   "VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable
+#    VFA_FA2_PTX). Valid values: ON/OFF, ..."
 function(vfa_knob_refuse name value origin allowed)
   if(origin STREQUAL "cmake")
     set(where "given as -D${name} (pip: -C cmake.define.${name})")
@@ -94,7 +101,11 @@ function(vfa_knob_refuse name value origin allowed)
   message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
 endfunction()
 
-# Checks and normalises <value> of the knob declared as <decl>.
+# Checks and normalises <value> of the knob declared as <decl>; a value that is
+# not valid stops (vfa_knob_refuse, naming <origin>). "" stays "" (not set).
+#   vfa_knob_normalize(v VFA_FA2_PTX "${decl}" "yes" cmake)              ->  ON
+#   vfa_knob_normalize(v VFA_FA3_HEAD_DIMS "${decl}" "256, 64" cmake)    ->  64;256
+#   vfa_knob_normalize(v VFA_SOURCE_CACHE "${decl}" "../cache" default)  ->  <project>/../cache
 function(vfa_knob_normalize out_var name decl value origin)
   vfa_knob_field(type "${decl}" type "")
   vfa_knob_field(choices "${decl}" choices "")
@@ -164,6 +175,17 @@ function(vfa_knob_normalize out_var name decl value origin)
       endforeach()
     endif()
   elseif(type STREQUAL "path")
+    # Only a shell expands '~', and not inside -C cmake.define.NAME=~/x: taken as a
+    # relative path it would be a folder named '~' in the project. Refused instead.
+    #   VFA_SOURCE_CACHE=~/cache  ->  stops: "... write '/home/me/cache'"
+    if(value MATCHES "^~")
+      set(meant "the full path")
+      if(value MATCHES "^~(/.*)?$" AND DEFINED ENV{HOME})
+        set(meant "'$ENV{HOME}${CMAKE_MATCH_1}'")
+      endif()
+      vfa_knob_refuse(${name} "${value}" "${origin}"
+        "a path; a leading '~' is expanded only by a shell, not here: write ${meant}")
+    endif()
     get_property(project_dir GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR)
     get_filename_component(result "${value}" ABSOLUTE BASE_DIR "${project_dir}")
   elseif(type STREQUAL "string")
@@ -193,8 +215,10 @@ function(vfa_option name)
   else()
     set(origin "default")
     set(value "")
+    # A blank value is no value: "VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION= " must mean the
+    # default (ON), not an empty value that skips the default and reads as OFF.
     if(DEFINED CACHE{${name}})
-      set(given "$CACHE{${name}}")
+      string(STRIP "$CACHE{${name}}" given)
       # Read it through ${} too: that is what tells CMake a -D variable was used.
       set(_vfa_mark_used "${${name}}")
       unset(${name} CACHE)
@@ -206,8 +230,9 @@ function(vfa_option name)
     if(origin STREQUAL "default")
       vfa_knob_field(env_names "${decl}" env "")
       foreach(env_name IN ITEMS ${name} ${env_names})
-        if(DEFINED ENV{${env_name}} AND NOT "$ENV{${env_name}}" STREQUAL "")
-          set(value "$ENV{${env_name}}")
+        string(STRIP "$ENV{${env_name}}" given)
+        if(NOT given STREQUAL "")
+          set(value "${given}")
           set(origin "env:${env_name}")
           break()
         endif()
@@ -239,12 +264,15 @@ function(vfa_option name)
 endfunction()
 
 # Where <name>'s value came from: cmake, env:<NAME> or default.
+#   vfa_option_origin(origin VFA_PRESET)  ->  env:VFA_PRESET
 function(vfa_option_origin out_var name)
   get_property(origin GLOBAL PROPERTY VFA_OPTION_ORIGIN_${name})
   set(${out_var} "${origin}" PARENT_SCOPE)
 endfunction()
 
-# The declared knobs of one scope (build, version, runtime, ci, benchmark), or all.
+# The declared knobs of one scope (build, version, runtime, ci, benchmark), or all
+# (scope ""), sorted by name (CMake's JSON reader keeps an object's members sorted).
+#   vfa_declared_knobs(names version)  ->  VFA_CUDA_MAJOR;VFA_VERSION_LOCAL
 function(vfa_declared_knobs out_var scope)
   get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
   string(JSON count LENGTH "${json}" knobs)
@@ -294,11 +322,14 @@ function(vfa_note_dropped_cmake_knobs)
   set(VFA_LAST_CMAKE_KNOBS "${now}" CACHE INTERNAL "knobs the last configure got as -D")
 endfunction()
 
-# VFA_* settings no knob declares: environment variables, and -D variables (given
-# to this configure; project-set cache entries are INTERNAL or typed by a find_*
-# call and are skipped). Each gets a loud warning with the closest declared name
-# (Python's difflib, through cmake/knobs.py), is recorded for the build info, and
-# a -D one is taken out of the cache like a knob.
+# VFA_* settings no knob declares: environment variables, and -D variables of any
+# type (-DVFA_FA2_PTXX:BOOL=OFF too; the project's own cache entries are INTERNAL,
+# or declared under "cache_variables" in cmake/knobs.json). Each gets a loud
+# warning with the closest declared name (Python's difflib, through
+# cmake/knobs.py), is recorded for the build info, and a -D one is taken out of
+# the cache like a knob.
+#   VFA_PRESTE=minimal in the environment  ->  " VFA_PRESTE (environment variable)
+#   is not a knob of this project: did you mean VFA_PRESET?"
 function(vfa_warn_unknown_settings)
   vfa_declared_knobs(declared "")
   foreach(name IN LISTS declared)
@@ -323,7 +354,7 @@ function(vfa_warn_unknown_settings)
   foreach(var IN LISTS cache_names)
     if(var MATCHES "^VFA_" AND NOT var IN_LIST declared)
       get_property(type CACHE ${var} PROPERTY TYPE)
-      if(type STREQUAL "UNINITIALIZED" OR type STREQUAL "STRING")
+      if(NOT type STREQUAL "INTERNAL")
         list(APPEND unknown "cmake:${var}")
         unset(${var} CACHE)
       endif()
@@ -375,6 +406,7 @@ endfunction()
 
 # "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's
 # difflib (cmake/knobs.py suggest); without a Python there are no suggestions.
+#   vfa_knob_suggestions(pairs VFA_PRESTE VFA_XYZZY)  ->  VFA_PRESTE=VFA_PRESET
 function(vfa_knob_suggestions out_var)
   set(python "")
   if(Python_EXECUTABLE)

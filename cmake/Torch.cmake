@@ -49,16 +49,24 @@ macro(vfa_find_python_and_torch)
   set(ENV{TORCH_CUDA_ARCH_LIST} "${TORCH_CUDA_ARCH_LIST}")
   # torch's CMake config reports its own -gencode choice ("Added CUDA NVCC flags for:
   # ... sm_90"), which this build drops: each module gets its own list (FA3 sm_90a),
-  # stated in the FA2/FA3 lines below. Its status lines go, its warnings and errors
-  # stay; `cmake --log-level=STATUS` (pip: -C cmake.args=--log-level=STATUS) shows all.
-  set(_vfa_log_level "${CMAKE_MESSAGE_LOG_LEVEL}")
-  if(NOT _vfa_log_level OR _vfa_log_level MATCHES "^(NOTICE|STATUS|VERBOSE|DEBUG|TRACE)$")
+  # stated in the FA2/FA3 lines below. At the default log level its status lines go,
+  # its warnings and errors stay; any --log-level given to cmake (pip:
+  # -C cmake.args=--log-level=STATUS), or a CMAKE_MESSAGE_LOG_LEVEL asking for more
+  # than STATUS, shows them all.
+  set(_vfa_saved_log_level "${CMAKE_MESSAGE_LOG_LEVEL}")
+  set(_vfa_torch_note "")
+  cmake_language(GET_MESSAGE_LOG_LEVEL _vfa_log_level)
+  if(_vfa_log_level STREQUAL "STATUS")
     set(CMAKE_MESSAGE_LOG_LEVEL WARNING)
+    cmake_language(GET_MESSAGE_LOG_LEVEL _vfa_log_level)  # still STATUS under --log-level
+    if(_vfa_log_level STREQUAL "WARNING")
+      set(_vfa_torch_note "; its CMake config's status lines are hidden (--log-level=STATUS shows them)")
+    endif()
   endif()
   find_package(Torch REQUIRED)
-  set(CMAKE_MESSAGE_LOG_LEVEL "${_vfa_log_level}")
+  set(CMAKE_MESSAGE_LOG_LEVEL "${_vfa_saved_log_level}")
   message(STATUS "vendored-flash-attn: torch ${VFA_TORCH_VERSION} (CUDA ${VFA_TORCH_CUDA_VERSION}) at "
-    "${_vfa_torch_prefix}; its CMake config's status lines are hidden (--log-level=STATUS shows them)")
+    "${_vfa_torch_prefix}${_vfa_torch_note}")
 
   # torch appends its own -gencode list to CMAKE_CUDA_FLAGS; the archs are set
   # per component instead, so drop it here.

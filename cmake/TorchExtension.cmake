@@ -104,20 +104,17 @@ function(vfa_add_torch_extension name)
   set(defines ${arg_DEFINES} TORCH_EXTENSION_NAME=${name} USE_CUDA
               TORCH_TARGET_VERSION=${VFA_TORCH_TARGET_VERSION})
   set(libraries torch CUDA::cudart)
-  set(cuda_defines "")
-  if(VFA_CUDA_DRIVER_CALL STREQUAL "direct")
-    # CUDA units only, as upstream (its C++ units do not get it).
-    set(cuda_defines CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1)
-    list(APPEND libraries CUDA::cuda_driver)
-  endif()
   target_compile_definitions(${name} PRIVATE ${defines})
-  if(cuda_defines)
-    target_compile_definitions(${name} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${cuda_defines}>")
+  if(VFA_CUDA_DRIVER_CALL STREQUAL "direct")
+    # CUDA units only, as upstream (its C++ units do not get it). Not in the build
+    # info's defines: it records the choice as cuda_driver_call.
+    target_compile_definitions(${name} PRIVATE
+      "$<$<COMPILE_LANGUAGE:CUDA>:CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1>")
+    list(APPEND libraries CUDA::cuda_driver)
   endif()
   target_include_directories(${name} PRIVATE ${arg_INCLUDE_DIRS})
   target_link_libraries(${name} PRIVATE ${libraries})
   install(TARGETS ${name} LIBRARY DESTINATION vendored_flash_attn)
   set_property(GLOBAL PROPERTY VFA_${name}_DEFINES "${defines}")
-  set_property(GLOBAL PROPERTY VFA_${name}_CUDA_DEFINES "${cuda_defines}")
   set_property(GLOBAL PROPERTY VFA_${name}_DRIVER_CALL "${VFA_CUDA_DRIVER_CALL}")
 endfunction()

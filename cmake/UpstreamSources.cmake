@@ -30,8 +30,9 @@
 # A failure of one repository does not hide the other: both are resolved,
 # then one message says what each needs.
 #
-# Relative paths (VFA_SOURCE_CACHE, VFA_PIN_FILE, *_SRC_DIR) are taken from
-# the project directory, in a configure and in `cmake -P` alike.
+# Relative paths (VFA_SOURCE_CACHE, VFA_PIN_FILE, *_SRC_DIR, a *_MIRROR that is
+# a local path) are taken from the project directory, in a configure and in
+# `cmake -P` alike.
 #
 # The cache path depends only on the commit, never on where this project is
 # checked out: sccache keys CUDA compiles on absolute source paths, so a stable
@@ -82,6 +83,21 @@ endmacro()
 function(vfa_absolute_path out_var path)
   get_filename_component(path "${path}" ABSOLUTE BASE_DIR "${VFA_PROJECT_DIR}")
   set(${out_var} "${path}" PARENT_SCOPE)
+endfunction()
+
+# A mirror as git is to be given it. A URL (scheme://...) or an scp-like address
+# (host:path, no '/' before the ':') stays as it is; anything else is a local
+# path, taken from the project directory like the path knobs (git would take it
+# from the folder it runs in: the shell's for the first contact, the temporary
+# checkout's for the fetch).
+#   vfa_mirror_url(url "../mirrors/fa.git")           ->  <project>/../mirrors/fa.git
+#   vfa_mirror_url(url "git@git.example:fa.git")      ->  git@git.example:fa.git (as given)
+#   vfa_mirror_url(url "https://git.example/fa.git")  ->  https://git.example/fa.git (as given)
+function(vfa_mirror_url out_var mirror)
+  if(NOT mirror MATCHES "^[A-Za-z][A-Za-z0-9+.-]*://" AND NOT mirror MATCHES "^[^/]+:")
+    vfa_absolute_path(mirror "${mirror}")
+  endif()
+  set(${out_var} "${mirror}" PARENT_SCOPE)
 endfunction()
 
 # A URL as it may be shown and recorded: without the user and password a
@@ -221,6 +237,7 @@ function(vfa_find_git)
 endfunction()
 
 # Which files of the pin's required list are missing under <dir>.
+#   vfa_missing_files(missing /src/fa flash_attention)  ->  hopper/flash_api.cpp (or "")
 function(vfa_missing_files out_var dir component)
   set(missing "")
   foreach(rel IN LISTS VFA_PIN_${component}_REQUIRED_FILES)
@@ -231,7 +248,27 @@ function(vfa_missing_files out_var dir component)
   set(${out_var} "${missing}" PARENT_SCOPE)
 endfunction()
 
-# "a, b, c and 4 more" from a list.
+# "" when the checkout of the pinned commit in <dir> has every file the pin
+# requires of <component>, else what is wrong. The commit itself lacks them, so
+# the pin is wrong, not the checkout: the text names the pin file to fix.
+#   vfa_pin_commit_lacks_files(problem cutlass /cache/src/cutlass-62750a2b75c8)
+#     ->  "cutlass commit 62750a2b... lacks files the build needs (include/cutlass/gemm/gemm.h).
+#          The pin and the build disagree: check cutlass.commit and cutlass.required_files
+#          in the pin file '<VFA_PIN_FILE>'."
+function(vfa_pin_commit_lacks_files out_var component dir)
+  vfa_missing_files(missing "${dir}" ${component})
+  set(text "")
+  if(missing)
+    string(REPLACE ";" ", " missing "${missing}")
+    string(CONCAT text "${component} commit ${VFA_PIN_${component}_COMMIT} lacks files the build needs "
+      "(${missing}). The pin and the build disagree: check ${component}.commit and "
+      "${component}.required_files in the pin file '${VFA_PIN_FILE}'.")
+  endif()
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
+# The first VFA_SHOWN_PATHS items of a list, and how many more.
+#   vfa_few(text a b c d e f g)  ->  "a, b, c, d, e and 2 more"
 function(vfa_few out_var)
   set(items ${ARGN})
   list(LENGTH items n)
@@ -353,6 +390,9 @@ endfunction()
 # Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.
 # Never refuses a readable tree: another commit, a dirty tree or one git
 # cannot verify builds with a loud warning, and the build info says so.
+# <err_var>: why <dir> cannot be used at all (missing, or lacking required files).
+#   vfa_use_source_dir(flash_attention /src/fa FLASH_ATTN_SRC_DIR err)  ->  with an edited
+#   hopper/flash_api.cpp: VFA_flash_attention_MATCHES_PIN=FALSE, _DIRTY=TRUE, a warning
 function(vfa_use_source_dir component dir src_var err_var)
   set(pinned "${VFA_PIN_${component}_COMMIT}")
   if(NOT IS_DIRECTORY "${dir}")
@@ -448,6 +488,9 @@ endfunction()
 # Checks a cache entry: its marker names the pinned commit and its content
 # equals that commit's tree. Sets <url_var> to the URL it was fetched from,
 # or <err_var> to why it is refused and how to fix it. Reads only.
+#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url err)
+#     ->  url=https://github.com/NVIDIA/cutlass.git, err="" (or "The cached cutlass
+#         checkout '...' does not hold commit ...: 1 file changed (...). ... Remove that folder ...")
 function(vfa_check_cached component dest url_var err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(fix "Remove that folder (rm -rf '${dest}') and build again; it will be fetched anew.")
@@ -499,12 +542,9 @@ function(vfa_check_cached component dest url_var err_var)
     return()
   endif()
   # Unmodified, but the pin asks for files its commit does not have.
-  vfa_missing_files(missing "${dest}" ${component})
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT message "${component} commit ${commit} lacks files the build needs (${missing}). "
-      "The pin and the build disagree: check vendor/flash-attention/pin.json.")
-    set(${err_var} "${message}" PARENT_SCOPE)
+  vfa_pin_commit_lacks_files(problem ${component} "${dest}")
+  if(problem)
+    set(${err_var} "${problem}" PARENT_SCOPE)
     return()
   endif()
   vfa_shown_url(url "${url}")
@@ -701,11 +741,8 @@ function(vfa_checkout_pinned component url dir err_var)
       "${err}${err2}\n${offline_hint}")
     vfa_checkout_failed()
   endif()
-  vfa_missing_files(missing "${dir}" ${component})
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT failure "${component} commit ${commit} from ${shown} lacks files the build needs "
-      "(${missing}). The pin and the build disagree: check vendor/flash-attention/pin.json.")
+  vfa_pin_commit_lacks_files(failure ${component} "${dir}")
+  if(failure)
     vfa_checkout_failed()
   endif()
   # What the next configure checks must hold now (a git filter that does not
@@ -770,7 +807,7 @@ function(vfa_resolve_source component)
   if(${prefix}_MIRROR STREQUAL "")
     set(url "${VFA_PIN_${component}_URL}")
   else()
-    set(url "${${prefix}_MIRROR}")
+    vfa_mirror_url(url "${${prefix}_MIRROR}")
   endif()
 
   # Check first, lock only to fetch: a complete cache on a read-only path works.

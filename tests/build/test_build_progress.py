@@ -18,23 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import clean_env, configure, fetch_sources, tool
+from support.cmake_runner import clean_env, configure, tool
 
 FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_compiler.py"
 SLOW = "flash_fwd_hdim128_bf16_paged_sm90"
 
 
 @pytest.fixture(scope="module")
-def project(synthetic, tmp_path_factory):
+def project(sources, tmp_path_factory):
     root = tmp_path_factory.mktemp("progress")
-    pin = synthetic.write_pin(root / "pin.json")
-    cache = root / "cache"
-    fetched = fetch_sources({"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache)})
-    assert fetched.returncode == 0, fetched.output
+    cache = Path(sources["VFA_SOURCE_CACHE"])
     launcher = f"{sys.executable};{FAKE}"
     build = root / "build"
-    defines = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache), "VFA_PRESET": "minimal",
-               "VFA_COMPILER_CACHE": "off"}
+    defines = {**sources, "VFA_PRESET": "minimal"}  # sources: pin, filled cache, no compiler cache
     result = configure(build, {
         **defines, "CMAKE_CUDA_COMPILER_LAUNCHER": launcher, "CMAKE_CXX_COMPILER_LAUNCHER": launcher,
         # Two compile jobs whatever this machine has; a progress line every second.

@@ -93,11 +93,13 @@ def test_unknown_settings_get_a_loud_did_you_mean(synthetic, tmp_path):
     pin = synthetic.write_pin(tmp_path / "pin.json")
     env = clean_env(VFA_PRESTE="minimal", VFA_XYZZY="1", VFA_DEBUG_CHECKS="1", VFA_VERSION_LOCAL="0")
     result = fetch_sources({"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(tmp_path / "cache"),
-                            "VFA_SOURCE_CACHEE": "/elsewhere"}, env=env)
+                            "VFA_SOURCE_CACHEE": "/elsewhere", "VFA_FA2_PTXX:BOOL": "OFF"}, env=env)
     assert result.returncode == 0, result.output
     text = result.text
     assert "VFA_PRESTE (environment variable) is not a knob of this project: did you mean VFA_PRESET?" in text
     assert "VFA_SOURCE_CACHEE (-D variable) is not a knob of this project: did you mean VFA_SOURCE_CACHE?" in text
+    # A typed -D (as `option()` users write it) is a setting like any other.
+    assert "VFA_FA2_PTXX (-D variable) is not a knob of this project: did you mean VFA_FA2_PTX?" in text
     assert "VFA_XYZZY (environment variable) is not a knob of this project" in text
     assert "VFA_XYZZY (environment variable) is not a knob of this project: did you mean" not in text
     assert "CMake Warning" in result.output and "=====" in result.output  # loud, not a status line

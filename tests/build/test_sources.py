@@ -245,6 +245,8 @@ def test_cache_entry_of_a_commit_without_a_required_file_is_refused(filled, synt
     assert result.returncode != 0 and not result.sources()
     assert (f"cutlass commit {synthetic.cutlass_commit} lacks files the build needs "
             "(include/cutlass/gemm/gemm.h). The pin and the build disagree") in result.text
+    # The pin this build read, not the default one.
+    assert f"check cutlass.commit and cutlass.required_files in the pin file '{pin}'" in result.text
 
 
 def test_cache_entry_without_its_git_folder_is_refused(filled, synthetic, pin, cache):
@@ -358,14 +360,19 @@ def test_an_empty_read_only_cache_says_so(synthetic, pin, cache):
 
 
 def test_relative_paths_are_taken_from_the_project_directory(synthetic, tmp_path):
-    pin = synthetic.write_pin(tmp_path / "my-pin.json")
+    # flash-attention only through its mirror, given as a relative local path: git
+    # alone would take it from where it runs (here, then the temporary checkout).
+    pin = synthetic.write_pin(tmp_path / "my-pin.json", fa_url="file:///nonexistent/flash-attention.git")
     relative = {"VFA_PIN_FILE": os.path.relpath(pin, PROJECT),
-                "VFA_SOURCE_CACHE": os.path.relpath(tmp_path / "rel-cache", PROJECT)}
+                "VFA_SOURCE_CACHE": os.path.relpath(tmp_path / "rel-cache", PROJECT),
+                "FLASH_ATTN_MIRROR": os.path.relpath(synthetic.flash_attention, PROJECT)}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = fetch_sources(relative, cwd=elsewhere)
     assert result.returncode == 0, result.output
     assert result.sources()["cutlass"]["source_dir"].startswith(str(tmp_path / "rel-cache" / "src"))
+    fa = result.sources()["flash_attention"]
+    assert fa["matches_pin"] is True and fa["url"] == str(synthetic.flash_attention)
     assert not list(elsewhere.iterdir())
 
 
@@ -401,27 +408,20 @@ def test_a_mirror_that_never_answers_over_git_stops_at_the_fetch_timeout(pin, ca
 
 
 # The server answers the first contact (ls-remote: GET info/refs, POST ls-refs),
-# then stops in the middle of the fetch.
-def test_a_transfer_that_stalls_midway_stops_at_the_stall_timeout(synthetic, pin, cache):
+# then stops in the middle of the fetch: whichever limit comes first stops it.
+@pytest.mark.parametrize("timeouts, expected", [
+    ({"VFA_FETCH_STALL_TIMEOUT": "2"}, ["Operation too slow", "below 1 KB/s for VFA_FETCH_STALL_TIMEOUT=2 s"]),
+    ({"VFA_FETCH_STALL_TIMEOUT": "100", "VFA_FETCH_TIMEOUT": "3"}, ["git did not finish within VFA_FETCH_TIMEOUT=3 s"]),
+], ids=["stall-timeout", "fetch-timeout"])
+def test_a_transfer_that_stalls_midway_stops_at_the_first_timeout(synthetic, pin, cache, timeouts, expected):
     with stalling_git_server(synthetic.root, answer=2) as base:
         start = time.monotonic()
-        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
-                                       VFA_FETCH_STALL_TIMEOUT="2"), timeout=120)
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention", **timeouts),
+                               timeout=120)
     assert result.returncode != 0
     assert time.monotonic() - start < 60
-    assert "Operation too slow" in result.text
-    assert "below 1 KB/s for VFA_FETCH_STALL_TIMEOUT=2 s" in result.text
-    assert not list((cache / "src").glob("flash-attention-*"))
-
-
-def test_a_transfer_that_stalls_midway_stops_at_the_fetch_timeout(synthetic, pin, cache):
-    with stalling_git_server(synthetic.root, answer=2) as base:
-        start = time.monotonic()
-        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
-                                       VFA_FETCH_STALL_TIMEOUT="100", VFA_FETCH_TIMEOUT="3"), timeout=120)
-    assert result.returncode != 0
-    assert time.monotonic() - start < 60
-    assert "git did not finish within VFA_FETCH_TIMEOUT=3 s" in result.text
+    for text in expected:
+        assert text in result.text
     assert not list((cache / "src").glob("flash-attention-*"))
 
 

@@ -66,17 +66,15 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = No
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                  timeout: int = 1800) -> Result:
-    args = [f"-D{k}={v}" for k, v in defines.items()]
-    return run([tool("cmake"), *args, "-P", str(PROJECT / "cmake/fetch_sources.cmake")], env=env, cwd=cwd,
-               timeout=timeout)
-
-
 def fetch_sources_command(defines: dict[str, str]) -> list[str]:
-    """The command line of fetch_sources, for tests that run it in the background."""
+    """`cmake -D... -P cmake/fetch_sources.cmake`, also for tests that run it in the background."""
     return [tool("cmake"), *[f"-D{k}={v}" for k, v in defines.items()], "-P",
             str(PROJECT / "cmake/fetch_sources.cmake")]
+
+
+def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                  timeout: int = 1800) -> Result:
+    return run(fetch_sources_command(defines), env=env, cwd=cwd, timeout=timeout)
 
 
 def configure(build_dir: Path, defines: dict[str, str], env: dict[str, str] | None = None,

@@ -1,0 +1,56 @@
+"""How cmake/Options.cmake reads a knob's value (-D, the environment, the declared
+default), run in script mode (`cmake -P`, a fraction of a second) instead of a configure.
+Configures that rely on it: tests/build/test_knobs.py and test_configure.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.cmake_runner import Result, clean_env, run, tool
+
+OPTIONS = Path(__file__).resolve().parents[2] / "cmake" / "Options.cmake"
+
+
+def run_options(tmp_path: Path, names: list[str], env: dict[str, str], defines: dict[str, str]) -> Result:
+    """`cmake -D... -P` of a script that resolves <names> with vfa_option and prints them."""
+    script = tmp_path / "read_knobs.cmake"
+    script.write_text(f'include("{OPTIONS}")\n'
+                      f'foreach(name IN ITEMS {" ".join(names)})\n'
+                      '  vfa_option(${name})\n'
+                      '  vfa_option_origin(origin ${name})\n'
+                      '  message(NOTICE "KNOB ${name}=${${name}}=${origin}")\n'
+                      'endforeach()\n')
+    return run([tool("cmake"), *[f"-D{k}={v}" for k, v in defines.items()], "-P", str(script)], env=clean_env(**env))
+
+
+def read_knobs(tmp_path: Path, names: list[str], env: dict[str, str], defines: dict[str, str]) -> dict:
+    """{name: (value, origin)} as vfa_option resolves them."""
+    result = run_options(tmp_path, names, env, defines)
+    assert result.returncode == 0, result.output
+    lines = [line.split(" ", 1)[1].split("=") for line in result.output.splitlines() if line.startswith("KNOB ")]
+    return {name: (value, origin) for name, value, origin in lines}
+
+
+def test_a_blank_value_means_the_default(tmp_path):
+    # A blank bool used to come through as '' and read as OFF: here, FP8 two-level
+    # accumulation off, the less accurate kernels, while its default is ON.
+    knobs = read_knobs(tmp_path, ["VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION", "VFA_PRESET", "NVCC_THREADS", "VFA_FA2_PTX"],
+                       env={"VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION": " ", "VFA_PRESET": "\t", "VFA_FA2_PTX": " no "},
+                       defines={"NVCC_THREADS": " "})
+    assert knobs["VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION"] == ("ON", "default")
+    assert knobs["VFA_PRESET"] == ("full", "default")
+    assert knobs["NVCC_THREADS"] == ("1", "default")
+    assert knobs["VFA_FA2_PTX"] == ("OFF", "env:VFA_FA2_PTX")  # a value with blanks around it is that value
+
+
+def test_a_path_with_a_leading_tilde_is_refused_with_the_path_meant(tmp_path):
+    # pip's -C cmake.define.VFA_SOURCE_CACHE=~/cache reaches CMake as '~/cache' (the
+    # shell expands no '~' inside that word): it used to become <project>/~/cache.
+    result = run_options(tmp_path, ["VFA_SOURCE_CACHE"], env={"HOME": "/home/ci"},
+                         defines={"VFA_SOURCE_CACHE": "~/vfa-cache"})
+    assert result.returncode != 0
+    assert ("VFA_SOURCE_CACHE: '~/vfa-cache' is not a valid value (given as -DVFA_SOURCE_CACHE (pip: "
+            "-C cmake.define.VFA_SOURCE_CACHE)). Valid values: a path; a leading '~' is expanded only by a shell, "
+            "not here: write '/home/ci/vfa-cache'.") in result.text
+    assert read_knobs(tmp_path, ["VFA_SOURCE_CACHE"], env={}, defines={"VFA_SOURCE_CACHE": "./~/vfa-cache"}) == \
+        {"VFA_SOURCE_CACHE": (str(OPTIONS.parents[1] / "~" / "vfa-cache"), "cmake")}  # said explicitly: allowed
