@@ -123,12 +123,14 @@ def test_nothing_is_lost_between_groups():
 FA3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_{}_sm90.cu.o"
 FA2 = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_hdim128_bf16_{}_sm80.cu.o"
 CPP = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api{}.cpp.o"
+FA3_OTHER = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_{}.cu.o"
 
 
 def test_units_are_classified_by_module_and_language():
     assert build_monitor.unit_kind(FA3.format("paged")) == "FA3 CUDA"
     assert build_monitor.unit_kind(FA2.format("causal")) == "FA2 CUDA"
     assert build_monitor.unit_kind(CPP.format("")) == "C++"
+    assert build_monitor.unit_kind(FA3_OTHER.format("prepare_scheduler")) == "FA3 CUDA, other"
     assert build_monitor.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
 
 
@@ -161,6 +163,16 @@ def test_finished_units_replace_the_reference_for_their_kind():
     # 4 FA3 units left at 300 s each (this build's own mean for FA3, not 153) on 2 jobs
     assert s.seconds_left(1300.0) == pytest.approx(600)
     assert s.basis() == "from 3 finished units"
+
+
+def test_a_quick_fa3_helper_unit_does_not_set_the_instantiations_cost():
+    """Measured on the 2-core machine: the 22 s scheduler unit finished first and the
+    estimate took it for all eight FA3 instantiations ("about 2 min left" with 9 min to go)."""
+    units = {FA3.format(v) for v in ("a", "b", "c", "d")} | {FA3_OTHER.format("prepare_scheduler")}
+    s = state(jobs=2, planned=units)
+    finish(s, FA3_OTHER.format("prepare_scheduler"), 1000, build_monitor.REFERENCE_SECONDS["FA3 CUDA, other"])
+    # speed 1 from the finished unit: 4 instantiations at the reference time on 2 jobs
+    assert s.seconds_left(1100.0) == pytest.approx(2 * build_monitor.REFERENCE_SECONDS["FA3 CUDA"])
 
 
 def test_kinds_not_seen_yet_scale_with_this_machines_speed():
