@@ -283,54 +283,97 @@ function(vfa_few out_var)
   set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
 
-# Compares the files under the pin's paths in <dir> with the trees of <commit>.
-# Sets <out_var> to "" when they are equal, else to a text such as
-# "1 file changed (hopper/flash_api.cpp); 141 files missing (include/cutlass/gemm/..., and 136 more)",
-# or <err_var> when git cannot tell (no such commit, not a checkout).
-# Hashes every file into a throwaway index (nothing is written into <dir>), so
-# an edit that keeps size and mtime is seen; the executable bit is ignored.
-#   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
-function(vfa_compare_with_commit out_var err_var dir commit component)
-  set(paths ${VFA_PIN_${component}_PATHS})
+# A folder for this process's scratch files (TMPDIR, else /tmp), made anew.
+#   vfa_scratch_dir(dir vfa-verify)  ->  /tmp/vfa-verify-k3J9x0aQ2mZp
+function(vfa_scratch_dir out_var prefix)
   if(DEFINED ENV{TMPDIR} AND IS_DIRECTORY "$ENV{TMPDIR}")
     set(tmp "$ENV{TMPDIR}")
   else()
     set(tmp "/tmp")
   endif()
   string(RANDOM LENGTH 12 suffix)
-  set(index "${tmp}/vfa-content-${suffix}.index")
-  set(ENV{GIT_INDEX_FILE} "${index}")
-  set(ENV{GIT_NO_LAZY_FETCH} 1)
-  # No repository setting may change what is hashed or seen: no fsmonitor, no
-  # untracked cache, no replace refs, pin paths taken literally.
-  # The checkout's own .git, never one found above it.
-  set(git "${GIT_EXECUTABLE}" --no-replace-objects --literal-pathspecs -c "safe.directory=${dir}"
-      -c core.fsmonitor=false -c core.untrackedCache=false -C "${dir}" "--git-dir=${dir}/.git"
-      "--work-tree=${dir}")
-  # Every file under the paths (none is tracked in the empty index, so all
-  # are "others", ignored ones included), then their hashes into the index.
-  # Through a file: an execute_process pipe costs ~40 ms more here.
-  execute_process(
-    COMMAND ${git} ls-files -z --others -- ${paths}
-    OUTPUT_FILE "${index}.files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
+  set(dir "${tmp}/${prefix}-${suffix}")
+  file(MAKE_DIRECTORY "${dir}")
+  set(${out_var} "${dir}" PARENT_SCOPE)
+endfunction()
+
+# The command prefix of a git that reads no configuration at all (no system,
+# global or repository config, no attributes file of the user or the system)
+# and works on <work_tree> with a scratch repository <scratch> whose objects
+# are those of <objects>: a repository's own config and the user's cannot make
+# it run a command (a filter, an fsmonitor hook) or change what it hashes.
+#   vfa_isolated_git(git /tmp/vfa-verify-x /cache/src/fa-617264c1c795 /cache/src/fa-617264c1c795/.git/objects)
+#     ->  cmake -E env GIT_DIR=/tmp/vfa-verify-x ... git
+function(vfa_isolated_git out_var scratch work_tree objects)
+  # A repository without a config file: HEAD, objects, refs are all git asks for.
+  file(WRITE "${scratch}/HEAD" "ref: refs/heads/none\n")
+  file(MAKE_DIRECTORY "${scratch}/objects" "${scratch}/refs")
+  set(${out_var} "${CMAKE_COMMAND}" -E env
+    "GIT_DIR=${scratch}" "GIT_WORK_TREE=${work_tree}" "GIT_OBJECT_DIRECTORY=${objects}"
+    "GIT_INDEX_FILE=${scratch}/index" --unset=GIT_ALTERNATE_OBJECT_DIRECTORIES --unset=GIT_COMMON_DIR
+    GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "HOME=${scratch}" "XDG_CONFIG_HOME=${scratch}"
+    --unset=GIT_CONFIG_PARAMETERS --unset=GIT_CONFIG_COUNT
+    GIT_ATTR_NOSYSTEM=1 GIT_NO_REPLACE_OBJECTS=1 GIT_LITERAL_PATHSPECS=1 GIT_NO_LAZY_FETCH=1
+    GIT_OPTIONAL_LOCKS=0 "${GIT_EXECUTABLE}" PARENT_SCOPE)
+endfunction()
+
+# Compares the files under the pin's paths in <dir> with the trees of <commit>.
+# Sets <out_var> to "" when they are equal, else to a text such as
+# "1 file changed (hopper/flash_api.cpp); 141 files missing (include/cutlass/gemm/..., and 136 more)",
+# or <err_var> when git cannot tell (no such commit, not a checkout).
+# Every file's bytes are hashed as they are (git hash-object --no-filters: no
+# filter, no end-of-line or encoding conversion), by a git that reads no
+# configuration (vfa_isolated_git), into a throwaway index; nothing is written
+# into <dir>, and nothing <dir>'s repository configures runs. An edit that keeps
+# size and mtime is seen; the executable bit is ignored. The only git run with
+# <dir>'s own config is `rev-parse`, which reads refs and runs no configured command.
+#   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
+function(vfa_compare_with_commit out_var err_var dir commit component)
+  set(paths ${VFA_PIN_${component}_PATHS})
+  # Where the checkout keeps its objects (a worktree or a submodule has a .git file).
+  vfa_git(common err -c "safe.directory=${dir}" -C "${dir}" rev-parse --git-common-dir)
+  if(err)
+    set(${out_var} "" PARENT_SCOPE)
+    set(${err_var} "git could not compare its files with commit ${commit}: ${err}" PARENT_SCOPE)
+    return()
+  endif()
+  get_filename_component(objects "${common}/objects" ABSOLUTE BASE_DIR "${dir}")
+  vfa_scratch_dir(scratch vfa-verify)
+  vfa_isolated_git(git "${scratch}" "${dir}" "${objects}")
+  # Every file under the paths (none is tracked in the empty index, so all are
+  # "others", ignored ones included), C-quoted one a line as hash-object and
+  # update-index read them back; their hashes; both into the index.
+  # Through files: an execute_process pipe costs ~40 ms more here.
+  execute_process(COMMAND ${git} ls-files --others -- ${paths} WORKING_DIRECTORY "${dir}"
+    OUTPUT_FILE "${scratch}/files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
     TIMEOUT ${VFA_FETCH_TIMEOUT})
   if(rc EQUAL 0)
-    execute_process(
-      COMMAND ${git} update-index -z --add --info-only --stdin
-      INPUT_FILE "${index}.files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
-      TIMEOUT ${VFA_FETCH_TIMEOUT})
+    execute_process(COMMAND ${git} hash-object --no-filters --stdin-paths WORKING_DIRECTORY "${dir}"
+      INPUT_FILE "${scratch}/files" OUTPUT_FILE "${scratch}/hashes"
+      RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+  endif()
+  if(rc EQUAL 0)
+    # "100644 <hash>\t<path>": the mode does not matter (only the executable bit
+    # would differ, and that is ignored below).
+    execute_process(COMMAND paste "${scratch}/hashes" "${scratch}/files" COMMAND sed "s/^/100644 /"
+      COMMAND ${git} update-index --index-info WORKING_DIRECTORY "${dir}"
+      RESULTS_VARIABLE rcs ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+    set(rc 0)
+    foreach(one IN LISTS rcs)
+      if(NOT one EQUAL 0)
+        set(rc "${one}")
+      endif()
+    endforeach()
   endif()
   set(raw "")
   if(rc EQUAL 0)
     execute_process(
-      COMMAND ${git} diff-index --cached --raw --no-renames "${commit}" -- ${paths}
+      COMMAND ${git} diff-index --cached --raw --no-renames "${commit}" -- ${paths} WORKING_DIRECTORY "${dir}"
       RESULT_VARIABLE rc OUTPUT_VARIABLE raw ERROR_VARIABLE hash_err
       OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE
       TIMEOUT ${VFA_FETCH_TIMEOUT})
   endif()
-  unset(ENV{GIT_INDEX_FILE})
-  unset(ENV{GIT_NO_LAZY_FETCH})
-  file(REMOVE "${index}" "${index}.lock" "${index}.files")
+  file(REMOVE_RECURSE "${scratch}")
   if(NOT rc EQUAL 0)
     if(hash_err STREQUAL "")
       set(hash_err "git exited with '${rc}'")

@@ -542,3 +542,36 @@ def test_a_dirty_source_dir_is_recorded_in_the_build_info(synthetic, relative_co
                         "verified": True, "origin": "source_dir"}
     cutlass = relative_configure["info"]["cutlass"]
     assert cutlass == {**cutlass, "matches_pin": True, "dirty": False, "verified": True, "origin": "cache"}
+
+
+# --- verifying runs nothing of the verified repository ------------------------------
+
+
+def _with_clean_filter(repo, marker):
+    """A repository whose own config names a clean filter (a command) for every file,
+    as a checkout from someone else could: git runs it whenever it hashes a file
+    the way `git add` does."""
+    subprocess.run(["git", "-C", str(repo), "config", "filter.planted.clean", f"touch '{marker}'; cat"], check=True)
+    (repo / ".gitattributes").write_text("* filter=planted\n")
+    # Under the pin's paths too: a .gitattributes there applies to the files beside it.
+    (repo / "hopper/.gitattributes").write_text("* filter=planted\n")
+    return repo
+
+
+def test_verifying_a_source_dir_runs_none_of_its_configured_commands(synthetic, pin, cache, tmp_path):
+    src = _with_clean_filter(_clone(synthetic, tmp_path / "fa", synthetic.fa_commit), tmp_path / "ran")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src)))
+    assert result.returncode == 0, result.output
+    assert not (tmp_path / "ran").exists(), "the verification ran the repository's clean filter"
+    # The planted hopper/.gitattributes is a file the commit does not have: seen, not run.
+    assert "1 file added (hopper/.gitattributes)" in result.text
+    assert result.sources()["flash_attention"]["dirty"] is True
+
+
+def test_verifying_a_cache_entry_runs_none_of_its_configured_commands(filled, synthetic, pin, cache, tmp_path):
+    _with_clean_filter(_entry(cache, "flash-attention", synthetic.fa_commit), tmp_path / "ran")
+    (_entry(cache, "flash-attention", synthetic.fa_commit) / "hopper/.gitattributes").unlink()
+    result = fetch_sources(defines(pin, cache))
+    assert not (tmp_path / "ran").exists(), "the verification ran the repository's clean filter"
+    assert result.returncode == 0, result.output
+    assert result.sources()["flash_attention"]["matches_pin"] is True
