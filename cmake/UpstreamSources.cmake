@@ -428,6 +428,40 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   set(${err_var} "" PARENT_SCOPE)
 endfunction()
 
+# The absolute include directories <rel_dirs> of <component>'s resolved source
+# tree, each checked to lie under a folder of the pin's `paths`, the only
+# folders whose every file is verified: a folder above them (csrc/) could hold
+# files no check has seen, which would shadow a header of the same name found
+# later on the include path (csrc/cutlass/numeric_types.h before CUTLASS's).
+# Stops, naming the folder and the pin file, when one is not.
+#   vfa_verified_include_dirs(dirs flash_attention csrc/flash_attn/src hopper)
+#     ->  /cache/src/flash-attention-617264c1c795/csrc/flash_attn/src;/cache/.../hopper
+#   vfa_verified_include_dirs(dirs flash_attention csrc)  ->  FATAL_ERROR "... the include
+#     directory '/cache/.../csrc' is not under flash_attention.paths (csrc/flash_attn, ...) ..."
+function(vfa_verified_include_dirs out_var component)
+  set(root "${VFA_${component}_SOURCE_DIR}")
+  set(dirs "")
+  foreach(rel IN LISTS ARGN)
+    set(verified FALSE)
+    foreach(path IN LISTS VFA_PIN_${component}_PATHS)
+      string(FIND "${rel}/" "${path}/" at)
+      if(at EQUAL 0)
+        set(verified TRUE)
+      endif()
+    endforeach()
+    if(NOT verified)
+      string(REPLACE ";" ", " paths "${VFA_PIN_${component}_PATHS}")
+      message(FATAL_ERROR
+        "The build would compile files nobody verified: the include directory '${root}/${rel}' "
+        "is not under ${component}.paths (${paths}) of the pin file '${VFA_PIN_FILE}', whose every "
+        "file is checked against the pinned commit. Add '${rel}' (or a folder above it) to "
+        "${component}.paths (vendor/flash-attention/README.md).")
+    endif()
+    list(APPEND dirs "${root}/${rel}")
+  endforeach()
+  set(${out_var} "${dirs}" PARENT_SCOPE)
+endfunction()
+
 # --- one explicit source directory -----------------------------------------
 
 # Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import PROJECT, build_info, clean_env, configure, fetch_sources, fetch_sources_command, run
+from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, fetch_sources,
+                                  fetch_sources_command, run)
 from support.git_http_server import silent_server, stalling_git_server
 
 
@@ -575,3 +578,53 @@ def test_verifying_a_cache_entry_runs_none_of_its_configured_commands(filled, sy
     assert not (tmp_path / "ran").exists(), "the verification ran the repository's clean filter"
     assert result.returncode == 0, result.output
     assert result.sources()["flash_attention"]["matches_pin"] is True
+
+
+# --- what the compile can see -----------------------------------------------------------
+
+
+def _compile_only(command: str) -> subprocess.CompletedProcess:
+    """A C++ unit's compile command from compile_commands.json, checked for syntax only."""
+    args = command.split()
+    out = args.index("-o")
+    del args[out:out + 2]
+    return subprocess.run([*args, "-fsyntax-only"], capture_output=True, text=True)
+
+
+def test_files_outside_the_verified_paths_are_not_on_the_include_path(filled, synthetic, pin, cache, tmp_path):
+    # A header planted in a cache entry beside the verified folders: csrc/ is not
+    # under the pin's paths, so the content check does not look there. Were csrc/ on
+    # the include path, it would shadow CUTLASS's header of the same name.
+    fa = _entry(cache, "flash-attention", synthetic.fa_commit)
+    for planted in ("csrc/cutlass/numeric_types.h", "csrc/cute/tensor.hpp"):
+        (fa / planted).parent.mkdir(parents=True, exist_ok=True)
+        (fa / planted).write_text('#error "a planted header was compiled"\n')
+    build = tmp_path / "build"
+    result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+    assert result.returncode == 0, result.output
+    fa2_api = next(c["command"] for c in compile_commands(build) if c["file"].endswith("csrc/flash_attn/flash_api.cpp"))
+    compiled = _compile_only(fa2_api)
+    assert "planted" not in compiled.stderr and compiled.returncode == 0, compiled.stderr
+    verified = [fa / p for p in json.loads(pin.read_text())["flash_attention"]["paths"]]
+    verified += [_entry(cache, "cutlass", synthetic.cutlass_commit) / "include"]
+    for entry in compile_commands(build):
+        for include in re.findall(r"(?:^|\s)-I(\S+)", entry["command"]):
+            inside = Path(include)
+            if str(inside).startswith(str(cache)):
+                assert any(inside == v or v in inside.parents for v in verified), (
+                    f"{inside} is on the include path but not under the pin's paths")
+
+
+def test_an_include_dir_outside_the_pins_paths_is_refused(synthetic, pin, cache, tmp_path):
+    # A pin that no longer verifies csrc/common, which FA2 and FA3 include from.
+    data = json.loads(pin.read_text())
+    data["flash_attention"]["paths"].remove("csrc/common")
+    data["flash_attention"]["required_files"] = [
+        f for f in data["flash_attention"]["required_files"] if not f.startswith("csrc/common/")]
+    pin.write_text(json.dumps(data))
+    src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
+    result = configure(tmp_path / "build", defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src), VFA_PRESET="minimal",
+                                                   VFA_COMPILER_CACHE="off"))
+    assert result.returncode != 0
+    assert (f"the include directory '{src}/csrc/common' is not under flash_attention.paths "
+            f"(csrc/flash_attn, hopper) of the pin file '{pin}'") in result.text
