@@ -195,14 +195,27 @@ function(vfa_default_source_cache out_var)
   set(${out_var} "${root}/vendored-flash-attn" PARENT_SCOPE)
 endfunction()
 
-# Runs git, stopped after VFA_FETCH_TIMEOUT seconds, an http(s) transfer also
-# when it stays below 1 KB/s for VFA_FETCH_STALL_TIMEOUT seconds (no effect on
-# local commands); on failure stores the error text in <err_var>.
+# What git writes is the commit's bytes, whatever the user's git config says:
+# the user's config stays (credential helpers, proxies, insteadOf rewrites for
+# the fetch), but no end-of-line conversion (core.autocrlf=true wrote CRLF files
+# that every other user of the cache then saw as edited), no attributes file of
+# the user's (nor the system's: GIT_ATTR_NOSYSTEM, set while resolving), no hook,
+# no fsmonitor command. A filter or eol rule in the fetched repository's own
+# .gitattributes still applies; the check after the fetch refuses what it rewrote.
+set(VFA_GIT_CONTENT_SETTINGS
+  -c core.autocrlf=false -c core.eol=lf -c core.safecrlf=false -c core.attributesFile=/dev/null
+  -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.symlinks=true -c core.ignoreCase=false
+  -c core.precomposeUnicode=false -c submodule.recurse=false)
+
+# Runs git with VFA_GIT_CONTENT_SETTINGS, stopped after VFA_FETCH_TIMEOUT
+# seconds, an http(s) transfer also when it stays below 1 KB/s for
+# VFA_FETCH_STALL_TIMEOUT seconds (no effect on local commands); on failure
+# stores the error text in <err_var>.
 #   vfa_git(head err -C /src rev-parse HEAD)  ->  head=617264c1..., err=""
 function(vfa_git result_var err_var)
   execute_process(
     COMMAND "${GIT_EXECUTABLE}" -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${VFA_FETCH_STALL_TIMEOUT}
-            ${ARGN}
+            ${VFA_GIT_CONTENT_SETTINGS} ${ARGN}
     RESULT_VARIABLE rc
     OUTPUT_VARIABLE out
     ERROR_VARIABLE err
@@ -758,7 +771,8 @@ function(vfa_checkout_pinned component url dir err_var)
     vfa_checkout_failed()
   endif()
 
-  vfa_git(ignored err init -q "${dir}")
+  # No template: the user's init.templateDir could bring hooks or info/attributes.
+  vfa_git(ignored err init -q --template= "${dir}")
   if(err)
     string(CONCAT failure "Could not create '${dir}' for the ${component} checkout: ${err}")
     vfa_checkout_failed()
@@ -827,8 +841,10 @@ function(vfa_checkout_pinned component url dir err_var)
   vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
   if(err OR diff)
     string(CONCAT failure "The fresh ${component} checkout in '${dir}' does not hash back to "
-      "commit ${commit} (${err}${diff}); a git filter or core.autocrlf setting may rewrite files "
-      "on checkout.")
+      "commit ${commit} (${err}${diff}): git rewrote files as it wrote them. Your git settings "
+      "cannot (core.autocrlf, core.eol and attribute files of the user and the system are turned "
+      "off for the fetch), so a filter, text/eol or working-tree-encoding rule in the repository's "
+      "own .gitattributes did: check the pinned commit's .gitattributes.")
     vfa_checkout_failed()
   endif()
   # No credentials stay in the cache: nothing reads this remote again.
@@ -928,7 +944,7 @@ macro(vfa_resolve_upstream_sources)
 
   # Git runs for these repositories only, never prompts, and never sees
   # environment that points it elsewhere; restored afterwards.
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
     set(_vfa_saved_${_vfa_name} "$ENV{${_vfa_name}}")
     set(_vfa_had_${_vfa_name} FALSE)
     if(DEFINED ENV{${_vfa_name}})
@@ -937,6 +953,7 @@ macro(vfa_resolve_upstream_sources)
     unset(ENV{${_vfa_name}})
   endforeach()
   set(ENV{GIT_TERMINAL_PROMPT} 0)
+  set(ENV{GIT_ATTR_NOSYSTEM} 1)
 
   set(_vfa_failed FALSE)
   foreach(_vfa_component IN LISTS VFA_COMPONENTS)
@@ -953,7 +970,7 @@ macro(vfa_resolve_upstream_sources)
     vfa_report_source_failures()
   endif()
   vfa_check_cutlass_matches_submodule()
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
     if(_vfa_had_${_vfa_name})
       set(ENV{${_vfa_name}} "${_vfa_saved_${_vfa_name}}")
     else()

@@ -628,3 +628,28 @@ def test_an_include_dir_outside_the_pins_paths_is_refused(synthetic, pin, cache,
     assert result.returncode != 0
     assert (f"the include directory '{src}/csrc/common' is not under flash_attention.paths "
             f"(csrc/flash_attn, hopper) of the pin file '{pin}'") in result.text
+
+
+# --- the user's git settings do not change what a fetch writes ----------------------------
+
+
+def test_the_users_git_settings_do_not_change_what_a_fetch_writes(synthetic, pin, cache, tmp_path):
+    home = tmp_path / "home"
+    (home / "templates/hooks").mkdir(parents=True)
+    hook = home / "templates/hooks/post-checkout"
+    hook.write_text(f"#!/bin/sh\ntouch '{tmp_path / 'hook-ran'}'\n")
+    hook.chmod(0o755)
+    (home / "attributes").write_text("*.h text eol=crlf\n")
+    (home / ".gitconfig").write_text(
+        "[core]\n\tautocrlf = true\n\tattributesFile = " + str(home / "attributes") + "\n"
+        "[init]\n\ttemplateDir = " + str(home / "templates") + "\n")
+    fetched = fetch_sources(defines(pin, cache), env=clean_env(HOME=str(home), XDG_CONFIG_HOME=str(home)))
+    assert fetched.returncode == 0, fetched.output
+    assert fetched.sources()["flash_attention"]["matches_pin"] is True
+    crlf = [p for p in cache.rglob("*") if p.is_file() and ".git" not in p.parts and b"\r\n" in p.read_bytes()]
+    assert crlf == [], f"CRLF written: {crlf[:3]}"
+    assert not (tmp_path / "hook-ran").exists(), "a hook of the user's git template ran"
+    # Every other user of the cache sees it as fetched: unmodified.
+    again = fetch_sources(defines(pin, cache), env=clean_env(HOME=str(tmp_path)))
+    assert again.returncode == 0, again.output
+    assert {s["origin"] for s in again.sources().values()} == {"cache"}
