@@ -14,7 +14,7 @@ function(vfa_add_fa2_target)
     list(APPEND sources "${root}/${rel}")
   endforeach()
   if(VFA_FA2_MISSING)
-    vfa_write_fa2_stubs(stubs "${VFA_GENERATED_DIR}")
+    vfa_write_fa2_stubs(stubs "${CMAKE_BINARY_DIR}/generated")
     list(APPEND sources "${stubs}")
   endif()
   # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, fetch_sources,
-                                  fetch_sources_command, run)
+from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, configure_command,
+                                  fetch_sources, fetch_sources_command, run)
 from support.git_http_server import silent_server, stalling_git_server
 
 
@@ -653,3 +653,35 @@ def test_the_users_git_settings_do_not_change_what_a_fetch_writes(synthetic, pin
     again = fetch_sources(defines(pin, cache), env=clean_env(HOME=str(tmp_path)))
     assert again.returncode == 0, again.output
     assert {s["origin"] for s in again.sources().values()} == {"cache"}
+
+
+# --- generated files live in the build dir --------------------------------------------------
+
+
+def _stub(build):
+    (stub,) = [c["file"] for c in compile_commands(build) if "fa2_missing_kernels" in c["file"]]
+    return Path(stub)
+
+
+def test_the_quick_start_works_with_a_read_only_source_cache(filled, pin, cache, tmp_path):
+    for lock in (cache / "src").glob(".*.lock"):
+        lock.unlink()
+    build = tmp_path / "build"
+    command = configure_command(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+    result = _read_only(cache, command, clean_env())
+    assert result.returncode == 0, result.output
+    assert _stub(build).parent == build / "generated"
+    assert sorted(p.name for p in cache.iterdir()) == ["src"], "the configure wrote into the source cache"
+
+
+def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path):
+    build = tmp_path / "build"
+    knobs = defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off")
+    result = configure(build, knobs)
+    assert result.returncode == 0, result.output
+    stub = _stub(build)
+    written = stub.read_text()
+    stub.write_text(written[: len(written) // 2])  # cut short, as by a full disk
+    again = configure(build, knobs)  # what every pip build of this build dir runs first
+    assert again.returncode == 0, again.output
+    assert _stub(build) == stub and stub.read_text() == written
