@@ -100,12 +100,66 @@ function(vfa_mirror_url out_var mirror)
   set(${out_var} "${mirror}" PARENT_SCOPE)
 endfunction()
 
-# A URL as it may be shown and recorded: without the user and password a
-# mirror URL may carry (https://user:token@host/...), which would otherwise
-# end up in logs, the cache's marker and the wheel's build info.
+# The Python that runs the project's helper scripts at configure: the build's
+# (Python_EXECUTABLE: scikit-build-core and the tests pass it), else python3 or
+# python on PATH; "" when there is none.
+#   vfa_script_python(python)  ->  /venv/bin/python
+function(vfa_script_python out_var)
+  if(Python_EXECUTABLE)
+    set(${out_var} "${Python_EXECUTABLE}" PARENT_SCOPE)
+    return()
+  endif()
+  find_program(_vfa_script_python NAMES python3 python NO_CACHE)
+  set(${out_var} "${_vfa_script_python}" PARENT_SCOPE)
+endfunction()
+
+# Asks cmake/url_secrets.py, the project's one URL scrubber (the compiler-cache
+# probe imports it too), about <text>, passed through the environment, never on
+# a command line. <mode>: url (one URL, scrubbed), text (every URL in it
+# scrubbed) or secrets (what one URL carries that is secret, as a list).
+# In text mode the secret pieces of every URL this configure used (the global
+# property VFA_SOURCE_URLS) are removed too, wherever they appear.
+# Without a Python nothing is shown of it.
+#   vfa_url_secrets(out url "https://ci:p@ss@git.example/fa.git?token=x")  ->  https://git.example/fa.git
+#   vfa_url_secrets(out secrets "https://ci:s3cret@git.example/fa.git")     ->  a password
+function(vfa_url_secrets out_var mode text)
+  get_property(known GLOBAL PROPERTY VFA_SOURCE_URLS)
+  string(REPLACE ";" "\n" known "${known}")
+  string(SHA256 key "${mode}:${text}:${known}")
+  get_property(answered GLOBAL PROPERTY VFA_URL_SECRETS_${key} SET)
+  if(answered)
+    get_property(answer GLOBAL PROPERTY VFA_URL_SECRETS_${key})
+    set(${out_var} "${answer}" PARENT_SCOPE)
+    return()
+  endif()
+  vfa_script_python(python)
+  set(rc 1)
+  if(python)
+    set(ENV{VFA_URL_TEXT} "${text}")
+    set(ENV{VFA_URL_KNOWN} "${known}")
+    execute_process(COMMAND "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/url_secrets.py" ${mode}
+      OUTPUT_VARIABLE answer RESULT_VARIABLE rc ERROR_VARIABLE err TIMEOUT 60)
+    unset(ENV{VFA_URL_TEXT})
+    unset(ENV{VFA_URL_KNOWN})
+  endif()
+  if(NOT rc EQUAL 0)
+    set(answer "(not shown: no Python to remove credentials from it: ${python} ${err})")
+    if(mode STREQUAL "secrets")
+      set(answer "")
+    endif()
+  elseif(mode STREQUAL "secrets")
+    string(REPLACE "\n" ";" answer "${answer}")
+  endif()
+  set_property(GLOBAL PROPERTY VFA_URL_SECRETS_${key} "${answer}")
+  set(${out_var} "${answer}" PARENT_SCOPE)
+endfunction()
+
+# A URL as it may be shown and recorded: without the user, password, query and
+# fragment a mirror URL may carry, which would otherwise end up in logs, the
+# cache's marker and the wheel's build info.
 #   vfa_shown_url(out "https://ci:s3cret@git.example/fa.git")  ->  https://git.example/fa.git
 function(vfa_shown_url out_var url)
-  string(REGEX REPLACE "^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@" "\\1" url "${url}")
+  vfa_url_secrets(url url "${url}")
   set(${out_var} "${url}" PARENT_SCOPE)
 endfunction()
 
@@ -228,6 +282,7 @@ function(vfa_git result_var err_var)
     return()
   endif()
   set(${result_var} "" PARENT_SCOPE)
+  vfa_stop_if_interrupted("${rc}" "running git ${ARGN}")
   if(NOT rc MATCHES "^[0-9]+$")
     # "Process terminated due to timeout": a server that accepts and never answers.
     string(CONCAT err "git did not finish within VFA_FETCH_TIMEOUT=${VFA_FETCH_TIMEOUT} s (${rc}); "
@@ -240,6 +295,22 @@ function(vfa_git result_var err_var)
     set(err "git exited with '${rc}'")
   endif()
   set(${err_var} "${err}" PARENT_SCOPE)
+endfunction()
+
+# Stops the configure when a child process ended by an interrupt (Ctrl-C, a
+# SIGINT to the process group): CMake itself survives it and would otherwise
+# read it as a failure of that step (a timeout, an unreachable server) and go on
+# to the next repository. <rc> is execute_process's result, <doing> what was
+# under way. A fetch's temporary folder is left; the next fetch removes it.
+#   vfa_stop_if_interrupted("User interrupt" "fetching cutlass")  ->  FATAL_ERROR "Interrupted ..."
+function(vfa_stop_if_interrupted rc doing)
+  if(rc STREQUAL "Process terminated due to timeout" OR rc MATCHES "^[0-9]+$")
+    return()
+  endif()
+  vfa_url_secrets(doing text "${doing}")
+  message(FATAL_ERROR "vendored-flash-attn: interrupted (${rc}) while ${doing}; stopped here. "
+    "Nothing half-done is used: the next configure (or `cmake -P cmake/fetch_sources.cmake`) "
+    "removes an unfinished fetch's <entry>.partial-* folder and starts again.")
 endfunction()
 
 function(vfa_find_git)
@@ -387,6 +458,7 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
       TIMEOUT ${VFA_FETCH_TIMEOUT})
   endif()
   file(REMOVE_RECURSE "${scratch}")
+  vfa_stop_if_interrupted("${rc}" "checking the files of '${dir}'")
   if(NOT rc EQUAL 0)
     if(hash_err STREQUAL "")
       set(hash_err "git exited with '${rc}'")
@@ -751,6 +823,25 @@ function(vfa_checkout_pinned component url dir err_var)
     "If this machine cannot reach ${shown}, point ${prefix}_MIRROR at a mirror "
     "that has the commit, or ${prefix}_SRC_DIR at a local checkout of it.")
 
+  # No template: the user's init.templateDir could bring hooks or info/attributes.
+  vfa_git(ignored err init -q --template= "${dir}")
+  if(err)
+    string(CONCAT failure "Could not create '${dir}' for the ${component} checkout: ${err}")
+    vfa_checkout_failed()
+  endif()
+  # The remote goes into the checkout's config by hand, readable by this user
+  # only while it may hold credentials: on git's command line (remote add,
+  # ls-remote <url>) any local user would see them in `ps`.
+  if(url MATCHES "\n")
+    set(failure "${prefix}_MIRROR holds a line break; give one URL.")
+    vfa_checkout_failed()
+  endif()
+  string(REPLACE "\\" "\\\\" quoted "${url}")
+  string(REPLACE "\"" "\\\"" quoted "${quoted}")
+  file(CHMOD "${dir}/.git/config" PERMISSIONS OWNER_READ OWNER_WRITE)
+  file(APPEND "${dir}/.git/config"
+    "[remote \"origin\"]\n\turl = \"${quoted}\"\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n")
+
   # A server that accepts connections and never answers is caught here, in
   # the stall time and for every protocol: https and ssh hang in their
   # handshake, where git's low-speed limit does not apply yet. Other errors
@@ -763,21 +854,15 @@ function(vfa_checkout_pinned component url dir err_var)
   endif()
   execute_process(
     COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
-            ls-remote "${url}" HEAD
+            -C "${dir}" ls-remote origin HEAD
     RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE probe_err TIMEOUT ${limit})
+  vfa_stop_if_interrupted("${rc}" "reaching ${shown} for ${component}")
   if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
     string(CONCAT failure "${shown} accepted the connection but did not answer within "
       "${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}")
     vfa_checkout_failed()
   endif()
 
-  # No template: the user's init.templateDir could bring hooks or info/attributes.
-  vfa_git(ignored err init -q --template= "${dir}")
-  if(err)
-    string(CONCAT failure "Could not create '${dir}' for the ${component} checkout: ${err}")
-    vfa_checkout_failed()
-  endif()
-  vfa_git(ignored err -C "${dir}" remote add origin "${url}")
   # Only the folders the build compiles: CUTLASS is large, and the upstream
   # repository carries big assets the build never reads.
   vfa_git(ignored err -C "${dir}" sparse-checkout set ${VFA_PIN_${component}_PATHS})
@@ -847,14 +932,46 @@ function(vfa_checkout_pinned component url dir err_var)
       "own .gitattributes did: check the pinned commit's .gitattributes.")
     vfa_checkout_failed()
   endif()
-  # No credentials stay in the cache: nothing reads this remote again.
+  # No credentials stay in the cache: nothing reads this remote again. Then
+  # the config is readable again by every user of a shared cache.
   vfa_git(ignored err -C "${dir}" remote set-url origin "${shown}")
+  file(CHMOD "${dir}/.git/config" PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
   file(WRITE "${dir}/${VFA_SOURCE_MARKER}"
     "{\"name\": \"${component}\", \"commit\": \"${commit}\", \"tag\": \"${tag}\", \"url\": \"${shown}\"}\n")
   set(${err_var} "" PARENT_SCOPE)
 endfunction()
 
 # --- resolution ----------------------------------------------------------------
+
+# "" unless the URL knob <name> was given as a CMake definition (-D, or pip's
+# -C cmake.define.) and carries credentials; then why that is refused and what
+# to do instead. A definition is printed on scikit-build-core's "RUN:" line
+# (pip -v, CI logs) and shown by `ps` while CMake runs; the environment is
+# neither. Its value is scrubbed everywhere this project prints or records it.
+#   vfa_refuse_credentials_in_a_definition(err FLASH_ATTN_MIRROR)  with
+#   -DFLASH_ATTN_MIRROR=https://ci:s3cret@git.example/fa.git  ->  "FLASH_ATTN_MIRROR was given ..."
+function(vfa_refuse_credentials_in_a_definition out_var name)
+  set(${out_var} "" PARENT_SCOPE)
+  vfa_option_origin(origin ${name})
+  if(NOT origin STREQUAL "cmake")
+    return()
+  endif()
+  vfa_url_secrets(secrets secrets "${${name}}")
+  if(NOT secrets)
+    return()
+  endif()
+  string(REPLACE ";" " and " secrets "${secrets}")
+  vfa_shown_url(shown "${${name}}")
+  string(CONCAT text "${name} was given as a CMake definition (-D, or pip's -C cmake.define.) "
+    "with ${secrets} in its URL. A definition is printed on scikit-build-core's RUN: line "
+    "(pip -v, CI logs) and shown to every local user by `ps`, so it is refused: treat that "
+    "credential as exposed. Give ${name}=${shown} and let git supply the credentials "
+    "(a credential helper: git config --global credential.helper <helper>, or your CI's), or "
+    "set ${name} with the credentials in the environment instead (${name}=... pip wheel .): the "
+    "environment is not printed, and the URL is scrubbed from every log, the source cache and "
+    "the build info. README: Where the upstream comes from.")
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
 
 # Sets, for <component>, in the caller's scope:
 #   VFA_<component>_SOURCE_DIR, _COMMIT, _MATCHES_PIN, _VERIFIED, _DIRTY, _ORIGIN, _URL
@@ -901,7 +1018,13 @@ function(vfa_resolve_source component)
     set(url "${VFA_PIN_${component}_URL}")
   else()
     vfa_mirror_url(url "${${prefix}_MIRROR}")
+    vfa_refuse_credentials_in_a_definition(err ${prefix}_MIRROR)
+    if(err)
+      set(VFA_${component}_ERROR "${err}" PARENT_SCOPE)
+      return()
+    endif()
   endif()
+  set_property(GLOBAL APPEND PROPERTY VFA_SOURCE_URLS "${url}")
 
   # Check first, lock only to fetch: a complete cache on a read-only path works.
   set(err "")
@@ -981,6 +1104,8 @@ endmacro()
 
 # One message for every component: the failures with their fixes, and where
 # the others stand, so one attempt tells all that is needed.
+# git's own error text repeats the URL it used, credentials and all: the text is
+# scrubbed (every URL in it, and the secret pieces of each URL this configure used).
 function(vfa_report_source_failures)
   set(text "vendored-flash-attn could not get every upstream source.")
   foreach(component IN LISTS VFA_COMPONENTS)
@@ -991,6 +1116,7 @@ function(vfa_report_source_failures)
       string(APPEND text "ok (${VFA_${component}_ORIGIN}: ${VFA_${component}_SOURCE_DIR}); nothing to do.")
     endif()
   endforeach()
+  vfa_url_secrets(text text "${text}")
   message(FATAL_ERROR "${text}")
 endfunction()
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -428,10 +429,20 @@ def test_a_transfer_that_stalls_midway_stops_at_the_first_timeout(synthetic, pin
     assert not list((cache / "src").glob("flash-attention-*"))
 
 
-def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin, cache):
+# A password with '@' in it, and a query string: both once survived a scrubber.
+# (curl refuses a raw '@' in a password it is to use; git users write %40.)
+SECRET_URL_FORMS = {"password": "http://ci:s3cret-token@{host}/flash-attention",
+                    "password-encoded-at": "http://ci:s3cret%40-token@{host}/flash-attention",
+                    "password-with-at": "http://ci:s3cret@-token@{host}/flash-attention",
+                    "query": "http://{host}/flash-attention?token=s3cret-token"}
+
+
+@pytest.mark.parametrize("form", ["password", "password-encoded-at"])
+def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin, cache, form):
     with stalling_git_server(synthetic.root, answer=1000) as base:
-        secret_url = base.replace("http://", "http://ci:s3cret-token@") + "flash-attention"
-        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=secret_url), timeout=120)
+        secret_url = SECRET_URL_FORMS[form].format(host=base.split("//")[1].rstrip("/"))
+        # In the environment: a -D value would be refused (below).
+        result = fetch_sources(defines(pin, cache), env=clean_env(FLASH_ATTN_MIRROR=secret_url), timeout=120)
     assert result.returncode == 0, result.output
     fa = result.sources()["flash_attention"]
     assert fa["matches_pin"] is True and fa["url"] == base + "flash-attention"
@@ -439,6 +450,57 @@ def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin
     leaks = [p for p in cache.rglob("*") if p.is_file() and b"s3cret-token" in p.read_bytes()]
     assert "s3cret-token" not in result.output and leaks == []
     assert json.loads((entry / ".vfa-source.json").read_text())["url"] == base + "flash-attention"
+    assert "s3cret" not in result.output
+
+
+def test_credentials_in_a_failing_mirrors_url_stay_out_of_the_message(pin, cache):
+    # git repeats the URL it could not reach in its error; the query string too.
+    result = fetch_sources(defines(pin, cache), env=clean_env(
+        FLASH_ATTN_MIRROR="file:///nonexistent/fa.git?token=s3cret-token",
+        CUTLASS_MIRROR="https://ci:s3cret@-token@127.0.0.1:9/cutlass.git"))
+    assert result.returncode != 0
+    assert "s3cret" not in result.output
+    assert "file:///nonexistent/fa.git" in result.text and "https://127.0.0.1:9/cutlass.git" in result.text
+
+
+@pytest.mark.parametrize("form", sorted(SECRET_URL_FORMS))
+def test_credentials_in_a_cmake_definition_are_refused(pin, cache, form):
+    secret_url = SECRET_URL_FORMS[form].format(host="git.example")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=secret_url))
+    assert result.returncode != 0
+    assert "FLASH_ATTN_MIRROR was given as a CMake definition" in result.text
+    assert "credential helper" in result.text and "in the environment" in result.text
+    assert "s3cret" not in result.output.replace(secret_url, "")  # only cmake's own echo, if any
+    assert not (cache / "src").exists() or not list((cache / "src").glob("flash-attention-*"))
+
+
+def test_an_interrupt_during_a_fetch_stops_and_says_so(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=2) as base:
+        command = fetch_sources_command(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
+                                                VFA_FETCH_STALL_TIMEOUT="120"))
+        # Its own process group, as a shell gives a job: Ctrl-C reaches every process in it. With
+        # SIGINT ignored, as a script's background job or a CI runner's step has it: then CMake
+        # lives on (a CMake that does not ignore it just dies), while git, whose signals CMake
+        # resets, ends, and CMake read that as a timeout and went on to the next repository.
+        proc = subprocess.Popen(["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command], env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not list(cache.glob("src/flash-attention-*.partial-*")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2)  # past the first contact, into the fetch the server never answers
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = " ".join(output.split())
+    assert proc.returncode != 0
+    assert "interrupted (User interrupt) while running git" in text and "stopped here" in text
+    assert "VFA_FETCH_TIMEOUT" not in text and "does not answer" not in text
+    assert not list(cache.glob("src/cutlass-*")), "it went on to fetch the next repository"
 
 
 def test_timeouts_must_be_whole_seconds(pin, cache):
