@@ -236,15 +236,30 @@ endfunction()
 
 # --- helpers -------------------------------------------------------------------
 
+# The default source cache: $XDG_CACHE_HOME/vendored-flash-attn, else
+# $HOME/.cache/vendored-flash-attn. A relative XDG_CACHE_HOME is ignored, as the
+# XDG spec says (it would put checkouts wherever cmake runs); a relative HOME
+# gives no default.
+#   vfa_default_source_cache(dir)  ->  /home/me/.cache/vendored-flash-attn
 function(vfa_default_source_cache out_var)
-  if(DEFINED ENV{XDG_CACHE_HOME} AND NOT "$ENV{XDG_CACHE_HOME}" STREQUAL "")
-    set(root "$ENV{XDG_CACHE_HOME}")
-  elseif(DEFINED ENV{HOME} AND NOT "$ENV{HOME}" STREQUAL "")
-    set(root "$ENV{HOME}/.cache")
+  set(root "")
+  set(xdg "$ENV{XDG_CACHE_HOME}")
+  if(NOT xdg STREQUAL "" AND IS_ABSOLUTE "${xdg}")
+    set(root "${xdg}")
   else()
+    if(NOT xdg STREQUAL "")
+      message(WARNING "XDG_CACHE_HOME='${xdg}' is not an absolute path, so it is ignored (the XDG "
+        "base directory spec says so) and the source cache defaults to \$HOME/.cache. Set "
+        "XDG_CACHE_HOME to an absolute path, or VFA_SOURCE_CACHE.")
+    endif()
+    if(IS_ABSOLUTE "$ENV{HOME}")
+      set(root "$ENV{HOME}/.cache")
+    endif()
+  endif()
+  if(root STREQUAL "")
     message(FATAL_ERROR
-      "Neither XDG_CACHE_HOME nor HOME is set, so there is no default source cache. "
-      "Set VFA_SOURCE_CACHE to a folder that stays put between builds.")
+      "Neither XDG_CACHE_HOME nor HOME is an absolute path (HOME='$ENV{HOME}'), so there is no "
+      "default source cache. Set VFA_SOURCE_CACHE to a folder that stays put between builds.")
   endif()
   set(${out_var} "${root}/vendored-flash-attn" PARENT_SCOPE)
 endfunction()
@@ -557,7 +572,14 @@ endfunction()
 #   hopper/flash_api.cpp: VFA_flash_attention_MATCHES_PIN=FALSE, _DIRTY=TRUE, a warning
 function(vfa_use_source_dir component dir src_var err_var)
   set(pinned "${VFA_PIN_${component}_COMMIT}")
-  if(NOT IS_DIRECTORY "${dir}")
+  if(EXISTS "${dir}" AND NOT IS_DIRECTORY "${dir}")
+    string(CONCAT message
+      "${src_var} points to '${dir}', which is a file, not a folder. Point it at the top folder of a "
+      "checkout of ${VFA_PIN_${component}_URL} at commit ${pinned} (an archive must be unpacked "
+      "first), or unset it to fetch the pin.")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  elseif(NOT IS_DIRECTORY "${dir}")
     string(CONCAT message
       "${src_var} points to '${dir}', which does not exist (a relative path is taken from "
       "the project directory). Point it at a checkout of "
@@ -806,6 +828,39 @@ function(vfa_fetch_into_cache component url dest err_var)
   endif()
 endfunction()
 
+# git's words for a write that failed on this machine (a full disk, a quota, a
+# read-only mount), as opposed to a server that could not be reached.
+set(VFA_GIT_LOCAL_WRITE_ERRORS "No space left on device|Out of diskspace|Disk quota exceeded|Read-only file system|unable to write|could not write|couldn't write|cannot create directory|write error|short write")
+# How many lines of git's error text a message quotes.
+set(VFA_SHOWN_GIT_LINES 6)
+
+# The text for a failed git step of a fetch into <dir>: <what> failed, git's
+# own words (the first VFA_SHOWN_GIT_LINES lines), then the likely cause: this
+# machine's disk when git says a write failed, else <network_hint>.
+#   vfa_git_failure(text "Could not check out cutlass commit 62750a2b..." "error: unable to write
+#     file include/cute/tensor.hpp ..." /cache/src/cutlass-62750a2b75c8.partial-x "If this machine ...")
+#     ->  "Could not ...:\nerror: unable to write file ...\ngit could not write into '/cache/src' ..."
+function(vfa_git_failure out_var what err dir network_hint)
+  string(REPLACE ";" "\\;" lines "${err}")
+  string(REPLACE "\n" ";" lines "${lines}")
+  list(LENGTH lines n)
+  if(n GREATER VFA_SHOWN_GIT_LINES)
+    list(SUBLIST lines 0 ${VFA_SHOWN_GIT_LINES} lines)
+    math(EXPR rest "${n} - ${VFA_SHOWN_GIT_LINES}")
+    list(APPEND lines "(and ${rest} more lines)")
+  endif()
+  list(JOIN lines "\n" shown_err)
+  if(err MATCHES "(${VFA_GIT_LOCAL_WRITE_ERRORS})")
+    get_filename_component(parent "${dir}" DIRECTORY)
+    string(CONCAT hint "git could not write into '${parent}' (${CMAKE_MATCH_1}): the cause is this "
+      "machine's disk, not the network. Free space there, or set VFA_SOURCE_CACHE to a folder with room "
+      "(the two pinned checkouts take about 35 MB).")
+  else()
+    set(hint "${network_hint}")
+  endif()
+  set(${out_var} "${what}:\n${shown_err}\n${hint}" PARENT_SCOPE)
+endfunction()
+
 # Inside vfa_checkout_pinned: fail with the text in `failure`.
 macro(vfa_checkout_failed)
   set(${err_var} "${failure}" PARENT_SCOPE)
@@ -826,7 +881,7 @@ function(vfa_checkout_pinned component url dir err_var)
   # No template: the user's init.templateDir could bring hooks or info/attributes.
   vfa_git(ignored err init -q --template= "${dir}")
   if(err)
-    string(CONCAT failure "Could not create '${dir}' for the ${component} checkout: ${err}")
+    vfa_git_failure(failure "Could not create '${dir}' for the ${component} checkout" "${err}" "${dir}" "")
     vfa_checkout_failed()
   endif()
   # The remote goes into the checkout's config by hand, readable by this user
@@ -875,7 +930,8 @@ function(vfa_checkout_pinned component url dir err_var)
   if(tag)
     vfa_git(ignored err ${fetch_args} --depth 1 origin "+refs/tags/${tag}:refs/tags/${tag}")
     if(err)
-      string(CONCAT failure "Could not fetch tag '${tag}' of ${component} from ${shown}:\n${err}\n${offline_hint}")
+      vfa_git_failure(failure "Could not fetch tag '${tag}' of ${component} from ${shown}" "${err}" "${dir}"
+        "${offline_hint}")
       vfa_checkout_failed()
     endif()
     vfa_git(tagged err -C "${dir}" rev-parse "refs/tags/${tag}^{commit}")
@@ -899,7 +955,8 @@ function(vfa_checkout_pinned component url dir err_var)
         vfa_git(ignored err3 -C "${dir}" cat-file -e "${commit}^{commit}")
       endif()
       if(err2)
-        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n${err}\n${offline_hint}")
+        vfa_git_failure(failure "Could not fetch ${component} commit ${commit} from ${shown}" "${err}" "${dir}"
+          "${offline_hint}")
         vfa_checkout_failed()
       elseif(err3)
         string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n"
@@ -913,8 +970,8 @@ function(vfa_checkout_pinned component url dir err_var)
   vfa_git(ignored err -C "${dir}" -c advice.detachedHead=false checkout -q --detach "${commit}")
   vfa_git(head err2 -C "${dir}" rev-parse HEAD)
   if(err OR NOT head STREQUAL commit)
-    string(CONCAT failure "Could not check out ${component} commit ${commit} from ${shown}: "
-      "${err}${err2}\n${offline_hint}")
+    vfa_git_failure(failure "Could not check out ${component} commit ${commit} from ${shown}" "${err}${err2}"
+      "${dir}" "${offline_hint}")
     vfa_checkout_failed()
   endif()
   vfa_pin_commit_lacks_files(failure ${component} "${dir}")

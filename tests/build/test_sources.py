@@ -747,3 +747,48 @@ def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, 
     again = configure(build, knobs)  # what every pip build of this build dir runs first
     assert again.returncode == 0, again.output
     assert _stub(build) == stub and stub.read_text() == written
+
+
+# --- messages that name the right cause --------------------------------------------------
+
+
+def test_a_source_dir_that_is_a_file_says_so(pin, cache, tmp_path):
+    (tmp_path / "flash-attention.tar").write_text("not a folder")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_SRC_DIR=str(tmp_path / "flash-attention.tar")))
+    assert result.returncode != 0
+    assert f"FLASH_ATTN_SRC_DIR points to '{tmp_path / 'flash-attention.tar'}', which is a file, not a folder" in result.text
+    assert "does not exist" not in result.text
+
+
+def test_a_relative_xdg_cache_home_is_ignored_and_nothing_is_written_where_cmake_runs(synthetic, pin, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = fetch_sources({"VFA_PIN_FILE": str(pin)}, cwd=elsewhere,
+                           env=clean_env(XDG_CACHE_HOME="relative-cache", HOME=str(home)))
+    assert result.returncode == 0, result.output
+    assert "XDG_CACHE_HOME='relative-cache' is not an absolute path" in result.text
+    fa = result.sources()["flash_attention"]
+    assert fa["source_dir"].startswith(str(home / ".cache/vendored-flash-attn/src/")) and fa["matches_pin"] is True
+    assert not list(elsewhere.iterdir())
+
+
+def _with_a_full_disk(folder, size, cmd, env):
+    """Runs cmd with <folder> on a tmpfs of <size>, in a private mount namespace."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.fail("cannot mount a small filesystem here: no unshare -rm (user and mount namespaces)")
+    folder.mkdir(parents=True, exist_ok=True)
+    script = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    return run(["unshare", "-rm", "sh", "-c", script, str(folder), *cmd], env=env)
+
+
+@pytest.mark.parametrize("size", ["64k", "256k"])  # full during the fetch, and during the checkout
+def test_a_disk_that_fills_during_a_fetch_is_named_as_the_cause(pin, cache, size):
+    result = _with_a_full_disk(cache, size, fetch_sources_command(defines(pin, cache)), clean_env())
+    assert result.returncode != 0
+    assert f"git could not write into '{cache / 'src'}'" in result.text
+    assert "this machine's disk, not the network" in result.text
+    assert "Free space there, or set VFA_SOURCE_CACHE to a folder with room" in result.text
+    assert "point FLASH_ATTN_MIRROR" not in result.text and "point CUTLASS_MIRROR" not in result.text
+    assert "more lines" in result.text or result.text.count("unable to write file") <= 5
