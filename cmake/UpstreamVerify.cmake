@@ -28,23 +28,29 @@ endfunction()
 # or <err_var> when git cannot tell (no such commit, not a checkout).
 # Every file's bytes are hashed as they are (git hash-object --no-filters: no
 # filter, no end-of-line or encoding conversion), by a git that reads no
-# configuration (vfa_isolated_git), into a throwaway index; nothing is written
+# configuration (vfa_begin_isolated_git), into a throwaway index; nothing is written
 # into <dir>, and nothing <dir>'s repository configures runs. An edit that keeps
 # size and mtime is seen; the executable bit is ignored. The only git run with
 # <dir>'s own config is `rev-parse`, which reads refs and runs no configured command.
 #   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
 function(vfa_compare_with_commit out_var err_var dir commit component)
   set(paths ${VFA_PIN_${component}_PATHS})
-  # Where the checkout keeps its objects (a worktree or a submodule has a .git file).
-  vfa_git(common err -c "safe.directory=${dir}" -C "${dir}" rev-parse --git-common-dir)
-  if(err)
-    set(${out_var} "" PARENT_SCOPE)
-    set(${err_var} "git could not compare its files with commit ${commit}: ${err}" PARENT_SCOPE)
-    return()
+  # Where the checkout keeps its objects: .git/objects, or for a worktree or a
+  # submodule (a .git file) where git says.
+  if(IS_DIRECTORY "${dir}/.git")
+    set(objects "${dir}/.git/objects")
+  else()
+    vfa_git(common err -c "safe.directory=${dir}" -C "${dir}" rev-parse --git-common-dir)
+    if(err)
+      set(${out_var} "" PARENT_SCOPE)
+      set(${err_var} "git could not compare its files with commit ${commit}: ${err}" PARENT_SCOPE)
+      return()
+    endif()
+    get_filename_component(objects "${common}/objects" ABSOLUTE BASE_DIR "${dir}")
   endif()
-  get_filename_component(objects "${common}/objects" ABSOLUTE BASE_DIR "${dir}")
   vfa_scratch_dir(scratch vfa-verify)
-  vfa_isolated_git(git "${scratch}" "${dir}" "${objects}")
+  vfa_begin_isolated_git("${scratch}" "${dir}" "${objects}")
+  set(git "${GIT_EXECUTABLE}")
   # Every file under the paths (none is tracked in the empty index, so all are
   # "others", ignored ones included), C-quoted one a line as hash-object and
   # update-index read them back; their hashes; both into the index.
@@ -60,7 +66,9 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   if(rc EQUAL 0)
     # "100644 <hash>\t<path>": the mode does not matter (only the executable bit
     # would differ, and that is ignored below).
-    execute_process(COMMAND paste "${scratch}/hashes" "${scratch}/files" COMMAND sed "s/^/100644 /"
+    execute_process(
+      COMMAND awk "NR == FNR { hash[FNR] = $0; next } { print \"100644 \" hash[FNR] \"\\t\" $0 }"
+              "${scratch}/hashes" "${scratch}/files"
       COMMAND ${git} update-index --index-info WORKING_DIRECTORY "${dir}"
       RESULTS_VARIABLE rcs ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
     set(rc 0)
@@ -78,6 +86,7 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
       OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE
       TIMEOUT ${VFA_FETCH_TIMEOUT})
   endif()
+  vfa_end_isolated_git()
   file(REMOVE_RECURSE "${scratch}")
   vfa_stop_if_interrupted("${rc}" "checking the files of '${dir}'")
   if(NOT rc EQUAL 0)
