@@ -40,6 +40,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from vendored_flash_attn import fa4_deps  # noqa: E402  (standard library only)
+
 # Where the staged copy lives inside our package, and how its sources refer to themselves.
 UPSTREAM_PACKAGE = "flash_attn.cute"
 VENDORED_PACKAGE = "vendored_flash_attn._fa4.cute"
@@ -79,6 +82,15 @@ def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
     """
     if not (cute_src / "__init__.py").is_file() or not (cute_src / "interface.py").is_file():
         raise SystemExit(f"{cute_src} is not upstream's flash_attn/cute (no __init__.py / interface.py)")
+    # The fa4 extra must still be what this upstream declares: a pin bump that changes
+    # flash_attn/cute's dependencies stops here, naming the difference, not at run time.
+    pin_pyproject = cute_src / "pyproject.toml"
+    if not pin_pyproject.is_file():
+        raise SystemExit(f"{pin_pyproject} is missing: cannot check the fa4 extra against the pin")
+    drift = fa4_deps.pin_drift(pin_pyproject.read_text(encoding="utf-8"))
+    if drift:
+        raise SystemExit(f"the fa4 extra in pyproject.toml differs from {pin_pyproject}: " + "; ".join(drift)
+                         + ". Update the extra to the pin's dependencies (see fa4_deps.py).")
     target = dest.joinpath(*package.split("."))
     if target.exists():
         shutil.rmtree(target)
