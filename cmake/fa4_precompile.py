@@ -277,7 +277,11 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{number.group(1)}"
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "1"
-    sys.path.insert(0, str(stage_root))
+    # The staged copy is a subpackage of ours, as in the wheel: our package (already imported
+    # for fa4_deps) also looks for its submodules in the stage.
+    import vendored_flash_attn
+
+    vendored_flash_attn.__path__.append(str(stage_root.joinpath(*package.split(".")[:1])))
     t0 = time.perf_counter()
     flavour = dsl_flavour()
     cache_dir = out / flavour
