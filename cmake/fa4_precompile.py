@@ -264,8 +264,12 @@ def _objects(root: Path) -> dict[str, int]:
 
 
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE) -> dict:
-    """Compile ``calls`` into ``out/<flavour>/...`` with the staged package; a report dict."""
+                      package: str = VENDORED_PACKAGE, repeat: int = 1) -> dict:
+    """Compile ``calls`` into ``out/<flavour>/...`` with the staged package; a report dict.
+
+    ``repeat`` > 1 makes each call again (``verify``: over a filled cache, the first call
+    shows the load from disk, the next ones the in-memory hit).
+    """
     import resource
 
     number = re.fullmatch(r"sm_?(\d+)a?", arch)
@@ -295,7 +299,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     cache_utils = importlib.import_module(f"{package}.cache_utils")
     import_s = time.perf_counter() - t0
     results = []
-    for call in calls:
+    for call, attempt in itertools.product(calls, range(1, repeat + 1)):
         before = _objects(out)
         start = time.perf_counter()
         error = None
@@ -307,10 +311,10 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         seconds = time.perf_counter() - start
         new = {k: v for k, v in _objects(out).items() if k not in before}
-        results.append({"call": call.name, **dataclasses.asdict(call), "seconds": round(seconds, 2),
-                        "objects": new, "error": error})
+        results.append({"call": call.name, **dataclasses.asdict(call), "attempt": attempt,
+                        "seconds": round(seconds, 3), "objects": new, "error": error})
         status = error or f"{len(new)} new object(s), {sum(new.values())} B"
-        print(f"  {call.name:40s} {seconds:6.2f} s  {status}", flush=True)
+        print(f"  {call.name:40s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
     import cutlass
     import tvm_ffi
 
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     p_stage = sub.add_parser("stage", help="copy flash_attn/cute as our subpackage, imports rewritten")
     p_stage.add_argument("--cute-src", type=Path, required=True, help="upstream's flash_attn/cute directory")
     p_stage.add_argument("--dest", type=Path, required=True, help="import root to stage into")
-    for name in ("plan", "compile"):
+    for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--head-dims", default="128")
         p.add_argument("--dtypes", default="bf16")
@@ -341,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--layouts", default="varlen,paged")
         p.add_argument("--heads", default="16:4", help="query:kv head pairs, e.g. 16:4,8:8")
         p.add_argument("--lse", choices=("no", "yes", "both"), default="no")
-        if name == "compile":
+        if name in ("compile", "verify"):
             p.add_argument("--stage", type=Path, required=True, help="import root made by `stage`")
-            p.add_argument("--out", type=Path, required=True, help="cache root to compile into")
+            p.add_argument("--out", type=Path, required=True,
+                           help="cache root to compile into (verify: to load from; nothing may compile)")
             p.add_argument("--arch", default="sm_90a")
             p.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -355,10 +360,15 @@ def main(argv: list[str] | None = None) -> int:
         for call in calls:
             print(call.name)
         return 0
-    report = compile_selection(args.stage, args.out, args.arch, calls)
+    verify = args.command == "verify"
+    report = compile_selection(args.stage, args.out, args.arch, calls, repeat=2 if verify else 1)
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
-    failed = [c["call"] for c in report["calls"] if c["error"]]
+    failed = [c["call"] for c in report["calls"] if c["error"] or (verify and c["objects"])]
+    if verify:
+        print(f"{len(calls) - len(set(failed))} of {len(calls)} kernels loaded from {args.out / report['flavour']}"
+              f" without compiling")
+        return 1 if failed else 0
     print(f"{len(calls) - len(failed)} of {len(calls)} kernels compiled into {args.out / report['flavour']}"
           f" (import {report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
     return 1 if failed else 0
