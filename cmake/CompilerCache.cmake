@@ -152,8 +152,8 @@ function(vfa_setup_compiler_cache)
   # runs through dist-compile/compile_env.py, which hands it only what a compile needs.
   set(launcher "${VFA_SCCACHE_EXECUTABLE}")
   if(NOT scheduler STREQUAL "")
-    set(launcher "${Python_EXECUTABLE}" -E -s -S "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../dist-compile/compile_env.py"
-      "${VFA_SCCACHE_EXECUTABLE}")
+    get_filename_component(compile_env "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../dist-compile/compile_env.py" ABSOLUTE)
+    set(launcher "${Python_EXECUTABLE}" -E -s -S "${compile_env}" "${VFA_SCCACHE_EXECUTABLE}")
   endif()
   foreach(lang C CXX CUDA)
     set(CMAKE_${lang}_COMPILER_LAUNCHER "${launcher}" PARENT_SCOPE)

@@ -58,7 +58,9 @@ class Cluster:
         proc.wait(timeout=10)
 
 
-def start_cluster(root: Path, slots: int) -> Cluster:
+def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = None) -> Cluster:
+    """A scheduler and a build server; `extra_env` is added to (or replaces) what the
+    operator's shell holds when it starts them (the secrets `cluster.py secrets` made)."""
     root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.fail("sccache-dist build servers run as root (CI does); run these tests as root")
@@ -67,6 +69,7 @@ def start_cluster(root: Path, slots: int) -> Cluster:
     for line in (root / "secrets.env").read_text().split():
         key, value = line.split("=", 1)
         env[key] = value
+    env.update(extra_env or {})
     port, server_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     slot_log = root / "slots.log"
