@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,15 +51,22 @@ int main(int argc, char **argv) {
 """
 
 
-def command_lines() -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+def watch_command_lines(needle: str, seen: list[str], done: threading.Event) -> None:
+    """Collect every command line holding `needle` until `done`. A process that gets a key
+    on its command line lives a few ms: each pass lists /proc and reads only the processes
+    born in the last 0.2 s (again: a fresh one may not have exec'd yet)."""
+    born: dict[str, float] = {}
+    while not done.is_set():
+        now = time.monotonic()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or now - born.setdefault(pid, now) > 0.2:
+                continue
             try:
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
-                pass  # gone meanwhile
-    return found
+                continue  # gone meanwhile
+            if needle in line:
+                seen.append(line)
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +76,7 @@ def trusted(tmp_path_factory):
     assert DASH_KEY.startswith("-") and len(base64.urlsafe_b64decode(DASH_KEY + "=")) == 32
     root = tmp_path_factory.mktemp("dist-trust")
     seen, done = [], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.extend(line for line in command_lines() if DASH_KEY in line)
-
-    watcher = threading.Thread(target=watch, daemon=True)
+    watcher = threading.Thread(target=watch_command_lines, args=(DASH_KEY, seen, done), daemon=True)
     watcher.start()
     try:
         cluster = start_cluster(root / "cluster", slots=1, extra_env={
@@ -104,14 +107,19 @@ def test_a_key_that_begins_with_a_dash_registers_a_server(trusted):
 
 
 def test_the_key_is_on_no_command_line_while_the_cluster_starts(trusted):
+    # Best effort: a command that lives a few ms can be missed on a loaded machine (caught
+    # in 1 of 6 starts with the old `--secret-key` argument at load 8 on 2 cores here).
+    # test_no_command_cluster_py_builds_holds_a_secret is the deterministic check.
     assert trusted.key_on_command_lines == []
 
 
-def test_cluster_processes_hold_no_secret_in_their_environment(trusted):
+def test_cluster_processes_hold_no_secret_in_argv_or_environment(trusted):
     for name, proc in trusted.procs.items():
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
-        assert "sccache-dist" in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace"), name
+        assert "sccache-dist" in cmdline, name
         for what, secret in secrets_of(trusted).items():
+            assert secret not in cmdline, f"the {name}'s command line holds the {what}"
             assert secret not in environ, f"the {name}'s environment holds the {what}"
 
 
