@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from support.cmake_runner import PROJECT, clean_env, configure, fetch_sources, free_port, run, tool
-from test_sccache_dist import CLUSTER, client_env, start_cluster, stats, stop_client
+from test_sccache_dist import CLUSTER, PROBE, client_env, start_cluster, stats, stop_client
 
 COMPILE_ENV = PROJECT / "dist-compile" / "compile_env.py"
 # 32 bytes whose base64url form starts with '-' (the first six bits are 62): 1 in 64 of
@@ -124,9 +124,9 @@ def test_cluster_processes_hold_no_secret_in_argv_or_environment(trusted):
 
 
 @pytest.fixture(scope="module")
-def remote_env(trusted) -> dict[str, str]:
-    """The environment a compile saw on the build server, for a client whose own
-    environment holds a cloud secret and the client token."""
+def dump_toolchain(trusted) -> str:
+    """A [[dist.toolchains]] entry: /usr/bin/g++ compiles here (preprocessing), and on the
+    build server the toolchain's /bin/g++ writes its environment to its -o file."""
     root = trusted.root / "env-dump"
     (root / "tc" / "bin").mkdir(parents=True)
     source = root / "dump_env.c"
@@ -134,32 +134,72 @@ def remote_env(trusted) -> dict[str, str]:
     subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "tc" / "bin" / "g++"), str(source)], check=True)
     with tarfile.open(root / "tc.tar.gz", "w:gz") as tar:
         tar.add(root / "tc", arcname=".")
-    extra = (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "/usr/bin/g++"\n'
-             f'archive = "{root / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
-    env = client_env(root, trusted.client_conf("env-dump", extra=extra))
-    (root / "unit.cpp").write_text("int unit() { return 1; }\n")
-    wrapper_env = dict(env, AWS_SECRET_ACCESS_KEY=CLIENT_SIDE_SECRET,
-                       VFA_DIST_CLIENT_TOKEN=trusted.env["VFA_DIST_CLIENT_TOKEN"])
+    return (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "/usr/bin/g++"\n'
+            f'archive = "{root / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
+
+
+def parse_env(dump: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+
+
+# A variable the build server passes on (nvcc's TOP) that a client does not send: whether
+# the sandbox sees it tells whether the client filtered its environment.
+CLIENT_ONLY = {"TOP": "/set/by/the/client"}
+
+
+def remote_environment(cluster, toolchain: str, root: Path, launcher: list[str], extra_env: dict[str, str]):
+    """The environment a compile saw on the build server, sent by `launcher` (a prefix in
+    front of `sccache /usr/bin/g++ -c ...`) from a client environment with `extra_env`."""
+    root.mkdir(parents=True)
+    env = client_env(root, cluster.client_conf(root.name, extra=toolchain))
+    source = root / "unit.cpp"
+    source.write_text(f"int unit_{root.name.replace('-', '_')}() {{ return 1; }}\n")  # no cache hit
     try:
-        # sccache itself, not through compile_env.py: the server's sandbox must hold
-        # against any client.
-        compiled = run([tool("sccache"), "/usr/bin/g++", "-c", str(root / "unit.cpp"), "-o", str(root / "unit.o")],
-                       env=wrapper_env, cwd=root)
+        compiled = run([*launcher, tool("sccache"), "/usr/bin/g++", "-c", str(source), "-o", str(root / "unit.o")],
+                       env=dict(env, **extra_env), cwd=root)
         remote = sum(stats(env)["dist_compiles"].values())
     finally:
         stop_client(env)
     assert compiled.returncode == 0, compiled.output
     assert remote == 1, "the compile did not run on the build server"
-    lines = (root / "unit.o").read_text().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line)
+    return parse_env(root / "unit.o")
+
+
+@pytest.fixture(scope="module")
+def remote_env(trusted, dump_toolchain) -> dict[str, str]:
+    """sccache itself, not through compile_env.py (the server's sandbox must hold against
+    any client), for a client whose environment holds a cloud secret and the client token."""
+    return remote_environment(trusted, dump_toolchain, trusted.root / "raw-client", [], {
+        "AWS_SECRET_ACCESS_KEY": CLIENT_SIDE_SECRET, "VFA_DIST_CLIENT_TOKEN": trusted.env["VFA_DIST_CLIENT_TOKEN"],
+        **CLIENT_ONLY})
 
 
 def test_a_remote_compile_sees_no_secret_of_server_or_client(trusted, remote_env):
-    assert "PATH" in remote_env  # what the compile needs came through
+    assert "PATH" in remote_env and remote_env["TOP"] == CLIENT_ONLY["TOP"]  # what the server passes came through
     dumped = json.dumps(remote_env)
     for what, secret in secrets_of(trusted).items():
         assert secret not in dumped, f"a remote compile saw the {what}"
     assert not [name for name in remote_env if name.startswith(("AWS_", "VFA_", "SCCACHE_"))], sorted(remote_env)
+
+
+def test_compile_env_sends_only_what_a_compile_needs(trusted, dump_toolchain):
+    seen = remote_environment(trusted, dump_toolchain, trusted.root / "filtered-client",
+                              [sys.executable, "-E", "-s", "-S", str(COMPILE_ENV)], CLIENT_ONLY)
+    assert "PATH" in seen and "TOP" not in seen, sorted(seen)
+
+
+def test_the_configure_probe_sends_only_what_a_compile_needs(trusted, dump_toolchain):
+    root = trusted.root / "probe-client"
+    env = client_env(root, trusted.client_conf(root.name, extra=dump_toolchain))
+    try:
+        probe = run([sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"), "--cxx", "/usr/bin/g++",
+                     "--work", str(root / "work"), "--out", str(root / "result.json")], env=dict(env, **CLIENT_ONLY))
+    finally:
+        stop_client(env)
+    assert probe.returncode == 0, probe.output
+    assert "C++ compile on a build server" in json.loads((root / "result.json").read_text())["checks"]
+    seen = parse_env(root / "work" / "probe.cpp.o")
+    assert "PATH" in seen and "TOP" not in seen, sorted(seen)
 
 
 def test_the_scheduler_does_not_log_the_token_it_expects(trusted, tmp_path):
