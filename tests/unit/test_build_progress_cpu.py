@@ -257,3 +257,115 @@ def test_the_launcher_shows_everything_when_it_cannot_keep_a_log(tmp_path):
 def test_a_compiler_killed_by_a_signal_fails_the_unit(tmp_path):
     run = launch(tmp_path, "kill -9 $$")
     assert run.returncode == 137
+
+
+# --- an interrupt stops every compile, through the compiler cache's server too ---------------
+
+# A gcc that compiles `slow_unit.c` slowly: sccache detects and preprocesses with it as with
+# gcc (it runs the real one), and runs the compile itself from its server, where it sleeps.
+# Each step leaves <step>.<pid> in $SLOW_MARKERS ("preprocess", "compile", "compiled").
+SLOW_GCC = """#!/bin/sh
+case " $* " in
+  *slow_unit.c*)
+    case " $* " in
+      *" -E "*) touch "$SLOW_MARKERS/preprocess.$$"; sleep "${SLOW_PREPROCESS:-0}" ;;
+      *) touch "$SLOW_MARKERS/compile.$$"; sleep 60; touch "$SLOW_MARKERS/compiled.$$" ;;
+    esac ;;
+esac
+exec gcc "$@"
+"""
+
+
+@pytest.fixture
+def slow_cache(tmp_path):
+    """A private sccache (its own port and cache dir) and the slow gcc. The server is
+    started by the first compile's client, as when a build finds none running."""
+    import socket
+    import subprocess
+    from support.cmake_runner import clean_env, tool
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    gcc = tmp_path / "slow-gcc"
+    gcc.write_text(SLOW_GCC)
+    gcc.chmod(0o755)
+    (tmp_path / "slow_unit.c").write_text(f"int slow_unit_{port}(void) {{ return {port}; }}\n")
+    env = clean_env(SCCACHE_SERVER_PORT=str(port), SCCACHE_DIR=str(tmp_path / "cache"),
+                    SCCACHE_IDLE_TIMEOUT="120", SCCACHE_ERROR_LOG=str(tmp_path / "sccache.log"),
+                    SLOW_MARKERS=str(markers))
+    sccache = tool("sccache")
+    yield {"env": env, "sccache": sccache, "gcc": gcc, "markers": markers, "dir": tmp_path}
+    subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, seconds: float) -> bool:
+    import time
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def interrupted_compile(slow_cache, step: str, **env):
+    """compile_unit.py in front of `sccache slow-gcc`, run as ninja runs a job (a process
+    group of its own), and interrupted as ninja interrupts one (SIGINT to that group) once
+    the slow gcc is at `step`."""
+    import os
+    import signal
+    import subprocess
+    import time
+    c = slow_cache
+    launcher = subprocess.Popen(
+        [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(c["dir"]), "--",
+         c["sccache"], str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
+        cwd=c["dir"], env={**c["env"], **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        assert wait_for(lambda: any(c["markers"].glob(f"{step}.*")), 60), "the slow gcc never started"
+        time.sleep(0.3)
+        os.killpg(launcher.pid, signal.SIGINT)
+        interrupted = time.time()
+        out, _ = launcher.communicate(timeout=40)
+        return launcher.returncode, out, time.time() - interrupted
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_an_interrupt_stops_the_compile_the_cache_server_runs(slow_cache):
+    """Issue 19: after a Ctrl-C the sccache server kept the running compiles going for
+    minutes (the compiler is the server's child, not the launcher's)."""
+    import subprocess
+    rc, out, seconds = interrupted_compile(slow_cache, "compile")
+    [compile_marker] = slow_cache["markers"].glob("compile.*")
+    compiler = int(compile_marker.suffix[1:])
+    assert wait_for(lambda: not alive(compiler), 5), "the server still runs the compile"
+    assert rc == 130 and seconds < 20
+    assert out.count("interrupted") == 1 and "stopped the compile of slow_unit.o" in out, out
+    events = [line.split("\t") for line in (slow_cache["dir"] / "vfa-progress.tsv").read_text().splitlines()]
+    assert [e[0] for e in events] == ["start", "stopped"]
+    # The server the client started is still there for the next build: only the compile went.
+    stats = subprocess.run([slow_cache["sccache"], "--show-stats"], env=slow_cache["env"], capture_output=True,
+                           text=True, timeout=30)
+    assert stats.returncode == 0, stats.stderr
+
+
+def test_an_interrupt_while_the_server_preprocesses_stops_the_compile_to_come(slow_cache):
+    """Issue 19: one compiler process started 6 s after the interrupt (the server was still
+    preparing the compile it had been handed)."""
+    rc, out, _ = interrupted_compile(slow_cache, "preprocess", SLOW_PREPROCESS="3")
+    assert rc == 130
+    assert not wait_for(lambda: any(slow_cache["markers"].glob("compile.*")), 6), \
+        "the server started the compile after the interrupt"
