@@ -191,6 +191,48 @@ def test_running_units_count_with_what_is_left_of_them():
     assert 0 < s.seconds_left(1400.0) < 40
 
 
+FA2_SPLIT = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_split_hdim128_bf16_{}sm80.cu.o"
+
+
+def test_a_running_unit_is_expected_to_take_its_own_kinds_time():
+    """Issue 16: on the H200 "about 10 s left" stood for the last 2.5 minutes while an FA2
+    split-KV unit ran 6:17: the other FA2 units' mean had set its expected time."""
+    assert build_monitor.unit_kind(FA2_SPLIT.format("")) == "FA2 CUDA, split-KV"
+    s = state(jobs=2, planned={FA2.format("a"), FA2.format("b"), FA2_SPLIT.format("")})
+    ref = build_monitor.REFERENCE_SECONDS
+    finish(s, FA2.format("a"), 1000, ref["FA2 CUDA"])
+    finish(s, FA2.format("b"), 1000, ref["FA2 CUDA"])
+    s.apply(["start", "1000.0", FA2_SPLIT.format("")])
+    left = s.seconds_left(1180.0)
+    assert left == pytest.approx(ref["FA2 CUDA, split-KV"] - 180)
+
+
+def test_the_pace_of_this_machine_counts_once_units_run_past_the_reference():
+    """Issue 19, 2-core machine: "15 min left" at 3:08 with 30.8 min to go. Only .cpp units
+    had finished (at their reference time); the FA3 units running had taken twice theirs."""
+    ref = build_monitor.REFERENCE_SECONDS
+    fa3 = [FA3.format(v) for v in "abcdefgh"]
+    s = state(jobs=2, planned=set(fa3) | {CPP.format("")})
+    finish(s, CPP.format(""), 1000, ref["C++"])
+    s.apply(["start", "1005.0", fa3[0]])
+    s.apply(["start", "1005.0", fa3[1]])
+    now = 1005.0 + 2 * ref["FA3 CUDA"]
+    assert s.pace(now) == pytest.approx((ref["C++"] + 4 * ref["FA3 CUDA"]) / (ref["C++"] + 2 * ref["FA3 CUDA"]))
+    # 6 FA3 units wait, 3 a job, each at this machine's pace (about twice the reference)
+    assert s.seconds_left(now) > 3 * 1.9 * ref["FA3 CUDA"]
+
+
+def test_the_pace_weighs_units_by_their_reference_time():
+    """A few quick .cpp units finishing fast must not make the CUDA units look fast."""
+    ref = build_monitor.REFERENCE_SECONDS
+    s = state(jobs=1, planned={CPP.format(""), CPP.format("_2"), FA3.format("a"), FA2.format("a")})
+    finish(s, CPP.format(""), 1000, 1)
+    finish(s, CPP.format("_2"), 1001, 1)
+    finish(s, FA3.format("a"), 1002, 2 * ref["FA3 CUDA"])
+    assert s.cost("FA2 CUDA", 1400.0) == pytest.approx(
+        ref["FA2 CUDA"] * (2 + 2 * ref["FA3 CUDA"]) / (2 * ref["C++"] + ref["FA3 CUDA"]))
+
+
 def test_events_of_an_earlier_build_are_ignored():
     s = state(jobs=2, planned={FA3.format("a")})
     s.apply(["end", "900.0", FA3.format("z"), "1", "1.0", "0"])
