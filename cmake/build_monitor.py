@@ -8,16 +8,18 @@ buffers each command's output until it ends. It follows the events that compile_
 writes for every unit and prints a line per finished unit and, every S seconds, the
 units running, how many are done, the elapsed time and an estimate of what is left (a
 longest-first schedule of the units still to compile on the N compile jobs, each at the
-mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, C++; or, for a
-kind none of which has finished, reference times scaled by this build's speed so far).
+mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, FA2 split-KV,
+C++; or, for a kind none of which has finished, reference times at this machine's pace so
+far, which units running past their reference time raise).
 
 While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
 add: when every unit ninja planned for the targets (a dry run, `ninja -n`, at its start)
 has compiled,
 when one fails (ninja then prints that unit's error at once), or when ninja runs nothing
 but the monitor. It also steps aside when ninja's -j leaves no room beside the compile
-jobs (it would take a compile's place). It exits 0 whatever happens: progress must never
-fail or hold up a build. Linux only (it reads /proc); elsewhere it prints one line and
+jobs (it would take a compile's place). It exits 0 whatever happens (progress must never
+fail or hold up a build) except on an interrupt (SIGINT, SIGTERM, SIGHUP): then it says in
+one line what the compile launchers stopped and exits 128 + the signal. Linux only (it reads /proc); elsewhere it prints one line and
 ends.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -183,6 +186,7 @@ class BuildState:
     planned: set[str] = field(default_factory=set)
     running: dict[str, float] = field(default_factory=dict)  # unit -> start time
     done: dict[str, Done] = field(default_factory=dict)
+    stopped: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit -> (processes, in a server)
 
     def apply(self, event: list[str]) -> str | None:
         """Take one event (the fields of a line of compile_unit.py's events) in; return the
@@ -198,6 +202,9 @@ class BuildState:
                 self.running.pop(unit, None)
                 self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden)
                 return unit
+            elif kind == "stopped":
+                self.running.pop(unit, None)
+                self.stopped[unit] = (int(event[4]), int(event[5]))
         except (IndexError, ValueError):
             pass  # not an event line
         return None
@@ -263,10 +270,15 @@ class Monitor:
         self.log = os.path.join(self.build_dir, COMPILE_LOG)
         self.progress_log = os.path.join(self.build_dir, PROGRESS_LOG)
         self.offset = 0
+        self.inode = None
         self.partial = ""
         self.last_line = 0.0
+        self.build = this_build()
+        self.state: BuildState | None = None
 
     def say(self, state: BuildState, text: str) -> None:
+        if self.last_line == 0.0:
+            start_build_logs(self.build_dir, self.build)  # this build's first line: a fresh log
         now = time.time()
         line = f"[vfa {clock(now - state.t0)}] {text}"
         print(line, flush=True)
@@ -276,6 +288,9 @@ class Monitor:
     def read_events(self) -> list[list[str]]:
         try:
             with open(self.events, encoding="utf-8", errors="surrogateescape") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self.inode:  # a new build's events (compile_unit.start_build_logs)
+                    self.inode, self.offset, self.partial = inode, 0, ""
                 f.seek(self.offset)
                 chunk = f.read()
                 self.offset = f.tell()
@@ -303,7 +318,7 @@ class Monitor:
                   "unit as it ends", flush=True)
             return
         ninja, own_child = me
-        state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
+        state = self.state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
         try:
             planned = planned_units(os.readlink(f"/proc/{ninja}/exe"), self.build_dir, self.targets)
         except OSError:
@@ -366,6 +381,37 @@ class Monitor:
         self.say(state, f"FAILED {unit_name(unit)} ({d.kind}) after {clock(d.seconds)}, exit {d.rc}: its "
                         f"errors follow" + (f"; ninja stops once {running}" if others else ""))
 
+    def interrupted(self, signum: int) -> None:
+        """One line for an interrupt: what the launchers stopped (compile_unit.py stops
+        every process of its compile, in the compiler cache's server too), once the units
+        running have said so or STOP_WAIT_S has passed."""
+        state = self.state
+        if state is None:
+            return
+        deadline = time.time() + STOP_WAIT_S + 5
+        while True:
+            for event in self.read_events():
+                state.apply(event)
+            if not state.running or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        name = signal.Signals(signum).name
+        stopped = [unit for unit in state.stopped]
+        processes = sum(p for p, _ in state.stopped.values())
+        in_server = sum(s for _, s in state.stopped.values())
+        if not stopped and not state.running:
+            self.say(state, f"interrupted ({name}); no compile was running")
+            return
+        text = f"interrupted ({name}): stopped the {len(stopped)} compile{'s' if len(stopped) != 1 else ''} " \
+               f"that were running ({processes} process{'es' if processes != 1 else ''}"
+        text += f", {in_server} of them in the compiler cache's server)" if in_server else ")"
+        if state.running:
+            text += (f"; {len(state.running)} did not say so within {STOP_WAIT_S + 5} s: "
+                     + ", ".join(unit_name(u) for u in sorted(state.running)))
+        else:
+            text += "; nothing of this build compiles any more"
+        self.say(state, text)
+
     def summary(self, state: BuildState) -> None:
         hidden = sum(d.hidden for d in state.done.values())
         compiled = sum(1 for d in state.done.values() if d.rc == 0)
@@ -381,12 +427,35 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument("--jobs", type=int, required=True)
     options.add_argument("--interval", type=float, default=30.0)
     args = options.parse_args(argv)
-    try:
-        Monitor(args.dir, args.targets, args.jobs, args.interval).run()
-    except BaseException:  # noqa: BLE001 - Ctrl-C, a /proc surprise: never fail the build
-        pass
-    return 0
+    monitor = Monitor(args.dir, args.targets, args.jobs, args.interval)
 
+    class Interrupted(Exception):
+        pass
+
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        if not received:
+            received.append(signum)
+            raise Interrupted()
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    try:
+        monitor.run()
+    except Interrupted:
+        pass
+    except Exception:  # noqa: BLE001 - a /proc surprise, a bug: progress never fails a build
+        pass
+    if received:
+        # An interrupt is the user's: say what it stopped and pass it on as the exit status
+        # (ninja, interrupted too, reports the build as stopped).
+        try:
+            monitor.interrupted(received[0])
+        except Exception:  # noqa: BLE001
+            pass
+        return 128 + received[0]
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

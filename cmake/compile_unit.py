@@ -11,11 +11,16 @@ wired in by cmake/BuildProgress.cmake in front of whatever launcher the build al
     parallel units never interleave):
         start<TAB>TIME<TAB>UNIT
         end<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>SECONDS<TAB>HIDDEN
+        stopped<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>PROCESSES<TAB>IN_SERVER   (an interrupt)
     TIME is time.time(), UNIT the object file as ninja names it (the command's -o);
   * runs the command and writes its whole output to BUILD_DIR/vfa-compile.log;
   * passes on the output minus the warnings located under the --quiet-under trees
     (compiler_output.py), with a note of how many it left out when the unit failed;
-  * exits with the command's status.
+  * exits with the command's status;
+  * on SIGINT, SIGTERM or SIGHUP (ninja's interrupt) stops every process of the compile, in
+    a compiler cache's server too, and exits 128 + the signal (run_command);
+  * keeps the three logs of the build dir to one build each: the last build's are NAME.1
+    (start_build_logs).
 
 It never fails or hides anything of its own accord: when its log cannot be written it
 passes the output on unfiltered; events that cannot be written are skipped. It runs once
@@ -185,11 +190,28 @@ def stop_compile(proc: subprocess.Popen, mark: bytes, signum: int, client: bool)
     return len(set(signalled) | ({proc.pid} if not client else set())), len(outside)
 
 
-def run_command(command: list[str], unit: str) -> tuple[bytes, int, str]:
-    """Runs the compile; returns (its output, its exit status, what an interrupt stopped:
-    one line, empty without one). SIGINT, SIGTERM and SIGHUP stop every process of the
-    compile (stop_compile), a signal that comes while the command starts included, and the
-    launcher then exits as the signal asks (128 + its number)."""
+class Stopped:
+    """What an interrupt stopped: the signal, how many processes, how many of them in a
+    compile server."""
+    __slots__ = ("signal", "processes", "in_server")
+
+    def __init__(self, signum: int, processes: int = 0, in_server: int = 0):
+        self.signal, self.processes, self.in_server = signum, processes, in_server
+
+    def line(self, unit: str) -> str:
+        name = signal.Signals(self.signal).name
+        if not self.processes:
+            return f"vfa: interrupted ({name}) before the compile of {unit} started\n"
+        where = f", {self.in_server} of them in the compiler cache's server" if self.in_server else ""
+        return (f"vfa: interrupted ({name}): stopped the compile of {unit} ({self.processes} "
+                f"process{'es' if self.processes != 1 else ''}{where})\n")
+
+
+def run_command(command: list[str]) -> tuple[bytes, int, Stopped | None]:
+    """Runs the compile; returns (its output, its exit status, what an interrupt stopped or
+    None). SIGINT, SIGTERM and SIGHUP stop every process of the compile (stop_compile), a
+    signal that comes while the command starts included, and the exit status is then
+    128 + the signal's number, as a shell reports a process the signal ended."""
     mark_value = f"{os.getpid()}-{time.time_ns()}"
     mark = f"{COMPILE_ID}={mark_value}".encode()
     client = bool(command) and os.path.basename(command[0]).startswith(SERVER_CLIENTS)
@@ -202,7 +224,7 @@ def run_command(command: list[str], unit: str) -> tuple[bytes, int, str]:
     def on_signal(signum, _frame):
         received.append(signum)
         if state["proc"] is not None and not state["stopping"]:
-            raise Interrupted()  # out of communicate(); before Popen returns, checked below
+            raise Interrupted()  # out of the wait; before Popen returns, checked below
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
@@ -222,22 +244,19 @@ def run_command(command: list[str], unit: str) -> tuple[bytes, int, str]:
         while reader.is_alive():
             reader.join(0.5)
         proc.wait()
-        return b"".join(output), proc.returncode, ""
+        return b"".join(output), proc.returncode, None
     except Interrupted:
         state["stopping"] = True
     except OSError as error:
-        return f"{command[0] if command else '(no command)'}: {error}\n".encode(), 127, ""
+        return f"{command[0] if command else '(no command)'}: {error}\n".encode(), 127, None
     signum = received[0]
     proc = state["proc"]
     if proc is None:
-        return b"", 128 + signum, f"vfa: interrupted ({signal.Signals(signum).name}) before the compile of {unit} started\n"
-    stopped, in_server = stop_compile(proc, mark, signum, client)
+        return b"", 128 + signum, Stopped(signum)
+    processes, in_server = stop_compile(proc, mark, signum, client)
     if reader is not None:
         reader.join(5)
-    where = f", {in_server} of them in the compiler cache's server" if in_server else ""
-    return (b"".join(output), 128 + signum,
-            f"vfa: interrupted ({signal.Signals(signum).name}): stopped the compile of {unit} "
-            f"({stopped} process{'es' if stopped != 1 else ''}{where})\n")
+    return b"".join(output), 128 + signum, Stopped(signum, processes, in_server)
 
 
 # --- one build's logs ----------------------------------------------------------------------------
@@ -306,15 +325,15 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
     start = time.time()
     append_line(events, f"start\t{start:.3f}\t{unit}\n")
 
-    raw, rc, stopped = run_command(command, unit)
+    raw, rc, stopped = run_command(command)
     if stopped:
         # ninja drops the output of the commands it interrupts: the line goes to stderr for a
         # launcher run by hand, and as an event to build_monitor.py, which says it on the console.
-        append_log(os.path.join(build_dir, COMPILE_LOG), f"==> {unit}: {stopped}"
-                   + raw.decode("utf-8", "surrogateescape"))
-        sys.stderr.write(stopped)
+        line = stopped.line(unit)
+        append_log(os.path.join(build_dir, COMPILE_LOG), f"==> {unit}: {line}" + raw.decode("utf-8", "surrogateescape"))
+        sys.stderr.write(line)
         sys.stderr.flush()
-        append_line(events, f"stopped\t{time.time():.3f}\t{unit}\t{rc}\t{stopped.strip()}\n")
+        append_line(events, f"stopped\t{time.time():.3f}\t{unit}\t{rc}\t{stopped.processes}\t{stopped.in_server}\n")
         return rc
     seconds = time.time() - start
     text = raw.decode("utf-8", "surrogateescape")
