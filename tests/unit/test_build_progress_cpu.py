@@ -411,3 +411,25 @@ def test_an_interrupt_while_the_server_preprocesses_stops_the_compile_to_come(sl
     assert rc == 130
     assert not wait_for(lambda: any(slow_cache["markers"].glob("compile.*")), 6), \
         "the server started the compile after the interrupt"
+
+
+def test_an_interrupt_while_the_compile_starts_is_not_lost(tmp_path):
+    """Issue 16: a signal between the launcher's handlers and the compile's start was
+    swallowed (the handler had no process to pass it to) and the compile ran to its end.
+    Here the launcher's process gets a real SIGINT just as it starts the compile."""
+    import subprocess
+    done = tmp_path / "compiled"
+    hook = ("import os, runpy, signal, subprocess, sys\n"
+            "start = subprocess.Popen\n"
+            "def interrupted_start(*args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return start(*args, **kwargs)\n"
+            "subprocess.Popen = interrupted_start\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, str(CMAKE_DIR / "compile_unit.py"),
+                          str(tmp_path), "--", "sh", "-c", f"sleep 3; touch {done}", "-o", "x.o"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 130, run.stderr
+    assert "interrupted (SIGINT)" in run.stderr
+    assert not wait_for(done.exists, 4), "the compile ran to its end"
