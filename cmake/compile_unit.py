@@ -81,6 +81,14 @@ def append_log(path: str, text: str) -> bool:
     except OSError:
         return False
 
+def source_of(command: list[str]) -> str | None:
+    """The source file a compile command compiles (the argument of its last -c), if any."""
+    for i in range(len(command) - 2, -1, -1):
+        if command[i] == "-c" and not command[i + 1].startswith("-"):
+            return command[i + 1]
+    return None
+
+
 def output_of(command: list[str]) -> str:
     """The object file a compile command writes (its last -o)."""
     for i in range(len(command) - 2, -1, -1):
@@ -342,7 +350,7 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
     log = os.path.join(build_dir, COMPILE_LOG)
     if append_log(log, f"==> {unit}: exit {rc}, {seconds:.1f} s\n{text}"):
         try:
-            shown, hidden = filter_output(text, quiet_roots)
+            shown, hidden = filter_output(text, quiet_roots, source_of(command))
         except Exception:  # noqa: BLE001 - a filter bug must not cost the user the output
             shown, hidden = text, 0
     if rc != 0 and hidden:

@@ -107,6 +107,35 @@ def test_warnings_from_template_instantiations_keep_their_context():
     assert compiler_output.filter_output(text, ["/elsewhere"]) == (text, 0)
 
 
+# What ptxas printed for the FP8 kernels of the pinned upstream (issue 19; function name shortened).
+PTXAS_C7514 = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+               "due to non wgmma instructions defining accumulator registers of a wgmma between start and end of "
+               "the pipeline stage in the function '_ZN7cutlass13device_kernelIN5flash11FlashAttnFwdE'\n")
+
+
+def test_ptxas_performance_notes_on_upstream_kernels_are_noise():
+    other = "ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes spill stores\n"
+    upstream_unit = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
+    assert compiler_output.filter_output(PTXAS_C7514 * 3 + other, ROOTS, upstream_unit) == (other, 3)
+    # A unit of ours, or no source known: shown.
+    ours = "/build/generated/ours.cu"
+    assert compiler_output.filter_output(PTXAS_C7514 + other, ROOTS, ours) == (PTXAS_C7514 + other, 0)
+    assert compiler_output.filter_output(PTXAS_C7514, ROOTS) == (PTXAS_C7514, 0)
+
+
+def test_the_launcher_counts_ptxas_notes_on_upstream_units_with_the_hidden_warnings(tmp_path):
+    import subprocess
+    note = PTXAS_C7514.replace("'", "'\\''")
+    source = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(tmp_path),
+                          "--quiet-under", FA, "--", "sh", "-c", f"printf '%s' '{note}'", "-c", source,
+                          "-o", "CMakeFiles/m.dir/x.cu.o"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == ""
+    assert "(C7514)" in (tmp_path / "vfa-compile.log").read_text()
+    end = (tmp_path / "vfa-progress.tsv").read_text().splitlines()[-1].split("\t")
+    assert end[0] == "end" and end[5] == "1"
+
+
 def test_a_root_is_a_folder_not_a_prefix():
     text = f"{CUTLASS}-patched/include/x.h:1:1: warning: something\n"
     assert compiler_output.filter_output(text, ROOTS) == (text, 0)
