@@ -18,7 +18,7 @@
 # print, each with its "[n/N] Building CUDA object ..." status line, and the last status
 # line, and prints them once the monitor ends: a unit that prints nothing adds no line at
 # the end. So upstream noise stays in the log, ptxas's C7514 notes on upstream's FP8
-# kernels included (compiler_output.py): 38 of them made 38 units' lines come at the end.
+# kernels included (compiler_output.py), which brought their units' status lines to the end.
 #
 # In the build dir: vfa-compile.log (every unit's whole compiler output),
 # vfa-progress.log (the progress lines; `tail -f` it where pip runs without -v and
