@@ -95,8 +95,10 @@ def build(project, plan: list[list[str]], name: str, timeout: float = 120, keep_
 
 @pytest.fixture(scope="module")
 def slow(project) -> Build:
-    """One build for two tests: a slow unit among fast ones, every unit printing noise."""
-    return build(project, [[SLOW, "sleep:4"]], "slow")
+    """One build for two tests: a slow unit among fast ones, every unit printing noise. Slow
+    enough that the fast units are done well before it on a loaded machine (a finished
+    unit's line resets the interval of the status lines)."""
+    return build(project, [[SLOW, "sleep:10"]], "slow")
 
 
 def test_progress_lines_appear_while_a_slow_unit_compiles(slow):
