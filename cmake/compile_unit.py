@@ -252,7 +252,7 @@ def run_command(command: list[str]) -> tuple[bytes, int, Stopped | None]:
         while reader.is_alive():
             reader.join(0.5)
         proc.wait()
-        state["stopping"] = True  # done: a signal from here on only ends the launcher's last writes
+        state["stopping"] = True  # the compile is done: a later signal is only noted, its result still written
         return b"".join(output), proc.returncode, None
     except Interrupted:
         state["stopping"] = True
