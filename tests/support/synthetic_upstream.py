@@ -23,8 +23,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from vendored_flash_attn import op_schemas
-
 FA2_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 FA2_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -476,6 +474,10 @@ def _fa3_style_def(schema: str) -> str:
 
 
 def _registrations(namespace: str, style) -> str:
+    # Imported here: tests/conftest.py imports this module for every run, the GPU run too,
+    # where the package comes from the installed wheel.
+    from vendored_flash_attn import op_schemas
+
     return "".join(style(schema) for (ns, _), schema in op_schemas.OP_SCHEMAS.items() if ns == namespace)
 
 
@@ -486,7 +488,7 @@ def flash_attention_files() -> dict[str, str]:
         "csrc/flash_attn/flash_api.cpp": FA2_FLASH_API_CPP,
         "csrc/flash_attn/flash_api_sparse.cpp": FA2_FLASH_API_SPARSE_CPP,
         "csrc/flash_attn/flash_api_torch_lib.cpp": FA2_TORCH_LIB_CPP.replace(
-            "@REAL_OP_DEFS@\n", _registrations(op_schemas.FA2_NAMESPACE, _fa2_style_def)),
+            "@REAL_OP_DEFS@\n", _registrations("_vendored_fa2_C", _fa2_style_def)),
         "csrc/flash_attn/src/namespace_config.h": NAMESPACE_CONFIG_H,
         "csrc/flash_attn/src/flash.h": FA2_FLASH_H,
         "csrc/flash_attn/src/flash_sparse.h": FA2_FLASH_SPARSE_H,
@@ -498,7 +500,7 @@ def flash_attention_files() -> dict[str, str]:
         "hopper/flash_fwd_launch_template.h": FA3_LAUNCH_TEMPLATE_H,
         "hopper/flash_api.cpp": _fa3_flash_api_cpp(),
         "hopper/flash_api_torch_lib.cpp": FA3_TORCH_LIB_CPP.replace(
-            "@REAL_OP_DEFS@\n", _registrations(op_schemas.FA3_NAMESPACE, _fa3_style_def)),
+            "@REAL_OP_DEFS@\n", _registrations("_vendored_fa3_C", _fa3_style_def)),
         "hopper/flash_fwd_combine.cu": FA3_COMBINE_CU,
         "hopper/flash_prepare_scheduler.cu": FA3_PREPARE_SCHEDULER_CU,
         # Large files the build never reads stay out of the sparse checkout.
