@@ -27,8 +27,8 @@ Slices of `full` (benchmarks/full_slices.json, docs/full-preset-slices.md):
 from the build's own selection rule (benchmarks/kernel_units.cmake), each unit costs its
 measured time (benchmarks/unit_times_h200.json, filled by --record-unit-times from the
 ninja log of a cold build on the 16-core H200 machine) or, where none was measured, the
-mean of its kind (--unit-s, else KIND_S_16_CORE), plus the build's fixed steps
-(--fixed-s: configure, link, packaging).
+mean of its kind (--unit-s, else the mean of the measured units of that kind, else
+KIND_S_16_CORE), plus the build's steps outside ninja (--fixed-s: pip, configure, wheel).
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ MODULE_UNITS = {
     "fa2": {"flash_api.cpp (fa2)": "cxx", "flash_api_sparse.cpp": "cxx", "flash_api_torch_lib.cpp (fa2)": "cxx"},
 }
 FA2_STUBS = "fa2_missing_kernels.cpp"
-# Seconds of a cold build outside the compiles (pip, configure with its probe compiles,
-# links, the wheel); assumed until a slice run measures it (build wall - ninja span).
-FIXED_S = 60.0
+# Seconds of a cold build outside ninja's span (pip, configure with its probe compiles,
+# the wheel): build wall - ninja span, measured on the 16-core H200 machine 2026-12-01:
+# 8.2 s (slice fa3-hd96-fa2-hd96-192: 699.3 - 691.1) and 4.8 s (slice fa2-hd32-64).
+FIXED_S = 8.2
 
 
 def kind_of(output: str) -> str | None:
@@ -170,6 +171,15 @@ def record_unit_times(ninja_log: Path, run: str, path: Path = UNIT_TIMES_FILE) -
     return added
 
 
+def measured_kind_means(measured: dict[str, dict], fallback: dict[str, float]) -> dict[str, float]:
+    """Per-kind cost of a unit with no time of its own: the mean of the measured units of its
+    kind where there are some, else the fallback's."""
+    kinds: dict[str, list[float]] = {}
+    for name, entry in measured.items():
+        kinds.setdefault(name_kind("fa3" if name.endswith("_sm90.cu") else "fa2", name), []).append(entry["s"])
+    return {k: round(statistics.mean(kinds[k]), 1) if kinds.get(k) else v for k, v in fallback.items()}
+
+
 def model_slices(slices: dict[str, dict], measured: dict[str, dict], kind_s: dict[str, float], cores: int,
                  memory_gb: float, fixed_s: float) -> list[dict]:
     """Each slice's cold build on one machine: its units longest first over the job slots."""
@@ -258,12 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(added)} unit times recorded in {UNIT_TIMES_FILE}")
         return 0
     if args.slices:
-        kind_s = dict(KIND_S_16_CORE)
+        measured = load_unit_times()
+        kind_s = measured_kind_means(measured, KIND_S_16_CORE)
         for item in args.unit_s:
             kind, seconds = item.split("=")
             kind_s[kind] = float(seconds)
         cores, memory = args.client_cores or 16, args.client_memory_gb or 125.0
-        rows = model_slices(load_slices(), load_unit_times(), kind_s, cores, memory, args.fixed_s)
+        rows = model_slices(load_slices(), measured, kind_s, cores, memory, args.fixed_s)
         print(f"cold build of each slice of `full` on one {cores}-core / {memory:g} GB machine; units without a "
               f"measured time cost their kind's mean ({', '.join(f'{k} {v:g} s' for k, v in kind_s.items())}); "
               f"+ {args.fixed_s:g} s outside the compiles")
