@@ -24,7 +24,7 @@ Slices of `full` (benchmarks/full_slices.json, docs/full-preset-slices.md):
     python benchmarks/dist_model.py --record-unit-times NINJA_LOG --run "what, where, when"
 
 --slices models each slice's cold build on one machine (no build servers): its units come
-from the build's own selection rule (benchmarks/kernel_units.cmake), each unit costs its
+from the build's own selection rule (cmake/kernel_units.cmake), each unit costs its
 measured time (benchmarks/unit_times_h200.json, filled by --record-unit-times from the
 ninja log of a cold build on the 16-core H200 machine) or, where none was measured, the
 mean of its kind (--unit-s, else the mean of the measured units of that kind, else
@@ -128,9 +128,9 @@ def slice_defines(spec: dict) -> list[str]:
 
 def kernel_units(knobs: dict[str, str]) -> list[tuple[str, str]]:
     """(module, file name) of each instantiation the build compiles for these knobs, from
-    the build's own rule (benchmarks/kernel_units.cmake); no VFA_* from this environment."""
+    the build's own rule (cmake/kernel_units.cmake); no VFA_* from this environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VFA_", "MAX_JOBS", "TORCH_CUDA_ARCH_LIST"))}
-    cmd = [cmake_tool(), *[f"-D{k}={v}" for k, v in knobs.items()], "-P", str(HERE / "kernel_units.cmake")]
+    cmd = [cmake_tool(), *[f"-D{k}={v}" for k, v in knobs.items()], "-P", str(HERE.parent / "cmake/kernel_units.cmake")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")

@@ -1,14 +1,14 @@
 # The kernel instantiation files a selection of build knobs compiles, from the build's own
 # rule (cmake/KernelSelection.cmake), without configuring a build:
 #
-#   cmake -DVFA_PRESET=full -DVFA_FA3_HEAD_DIMS=96 [-DVFA_BUILD_FA2=OFF ...] -P benchmarks/kernel_units.cmake
+#   cmake -DVFA_PRESET=full -DVFA_FA3_HEAD_DIMS=96 [-DVFA_BUILD_FA2=OFF ...] -P cmake/kernel_units.cmake
 #
 # prints one line per unit, "fa3 <file name>" or "fa2 <file name>". The knobs are read like
 # a configure reads them (-D, else the environment, else the default). The units every
 # build of a module also compiles (FA3 combine + scheduler, the C++ API files, FA2's stubs
-# of left-out kernels) are not listed. benchmarks/dist_model.py uses this for slices.
+# of left-out kernels) are not listed. benchmarks/dist_model.py uses this for the slices of `full`.
 cmake_minimum_required(VERSION 3.26)
-include(${CMAKE_CURRENT_LIST_DIR}/../cmake/KernelSelection.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/KernelSelection.cmake)
 vfa_read_selection()
 vfa_option(VFA_BUILD_FA3)
 vfa_option(VFA_BUILD_FA2)
