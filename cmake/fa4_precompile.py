@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from vendored_flash_attn import fa4_deps  # noqa: E402  (standard library only)
+from vendored_flash_attn import fa4_cache, fa4_deps  # noqa: E402  (standard library only)
 
 # Where the staged copy lives inside our package, and how its sources refer to themselves.
 UPSTREAM_PACKAGE = "flash_attn.cute"
@@ -71,6 +71,59 @@ def remaining_upstream_references(source: str) -> list[str]:
         if _UPSTREAM_REFERENCE.search(code):
             found.append(line.strip())
     return found
+
+
+RECORD_FILE = "build_info.json"  # inside the staged _fa4 package: FA4's part of the build info
+RECORD_SCHEMA = 1
+
+
+def record_path(dest: Path, package: str = VENDORED_PACKAGE) -> Path:
+    """FA4's build record in a stage: beside the staged package (``vendored_flash_attn/_fa4``)."""
+    return dest.joinpath(*package.split(".")[:-1]) / RECORD_FILE
+
+
+def write_record(dest: Path, configure: dict, summary: dict, package: str = VENDORED_PACKAGE) -> Path:
+    """FA4's build record: what CMake knew at configure time (the sources' commit and whether
+    they were verified against the pin, the precompile mode) and what the stage made."""
+    record = {"schema": RECORD_SCHEMA, "package": package, **configure,
+              "staged": {"files": summary["files"], "bytes": summary["bytes"],
+                         "rewritten": len(summary["rewritten"])}}
+    record.setdefault("precompile", {}).setdefault("runs", [])
+    path = record_path(dest, package)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def add_precompile_run(record: Path, run: dict) -> None:
+    """Append one ``compile`` run (an arch) to a stage's build record."""
+    data = json.loads(record.read_text())
+    data.setdefault("precompile", {}).setdefault("runs", []).append(run)
+    record.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def probe() -> dict:
+    """What the build's Python can do: "" when it can, else why not (CMake reads this).
+
+    stage: fa4_deps.pin_drift needs packaging and tomllib/tomli. precompile: torch and the
+    fa4 extra in its pinned versions (read from metadata: cutlass is not imported here).
+    """
+    import importlib.util
+
+    stage_missing = [m for m in ("packaging",) if importlib.util.find_spec(m) is None]
+    if importlib.util.find_spec("tomllib") is None and importlib.util.find_spec("tomli") is None:
+        stage_missing.append("tomli")
+    stage_reason = (f"the build's Python ({sys.executable}) lacks {', '.join(stage_missing)}"
+                    if stage_missing else "")
+    if stage_reason:
+        return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason}
+    problems = fa4_deps.problems()
+    if importlib.util.find_spec("torch") is None:
+        problems.append("torch is not installed")
+    precompile_reason = ""
+    if problems:
+        precompile_reason = (f"the build's Python ({sys.executable}) lacks FA4's dependencies: "
+                             + "; ".join(problems) + f" (install them with: {fa4_deps.INSTALL_COMMAND})")
+    return {"stage": "", "precompile": precompile_reason}
 
 
 def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
@@ -225,8 +278,7 @@ def dsl_flavour() -> str:
     """
     import cutlass
 
-    version = cutlass.CUDA_VERSION
-    return f"cu{version.major}.{version.minor}"
+    return fa4_cache.dsl_flavour(cutlass)  # the run time's rule, one place
 
 
 def _make_call(interface, torch, call: KernelCall):
@@ -337,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     p_stage = sub.add_parser("stage", help="copy flash_attn/cute as our subpackage, imports rewritten")
     p_stage.add_argument("--cute-src", type=Path, required=True, help="upstream's flash_attn/cute directory")
     p_stage.add_argument("--dest", type=Path, required=True, help="import root to stage into")
+    p_stage.add_argument("--record", type=Path,
+                         help="JSON of configure-time facts: write FA4's build record into the stage")
+    sub.add_parser("probe", help="print what the build's Python can do (JSON)")
     for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--head-dims", default="128")
@@ -351,10 +406,23 @@ def main(argv: list[str] | None = None) -> int:
                            help="cache root to compile into (verify: to load from; nothing may compile)")
             p.add_argument("--arch", default="sm_90a")
             p.add_argument("--report", type=Path, help="write the report as JSON here")
+        if name == "compile":
+            p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
+            p.add_argument("--best-effort", action="store_true",
+                           help="a build that did not ask for kernels: on any failure warn, ship none, exit 0")
     args = parser.parse_args(argv)
-    if args.command == "stage":
-        print(json.dumps(stage(args.cute_src, args.dest), indent=2))
+    if args.command == "probe":
+        print(json.dumps(probe()))
         return 0
+    if args.command == "stage":
+        summary = stage(args.cute_src, args.dest)
+        if args.record:
+            write_record(args.dest, json.loads(args.record.read_text()), summary)
+        print(f"staged {summary['files']} files ({summary['bytes']} bytes, {len(summary['rewritten'])} "
+              f"with imports rewritten) as {summary['package']}")
+        return 0
+    if args.command == "compile" and args.best_effort:
+        return compile_best_effort(args)
     calls = plan(selection_from_args(args))
     if args.command == "plan":
         for call in calls:
@@ -369,9 +437,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(calls) - len(set(failed))} of {len(calls)} kernels loaded from {args.out / report['flavour']}"
               f" without compiling")
         return 1 if failed else 0
+    if args.record:
+        add_precompile_run(args.record, _run_summary(args.arch, report, failed))
     print(f"{len(calls) - len(failed)} of {len(calls)} kernels compiled into {args.out / report['flavour']}"
           f" (import {report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
     return 1 if failed else 0
+
+
+def compile_best_effort(args: argparse.Namespace) -> int:
+    """``compile`` for a build that did not ask for kernels (VFA_FA4_PRECOMPILE=auto): any
+    failure is one warning, the kernels of this run are removed, the build goes on."""
+    calls = plan(selection_from_args(args))
+    try:
+        report = compile_selection(args.stage, args.out, args.arch, calls)
+        failed = [c["call"] for c in report["calls"] if c["error"]]
+    except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
+        report, failed = None, [f"{type(exc).__name__}: {exc}"]
+    if failed:
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        print(f"WARNING: vendored-flash-attn: FA4 kernels for {args.arch} not precompiled "
+              f"(VFA_FA4_PRECOMPILE=auto): {'; '.join(failed)[:2000]}. The wheel compiles them at first use; "
+              "set VFA_FA4_PRECOMPILE=on to make this an error, off to skip it.", flush=True)
+    if args.record:
+        add_precompile_run(args.record, _run_summary(args.arch, report, failed))
+    return 0
+
+
+def _run_summary(arch: str, report: dict | None, failed: list[str]) -> dict:
+    if report is None or failed:
+        return {"arch": arch, "kernels": 0, "error": "; ".join(failed)[:2000]}
+    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in report["calls"]),
+            **{k: report[k] for k in ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint")}}
 
 
 if __name__ == "__main__":

@@ -134,7 +134,10 @@ def pin_drift(pin_pyproject_text: str, requirements: tuple[str, ...] | None = No
     Empty when the extra is the pin's dependencies, verbatim, less ``NOT_IN_EXTRA`` and plus
     ``ADDED_TO_PIN``. Needs ``packaging`` and ``tomllib`` (build and test time only).
     """
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10 (the wheel builds run there): scikit-build-core's tomli
+        import tomli as tomllib  # type: ignore[no-redef]
 
     from packaging.requirements import Requirement
 

@@ -481,6 +481,48 @@ def _registrations(namespace: str, style) -> str:
     return "".join(style(schema) for (ns, _), schema in op_schemas.OP_SCHEMAS.items() if ns == namespace)
 
 
+def fa4_cute_files() -> dict[str, str]:
+    """A tiny stand-in for upstream's ``flash_attn/cute`` (FA4, CuTe DSL Python kernels).
+
+    What the FA4 packaging relies on, and nothing else: modules that import each other by
+    absolute ``flash_attn.cute`` names (plain, ``as``, parenthesised multi-line), a
+    ``pyproject.toml`` whose dependencies are the ``fa4`` extra's (derived from the extra,
+    the one declaration: less what fa4_deps adds, plus what it leaves to our own
+    requirements), the licence files that ship, files that must not ship, and a
+    ``flash_attn/__init__.py`` that fails when imported, as upstream's does without FA2's
+    compiled module: staging and the staged copy must never need it.
+    """
+    from vendored_flash_attn import fa4_deps
+
+    pin_dependencies = [r for r in fa4_deps.required() if fa4_deps.requirement_name(r) not in fa4_deps.ADDED_TO_PIN]
+    pin_dependencies += list(fa4_deps.NOT_IN_EXTRA)
+    listed = ", ".join(f'"{r}"' for r in pin_dependencies)
+    return {
+        "flash_attn/__init__.py": 'raise ImportError("synthetic upstream: flash_attn needs FA2\'s compiled module")\n',
+        "flash_attn/cute/__init__.py": (
+            '"""Synthetic FA4."""\n'
+            "from importlib.metadata import PackageNotFoundError, version\n"
+            "try:\n    __version__ = version(\"fa4\")\nexcept PackageNotFoundError:\n    __version__ = \"0.0.0\"\n"
+            "from flash_attn.cute.interface import flash_attn_varlen_func  # noqa: E402\n"),
+        "flash_attn/cute/interface.py": (
+            "import flash_attn.cute.utils as utils\n"
+            "from flash_attn.cute.cache_utils import get_jit_cache\n"
+            "from flash_attn.cute import (\n    utils as utils_again,\n)\n\n"
+            "def _flash_attn_fwd(q, k, v, **kwargs):\n    return utils.ORIGIN, kwargs\n\n"
+            "def flash_attn_varlen_func(q, k, v, **kwargs):\n    return _flash_attn_fwd(q, k, v, **kwargs)\n"),
+        "flash_attn/cute/utils.py": "ORIGIN = __name__  # the package this copy lives in\n",
+        "flash_attn/cute/cache_utils.py": "def get_jit_cache(kind):\n    return {}\n",
+        "flash_attn/cute/sub/__init__.py": "from flash_attn.cute.utils import ORIGIN  # noqa: F401\n",
+        "flash_attn/cute/pyproject.toml": (
+            '[project]\nname = "fa4"\ndynamic = ["version"]\n'
+            f"dependencies = [{listed}]\n"),
+        "flash_attn/cute/LICENSE": "BSD 3-Clause License (synthetic)\n",
+        "flash_attn/cute/AUTHORS": "synthetic\n",
+        "flash_attn/cute/README.md": "# synthetic FA4\n",
+        "flash_attn/cute/MANIFEST.in": "include LICENSE\n",
+    }
+
+
 def flash_attention_files() -> dict[str, str]:
     files = {
         "CMakeLists.txt": "# synthetic upstream: built by vendored-flash-attn's own CMake\n",
@@ -508,6 +550,7 @@ def flash_attention_files() -> dict[str, str]:
     }
     files.update({f"csrc/flash_attn/src/{k}": v for k, v in _fa2_instantiations().items()})
     files.update({f"hopper/instantiations/{k}": v for k, v in _fa3_instantiations().items()})
+    files.update(fa4_cute_files())
     return files
 
 
