@@ -256,6 +256,8 @@ function(vfa_option name)
     endif()
     if(origin STREQUAL "default")
       vfa_knob_normalize(value ${name} "${decl}" "${arg_DEFAULT}" "default")
+      # A reading of this machine (its memory, say): the wheel's build info leaves it out.
+      set_property(GLOBAL PROPERTY VFA_OPTION_COMPUTED_${name} TRUE)
     endif()
   endif()
   set_property(GLOBAL PROPERTY VFA_OPTION_VALUE_${name} "${value}")

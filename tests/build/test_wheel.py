@@ -3,6 +3,7 @@ compiler-cache hits from a second checkout path and build dir."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -92,9 +93,14 @@ def test_wheel_holds_both_modules_and_the_build_info(built, synthetic):
     assert info["upstream"]["commit"] == synthetic.fa_commit and info["upstream"]["matches_pin"] is True
     assert info["cutlass"]["commit"] == synthetic.cutlass_commit
     assert info["fa3"]["built"] and info["fa2"]["built"]
-    assert info["compiler_cache"]["enabled"] is True
     # Nothing of this machine's paths in the package's own record of knobs.
     assert str(built["root"]) not in json.dumps(info["options"])
+    # The build dir's record holds this machine's readings too; the wheel's leaves them out.
+    local = json.loads(next((built["root"] / "checkout-a" / "build").glob("*/build_info.json")).read_text())
+    assert local["compiler_cache"]["enabled"] is True and local["build"]["jobs"] >= 1
+    assert local["options"]["VFA_BUILD_MEMORY_MB"]["value"].isdigit()
+    assert "compiler_cache" not in info and "jobs" not in info["build"]
+    assert info["options"]["VFA_BUILD_MEMORY_MB"] == {"value": "(not recorded)", "origin": "default"}
 
 
 def test_modules_load_and_register_their_ops(built, tmp_path):
@@ -127,16 +133,50 @@ def test_build_prints_compiler_cache_statistics(built):
     assert "Compile requests" in log and "Cache hits rate" in log
 
 
-def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, sccache_env):
+@pytest.fixture(scope="module")
+def second(built, sccache_env):
+    """The same selection again from another checkout path and build dir, warm cache."""
+    run([tool("sccache"), "--zero-stats"], env=sccache_env)
+    wheel, log = build_wheel(checkout_copy(built["root"] / "checkout-b"), built["root"] / "dist-b",
+                             built["env"], built["knobs"])
+    return {"wheel": wheel, "log": log, "stats": stats(sccache_env)}
+
+
+def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, second):
     hits_before, misses_before = hit_rate(built["first"])
     assert misses_before > 0, "the first build must have compiled something"
-    second = checkout_copy(built["root"] / "checkout-b")
-    run([tool("sccache"), "--zero-stats"], env=sccache_env)
-    wheel, _ = build_wheel(second, built["root"] / "dist-b", built["env"], built["knobs"])
-    hits, misses = hit_rate(stats(sccache_env))
+    hits, misses = hit_rate(second["stats"])
     assert hits + misses > 0
     assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"
-    assert wheel.name == built["wheel"].name
+    assert second["wheel"].name == built["wheel"].name
+
+
+def wheel_members(wheel: Path) -> dict[str, tuple]:
+    with zipfile.ZipFile(wheel) as z:
+        return {i.filename: (i.date_time, i.external_attr, hashlib.sha256(z.read(i)).hexdigest())
+                for i in z.infolist()}
+
+
+def test_the_same_selection_gives_the_same_wheel_bytes(built, second):
+    """Two checkout paths, two build dirs, another machine state: one wheel (docs/release.md)."""
+    first, again = wheel_members(built["wheel"]), wheel_members(second["wheel"])
+    differ = sorted(n for n in first.keys() | again.keys() if first.get(n) != again.get(n))
+    detail = ""
+    if "vendored_flash_attn/build_info.json" in differ:
+        a, b = (json.loads(zipfile.ZipFile(w).read("vendored_flash_attn/build_info.json"))
+                for w in (built["wheel"], second["wheel"]))
+        detail = json.dumps(_json_differences(a, b), indent=1)
+    assert not differ, f"members that differ: {differ}\n{detail}"
+    assert built["wheel"].read_bytes() == second["wheel"].read_bytes()
+
+
+def _json_differences(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = {}
+        for key in a.keys() | b.keys():
+            found.update(_json_differences(a.get(key), b.get(key), f"{path}.{key}"))
+        return found
+    return {} if a == b else {path: [a, b]}
 
 
 def test_the_build_shows_progress_and_keeps_compiler_output_in_a_log(built):
