@@ -161,3 +161,15 @@ def test_direct_driver_calls_without_a_driver_library_stop(tmp_path, sources):
     else:
         assert "VFA_CUDA_DRIVER_CALL=direct, but this machine has no libcuda" in result.text
         assert "VFA_CUDA_DRIVER_CALL=auto" in result.text
+
+
+
+def test_an_arch_nothing_runs_on_stops_the_configure(tmp_path, sources):
+    """The reported case through a whole configure: FA2 asked for, no PTX, a GPU newer than
+    its SASS. The other arch cases run in script mode: tests/unit/test_cuda_archs_cmake_cpu.py."""
+    _, result = configured(tmp_path, sources, VFA_PRESET="minimal", TORCH_CUDA_ARCH_LIST="10.0",
+                           VFA_FA2_PTX="OFF", VFA_BUILD_FA2="on")
+    assert result.returncode != 0, result.output
+    assert ("TORCH_CUDA_ARCH_LIST='10.0' names 10.0, but nothing this build compiles would run there: "
+            "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer GPUs run, is "
+            "left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON)") in result.text, result.output[-3000:]
