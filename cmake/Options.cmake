@@ -27,9 +27,10 @@
 #   vfa_option(VFA_BUILD_MEMORY_MB DEFAULT 24000)
 #                                     a default computed by the caller, for a knob
 #                                     declared with "default": ""
-#   vfa_warn_unknown_settings()       VFA_* variables in the environment or on the
-#                                     command line that no knob declares: a loud
-#                                     warning with the closest declared name
+#   vfa_check_unknown_settings()      VFA_* variables in the environment or on the
+#                                     command line that no knob declares: stop with
+#                                     the closest declared name (a loud warning with
+#                                     VFA_ALLOW_UNKNOWN_SETTINGS=ON)
 
 include_guard(GLOBAL)
 
@@ -326,13 +327,18 @@ endfunction()
 
 # VFA_* settings no knob declares: environment variables, and -D variables of any
 # type (-DVFA_FA2_PTXX:BOOL=OFF too; the project's own cache entries are INTERNAL,
-# or declared under "cache_variables" in cmake/knobs.json). Each gets a loud
-# warning with the closest declared name (Python's difflib, through
-# cmake/knobs.py), is recorded for the build info, and a -D one is taken out of
-# the cache like a knob.
+# or declared under "cache_variables" in cmake/knobs.json). Each is named with the
+# closest declared name (Python's difflib, through cmake/knobs.py), is recorded for
+# the build info, and a -D one is taken out of the cache like a knob. They stop the
+# configure: a typo changes what gets built (VFA_PRESTE=minimal builds the full
+# preset, hours instead of minutes), and pip shows a build's output only when it
+# fails, so a warning would reach nobody who did not pass -v. With
+# VFA_ALLOW_UNKNOWN_SETTINGS=ON (an environment that sets VFA_* variables of its own)
+# they get a loud warning instead.
 #   VFA_PRESTE=minimal in the environment  ->  " VFA_PRESTE (environment variable)
 #   is not a knob of this project: did you mean VFA_PRESET?"
-function(vfa_warn_unknown_settings)
+function(vfa_check_unknown_settings)
+  vfa_option(VFA_ALLOW_UNKNOWN_SETTINGS)
   vfa_declared_knobs(declared "")
   foreach(name IN LISTS declared)
     vfa_knob_declaration(decl ${name})
@@ -398,12 +404,22 @@ function(vfa_warn_unknown_settings)
     list(APPEND records "${kind}:${name}:${suggestion}")
   endforeach()
   set_property(GLOBAL PROPERTY VFA_UNKNOWN_SETTINGS "${records}")
-  message(WARNING
-    "\n"
-    "==========================================================================\n"
-    "${lines}"
-    " It is ignored. The knobs are listed in the README (cmake/knobs.json).\n"
-    "==========================================================================")
+  if(VFA_ALLOW_UNKNOWN_SETTINGS)
+    message(WARNING
+      "\n"
+      "==========================================================================\n"
+      "${lines}"
+      " It is ignored (VFA_ALLOW_UNKNOWN_SETTINGS=ON). The knobs are listed in the\n"
+      " README (cmake/knobs.json).\n"
+      "==========================================================================")
+  else()
+    message(FATAL_ERROR
+      "\n"
+      "${lines}"
+      " Stopped before anything is fetched or built: a misspelt knob would build something\n"
+      " else than was asked. Correct or remove it (the knobs are listed in the README,\n"
+      " cmake/knobs.json), or set VFA_ALLOW_UNKNOWN_SETTINGS=ON to build with it ignored.")
+  endif()
 endfunction()
 
 # "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's

@@ -5,7 +5,7 @@
 # Relative paths are taken from the project directory, as in a configure.
 cmake_minimum_required(VERSION 3.26)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)
-vfa_warn_unknown_settings()
+vfa_check_unknown_settings()
 vfa_resolve_upstream_sources()
 foreach(component IN LISTS VFA_COMPONENTS)
   set(fields "")

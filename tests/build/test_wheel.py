@@ -71,6 +71,22 @@ def built(synthetic, sccache_env, tmp_path_factory):
             "refused": refused}
 
 
+def test_pip_without_v_shows_a_typo_and_builds_nothing(synthetic, tmp_path):
+    """pip shows a build's output only when it fails: a misspelt knob must fail (in the
+    configure's first seconds), or a user without -v would never see it."""
+    knobs = {"VFA_PIN_FILE": str(synthetic.write_pin(tmp_path / "pin.json")),
+             "VFA_SOURCE_CACHE": str(tmp_path / "source-cache")}
+    config = [f"-Ccmake.define.{k}={v}" for k, v in knobs.items()]
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                  str(tmp_path / "dist"), *config, str(checkout_copy(tmp_path / "checkout"))],
+                 env=clean_env(VFA_PRESTE="minimal"), timeout=600)
+    assert result.returncode != 0
+    assert "VFA_PRESTE (environment variable) is not a knob of this project: did you mean VFA_PRESET?" \
+        in result.text, result.output[-5000:]
+    assert "VFA_ALLOW_UNKNOWN_SETTINGS=ON" in result.text
+    assert not (tmp_path / "source-cache").exists() and not list((tmp_path / "dist").glob("*.whl"))
+
+
 def test_a_refused_knob_does_not_stick_to_the_build_dir(built):
     refused = built["refused"]
     assert refused.returncode != 0
