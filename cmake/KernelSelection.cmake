@@ -175,8 +175,9 @@ function(vfa_fa3_selection head_dims dtypes features)
   # On by default, as upstream: without it FA3 accumulates P.V for FP8 inside the
   # tensor cores' reduced-precision accumulator across every KV block, and the error
   # grows with the context (measured on the H200 with value vectors of mean 0.5: 1.2 %
-  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13-31 %
-  # faster FP8, a trade a user makes knowingly.
+  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13–26 %
+  # faster FP8 (docs/PERFORMANCE.md, the speed table of that section), a trade a user
+  # makes knowingly.
   vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
   if(NOT VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
     list(APPEND defines FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
