@@ -19,6 +19,7 @@
 include_guard(GLOBAL)
 
 set(VFA_BUILD_INFO_SCHEMA 1)
+set(VFA_DECLARATION_FILE "${CMAKE_CURRENT_LIST_DIR}/knobs.json")
 # JSON paths (dot-separated) that only the build dir's record holds.
 set(VFA_BUILD_INFO_MACHINE_KEYS compiler_cache build.jobs build.jobs_reason build.jobs_by_memory)
 
@@ -216,6 +217,9 @@ function(vfa_write_build_info)
   set(wheel_path "${CMAKE_CURRENT_BINARY_DIR}/build_info.wheel.json")
   vfa_write_if_different("${wheel_path}" "${wheel_json}\n")
   install(FILES "${wheel_path}" DESTINATION vendored_flash_attn RENAME build_info.json)
+  # The declaration the package reads its bool words and head dims from
+  # (python/vendored_flash_attn/declaration.py), as CMake read them.
+  install(FILES "${VFA_DECLARATION_FILE}" DESTINATION vendored_flash_attn)
   message(STATUS "vendored-flash-attn: build info written to ${path} "
     "(the wheel gets ${wheel_path}: the same without this machine's readings)")
 endfunction()

@@ -14,11 +14,17 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-# The presets' names are declared with VFA_PRESET in cmake/knobs.json.
-set(VFA_FA3_ALL_HEAD_DIMS 64 96 128 192 256)
+# The presets' names are declared with VFA_PRESET in cmake/knobs.json, and the head
+# dims each module can build as the choices of VFA_FA3_HEAD_DIMS / VFA_FA2_HEAD_DIMS
+# there (the package's kernels.py reads the same declaration).
+foreach(_vfa_part FA3 FA2)
+  vfa_knob_declaration(_vfa_decl VFA_${_vfa_part}_HEAD_DIMS)
+  vfa_knob_field(VFA_${_vfa_part}_ALL_HEAD_DIMS "${_vfa_decl}" choices "")
+endforeach()
+unset(_vfa_part)
+unset(_vfa_decl)
 set(VFA_FA3_ALL_DTYPES bf16 fp16 e4m3)
 set(VFA_FA3_ALL_FEATURES paged split softcap local hdimdiff)
-set(VFA_FA2_ALL_HEAD_DIMS 32 64 96 128 192 256)
 set(VFA_FA2_ALL_DTYPES bf16 fp16)
 set(VFA_FA2_ALL_FEATURES sparse)
 

@@ -43,9 +43,6 @@ set_property(GLOBAL PROPERTY VFA_KNOBS_JSON "${_vfa_knobs_json}")
 unset(_vfa_knobs_json)
 unset(_vfa_project_dir)
 
-set(VFA_BOOL_WORDS_ON 1 ON TRUE YES)
-set(VFA_BOOL_WORDS_OFF 0 OFF FALSE NO)
-
 # The declaration of <name> as a JSON object, or a stop naming the file to edit.
 #   vfa_knob_declaration(decl VFA_PRESET)  ->  {"type": "choice", "choices": ["full", "minimal"], ...}
 function(vfa_knob_declaration out_var name)
@@ -86,6 +83,21 @@ function(vfa_knob_field out_var decl field fallback)
   endif()
 endfunction()
 
+# The bool words, declared once in cmake/knobs.json ("bool_words"): VFA_BOOL_WORDS_ON,
+# VFA_BOOL_WORDS_OFF and, for messages, VFA_BOOL_WORDS_TEXT ("ON/OFF, 1/0, ... (any case)").
+get_property(_vfa_knobs_json GLOBAL PROPERTY VFA_KNOBS_JSON)
+vfa_knob_field(VFA_BOOL_WORDS_ON "${_vfa_knobs_json}" "bool_words;on" "")
+vfa_knob_field(VFA_BOOL_WORDS_OFF "${_vfa_knobs_json}" "bool_words;off" "")
+set(VFA_BOOL_WORDS_TEXT "")
+foreach(_vfa_on _vfa_off IN ZIP_LISTS VFA_BOOL_WORDS_ON VFA_BOOL_WORDS_OFF)
+  list(APPEND VFA_BOOL_WORDS_TEXT "${_vfa_on}/${_vfa_off}")
+endforeach()
+list(JOIN VFA_BOOL_WORDS_TEXT ", " VFA_BOOL_WORDS_TEXT)
+string(APPEND VFA_BOOL_WORDS_TEXT " (any case)")
+unset(_vfa_on)
+unset(_vfa_off)
+unset(_vfa_knobs_json)
+
 # Stops with the knob, the value, where it came from and what would be accepted.
 #   vfa_knob_refuse(VFA_FA2_PTX enable env:VFA_FA2_PTX "ON/OFF, ...")  ->  stops with
 #   "VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable
@@ -124,7 +136,7 @@ function(vfa_knob_normalize out_var name decl value origin)
     elseif(type STREQUAL "tristate" AND upper STREQUAL "AUTO")
       set(result auto)
     else()
-      set(allowed "ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case)")
+      set(allowed "${VFA_BOOL_WORDS_TEXT}")
       if(type STREQUAL "tristate")
         set(allowed "auto, or ${allowed}")
       endif()
