@@ -44,7 +44,8 @@ def bool_words_text(data: dict[str, Any]) -> str:
 
 def head_dims(data: dict[str, Any], version: int) -> tuple[int, ...]:
     """The head dims FA<version> can be built for, ascending."""
-    return tuple(sorted(int(h) for h in data["knobs"][f"VFA_FA{version}_HEAD_DIMS"]["choices"]))
+    knob = {2: "VFA_FA2_HEAD_DIMS", 3: "VFA_FA3_HEAD_DIMS"}[version]
+    return tuple(sorted(int(h) for h in data["knobs"][knob]["choices"]))
 
 
 _DECLARATION = load()
