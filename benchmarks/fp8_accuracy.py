@@ -84,7 +84,9 @@ def two_level_tag(build: dict) -> str:
     value = common.build_option(build, "VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION")
     if value is None:
         return "two_level_unknown" if "error" in build else "two_level_on"
-    return "two_level_on" if str(value).upper() in ("1", "ON", "YES", "TRUE", "Y") else "two_level_off"
+    from vendored_flash_attn.declaration import BOOL_ON  # the bool words of cmake/knobs.json
+
+    return "two_level_on" if str(value).lower() in BOOL_ON else "two_level_off"
 
 
 # --------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
 
 * size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
-  else 400 MB); on failure it lists the largest members.
+  else 400 MB), and its sha256 (wheels are reproducible); on failure it lists the
+  largest members.
 * symbols: every compiled module of the wheel loads (``dlopen`` with ``RTLD_NOW``,
   after ``import torch``) with no undefined symbol, and imports as a Python module.
 * abi3: the wheel is tagged ``cp3X-abi3``, every module is named ``*.abi3.so``, and
@@ -35,6 +36,7 @@ plus abi3audit for the abi3 check and pyelftools for the cxx-runtime check.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -91,6 +93,14 @@ def _human(size: float) -> str:
 
 # --- size ----------------------------------------------------------------------
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> CheckResult:
     if max_mb is None:
         max_mb = float(os.environ.get(ENV_MAX_MB) or DEFAULT_MAX_MB)
@@ -100,7 +110,9 @@ def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> Ch
         infos = sorted(zf.infolist(), key=lambda i: i.compress_size, reverse=True)
     largest = [f"{_human(i.compress_size):>10} compressed {_human(i.file_size):>10} unpacked  {i.filename}"
                for i in infos[:top]]
-    summary = f"{wheel.name} is {_human(size)} (limit {max_mb:g} MB)"
+    # The digest of a reproducible wheel (README, "What a build records"): a rebuild of the
+    # same inputs anywhere gives the same one, so a published wheel can be checked against it.
+    summary = f"{wheel.name} is {_human(size)} (limit {max_mb:g} MB), sha256 {file_sha256(wheel)}"
     if size <= limit:
         return CheckResult("size", True, summary)
     return CheckResult("size", False, summary + f"; over by {_human(size - limit)}. Largest members:", largest)

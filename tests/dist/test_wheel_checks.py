@@ -4,6 +4,7 @@ abi3audit see what they would see in a release wheel."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -81,9 +82,10 @@ def good(tmp_path_factory) -> Path:
     return make_wheel(tmp_path_factory.mktemp("good"))
 
 
-def test_size_gate_passes_under_the_limit(good):
+def test_size_gate_passes_under_the_limit_and_names_the_wheels_sha256(good):
     result = check_size(good, max_mb=1)
     assert result.ok, result.render()
+    assert f"sha256 {hashlib.sha256(good.read_bytes()).hexdigest()}" in result.summary
 
 
 def test_size_gate_fails_over_the_limit_and_lists_the_largest_members(tmp_path):

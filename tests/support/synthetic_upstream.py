@@ -23,9 +23,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-FA2_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+from vendored_flash_attn import declaration as declared
+
+# The head dims upstream instantiates, as the project declares them (cmake/knobs.json).
+FA2_HEAD_DIMS = declared.FA2_HEAD_DIMS
 FA2_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
-FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
+FA3_HEAD_DIMS = declared.FA3_HEAD_DIMS
 FA3_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 # variant suffix -> (Split, PagedKVNonTMA, Has_softcap, PackGQA), as upstream's generate_kernels.py
 FA3_VARIANTS = {
