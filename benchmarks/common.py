@@ -82,7 +82,7 @@ def attention_flops(q_lens: Sequence[int], k_lens: Sequence[int], heads: int, he
     """Forward attention FLOPs: 2 matmuls (QK^T and PV), 2 FLOPs per multiply-add.
 
     convention="exact": 2 * pairs * h * (d + d_v) with the exact causal pair count.
-    convention="half": the FlashAttention papers' (and ANCHORS.md's) convention,
+    convention="half": the FlashAttention papers' (and docs/anchors.md's) convention,
     4 * sum(s_q * s_k) * h * d, halved for causal.
     """
     d_v = head_dim if head_dim_v is None else head_dim_v

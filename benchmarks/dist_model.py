@@ -16,6 +16,19 @@ its compile time plus the client overhead, and the client's own cores bound the
 overheads (at most one client-side step per client core: sccache's job limit). Units
 per kind for `full`: 190 FA3 instantiations + combine + scheduler + 2 C++ and 76 FA2
 CUDA + 3 C++ (docs/PERFORMANCE.md). It prints a table and writes JSON.
+
+Slices of `full` (benchmarks/full_slices.json, docs/full-preset-slices.md):
+
+    python benchmarks/dist_model.py --slices [--client-cores 16 --client-memory-gb 125]
+    python benchmarks/dist_model.py --slice-defines NAME       (the slice's -C defines, one a line)
+    python benchmarks/dist_model.py --record-unit-times NINJA_LOG --run "what, where, when"
+
+--slices models each slice's cold build on one machine (no build servers): its units come
+from the build's own selection rule (cmake/kernel_units.cmake), each unit costs its
+measured time (benchmarks/unit_times_h200.json, filled by --record-unit-times from the
+ninja log of a cold build on the 16-core H200 machine) or, where none was measured, the
+mean of its kind (--unit-s, else the mean of the measured units of that kind, else
+KIND_S_16_CORE), plus the build's steps outside ninja (--fixed-s: pip, configure, wheel).
 """
 
 from __future__ import annotations
@@ -23,15 +36,39 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SLICES_FILE = HERE / "full_slices.json"
+UNIT_TIMES_FILE = HERE / "unit_times_h200.json"
 
 PRESETS = {  # units per kind
     "full": {"fa3_inst": 190, "fa3_other": 2, "fa2_cuda": 76, "cxx": 5},
     "minimal": {"fa3_inst": 8, "fa3_other": 2, "fa2_cuda": 8, "cxx": 5},
 }
 UNIT_MEMORY_GB = {"fa3_inst": 8.0, "fa3_other": 8.0, "fa2_cuda": 4.5, "cxx": 1.0}
+# Per-kind means of a cold build on the 16-core H200 machine, for units with no time of
+# their own: the `minimal` preset, 2026-11-29 (docs/PERFORMANCE.md, "Per translation
+# unit, minimal build"): FA3 instantiations mean 153 s, combine 89 s + scheduler 18 s,
+# FA2 instantiations (sm_90 SASS) mean 189 s, .cpp 2-5 s.
+KIND_S_16_CORE = {"fa3_inst": 153.0, "fa3_other": 53.5, "fa2_cuda": 189.0, "cxx": 3.5}
+# What every build of a module compiles beside its selected instantiations
+# (cmake/FA3Target.cmake, cmake/FA2Target.cmake): name -> kind.
+MODULE_UNITS = {
+    "fa3": {"flash_fwd_combine.cu": "fa3_other", "flash_prepare_scheduler.cu": "fa3_other",
+            "flash_api.cpp (fa3)": "cxx", "flash_api_torch_lib.cpp (fa3)": "cxx"},
+    "fa2": {"flash_api.cpp (fa2)": "cxx", "flash_api_sparse.cpp": "cxx", "flash_api_torch_lib.cpp (fa2)": "cxx"},
+}
+FA2_STUBS = "fa2_missing_kernels.cpp"
+# Seconds of a cold build outside ninja's span (pip, configure with its probe compiles,
+# the wheel): build wall - ninja span, measured on the 16-core H200 machine 2026-12-01:
+# 8.2 s (slice fa3-hd96-fa2-hd96-192: 699.3 - 691.1) and 4.8 s (slice fa2-hd32-64).
+FIXED_S = 8.2
 
 
 def kind_of(output: str) -> str | None:
@@ -57,6 +94,108 @@ def unit_times(ninja_log: Path) -> dict[str, list[float]]:
         if len(parts) >= 4:
             last[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000
     return last
+
+
+def unit_name(output: str) -> str:
+    """The source file name of a ninja output (".../flash_fwd_hdim96_bf16_sm90.cu.o" -> "...cu")."""
+    name = output.rsplit("/", 1)[-1]
+    return name[:-2] if name.endswith(".o") else name
+
+
+def name_kind(module: str, name: str) -> str:
+    if name.endswith(".cu"):
+        return "fa3_inst" if module == "fa3" else "fa2_cuda"
+    return "cxx"
+
+
+def cmake_tool() -> str:
+    local = Path(sys.executable).parent / "cmake"
+    return str(local) if local.exists() else (shutil.which("cmake") or "cmake")
+
+
+def load_slices(path: Path = SLICES_FILE) -> dict[str, dict]:
+    return json.loads(path.read_text())["slices"]
+
+
+def slice_knobs(spec: dict) -> dict[str, str]:
+    """A slice's build knobs: the `full` preset narrowed by the slice's own."""
+    return {"VFA_PRESET": "full", **spec["knobs"]}
+
+
+def slice_defines(spec: dict) -> list[str]:
+    return [f"-Ccmake.define.{k}={v}" for k, v in slice_knobs(spec).items()]
+
+
+def kernel_units(knobs: dict[str, str]) -> list[tuple[str, str]]:
+    """(module, file name) of each instantiation the build compiles for these knobs, from
+    the build's own rule (cmake/kernel_units.cmake); no VFA_* from this environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VFA_", "MAX_JOBS", "TORCH_CUDA_ARCH_LIST"))}
+    cmd = [cmake_tool(), *[f"-D{k}={v}" for k, v in knobs.items()], "-P", str(HERE.parent / "cmake/kernel_units.cmake")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
+    return [tuple(line.split(" ", 1)) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def build_units(knobs: dict[str, str], all_fa2: set[str]) -> list[tuple[str, str, str]]:
+    """(module, name, kind) of every compile of a build: its instantiations and the units
+    each module built always compiles (FA2 adds its stubs unless every kernel is in)."""
+    units = [(m, n, name_kind(m, n)) for m, n in kernel_units(knobs)]
+    for module in ("fa3", "fa2"):
+        if str(knobs.get(f"VFA_BUILD_{module.upper()}", "auto")).lower() in ("off", "0", "false", "no"):
+            continue
+        units += [(module, n, k) for n, k in MODULE_UNITS[module].items()]
+        if module == "fa2" and {n for m, n, _ in units if m == "fa2"} != all_fa2:
+            units.append(("fa2", FA2_STUBS, "cxx"))
+    return units
+
+
+def load_unit_times(path: Path = UNIT_TIMES_FILE) -> dict[str, dict]:
+    return json.loads(path.read_text())["units"] if path.is_file() else {}
+
+
+def record_unit_times(ninja_log: Path, run: str, path: Path = UNIT_TIMES_FILE) -> dict[str, dict]:
+    """Merge the instantiations' times of a cold build's ninja log into the per-unit table."""
+    data = json.loads(path.read_text()) if path.is_file() else {
+        "about": "Per-unit cold compile seconds of kernel instantiations on the 16-core H200 "
+                 "machine (nvidia-h200: 16 cores, 128 GiB), from a slice build's .ninja_log "
+                 "(tests/gpu/slice_h200.sh; benchmarks/dist_model.py --record-unit-times).",
+        "units": {}}
+    added = {}
+    for output, seconds in unit_times(ninja_log).items():
+        if kind_of(output) in ("fa3_inst", "fa2_cuda"):
+            added[unit_name(output)] = {"s": round(seconds, 1), "run": run}
+    data["units"].update(added)
+    data["units"] = dict(sorted(data["units"].items()))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return added
+
+
+def measured_kind_means(measured: dict[str, dict], fallback: dict[str, float]) -> dict[str, float]:
+    """Per-kind cost of a unit with no time of its own: the mean of the measured units of its
+    kind where there are some, else the fallback's."""
+    kinds: dict[str, list[float]] = {}
+    for name, entry in measured.items():
+        kinds.setdefault(name_kind("fa3" if name.endswith("_sm90.cu") else "fa2", name), []).append(entry["s"])
+    return {k: round(statistics.mean(kinds[k]), 1) if kinds.get(k) else v for k, v in fallback.items()}
+
+
+def model_slices(slices: dict[str, dict], measured: dict[str, dict], kind_s: dict[str, float], cores: int,
+                 memory_gb: float, fixed_s: float) -> list[dict]:
+    """Each slice's cold build on one machine: its units longest first over the job slots."""
+    all_fa2 = {n for m, n in kernel_units({"VFA_PRESET": "full", "VFA_BUILD_FA3": "OFF"}) if m == "fa2"}
+    rows = []
+    for name, spec in slices.items():
+        units = build_units(slice_knobs(spec), all_fa2)
+        costs = [(kind, measured[n]["s"] if n in measured else kind_s[kind]) for _m, n, kind in units]
+        slots = slots_of(cores, memory_gb, max(UNIT_MEMORY_GB[k] for _m, _n, k in units))
+        seconds = simulate(costs, slots, [], 0.0, cores) + fixed_s
+        inst = [n for _m, n, k in units if k in ("fa3_inst", "fa2_cuda")]
+        rows.append({"slice": name, "fa3_inst": sum(k == "fa3_inst" for *_, k in units),
+                     "fa2_inst": sum(k == "fa2_cuda" for *_, k in units), "units": len(units), "jobs": slots,
+                     "measured_units": sum(n in measured for n in inst), "minutes": round(seconds / 60, 1),
+                     "done": spec.get("done"), "instantiations": inst})
+    return rows
 
 
 def per_kind(times: dict[str, float]) -> dict[str, float]:
@@ -102,13 +241,54 @@ def main(argv: list[str] | None = None) -> int:
                    help="per-unit time of a kind (fa3_inst, fa3_other, fa2_cuda, cxx) instead of/over the log")
     p.add_argument("--dist-ninja-log", type=Path, help="ninja log of the same build through sccache-dist")
     p.add_argument("--client-overhead-s", type=float, help="client-side seconds per remote unit")
-    p.add_argument("--client-cores", type=int, required=True)
-    p.add_argument("--client-memory-gb", type=float, required=True)
+    p.add_argument("--client-cores", type=int)
+    p.add_argument("--client-memory-gb", type=float)
     p.add_argument("--server", default="32x256", help="one build server: CORESxMEMORY_GB")
     p.add_argument("--servers", default="0,1,2,4,8,16", help="numbers of build servers to model")
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--out", type=Path)
+    p.add_argument("--slices", action="store_true", help="model each slice of `full` (full_slices.json)")
+    p.add_argument("--fixed-s", type=float, default=FIXED_S, help="(--slices) seconds outside the compiles")
+    p.add_argument("--slice-defines", metavar="NAME", help="print a slice's -C defines, one a line")
+    p.add_argument("--record-unit-times", type=Path, metavar="NINJA_LOG",
+                   help=f"merge a cold build's per-unit times into {UNIT_TIMES_FILE.name}")
+    p.add_argument("--run", help="(--record-unit-times) what, where and when that build ran")
     args = p.parse_args(argv)
+
+    if args.slice_defines:
+        slices = load_slices()
+        if args.slice_defines not in slices:
+            p.error(f"no slice {args.slice_defines!r} in {SLICES_FILE.name}; slices: {', '.join(slices)}")
+        print("\n".join(slice_defines(slices[args.slice_defines])))
+        return 0
+    if args.record_unit_times:
+        if not args.run:
+            p.error("--record-unit-times needs --run (what, where and when the build ran)")
+        added = record_unit_times(args.record_unit_times, args.run)
+        print(f"{len(added)} unit times recorded in {UNIT_TIMES_FILE}")
+        return 0
+    if args.slices:
+        measured = load_unit_times()
+        kind_s = measured_kind_means(measured, KIND_S_16_CORE)
+        for item in args.unit_s:
+            kind, seconds = item.split("=")
+            kind_s[kind] = float(seconds)
+        cores, memory = args.client_cores or 16, args.client_memory_gb or 125.0
+        rows = model_slices(load_slices(), measured, kind_s, cores, memory, args.fixed_s)
+        print(f"cold build of each slice of `full` on one {cores}-core / {memory:g} GB machine; units without a "
+              f"measured time cost their kind's mean ({', '.join(f'{k} {v:g} s' for k, v in kind_s.items())}); "
+              f"+ {args.fixed_s:g} s outside the compiles")
+        print("| slice | FA3 inst. | FA2 inst. | compiles | jobs | inst. with measured times | cold build (min) |"
+              " done |\n|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['slice']} | {r['fa3_inst']} | {r['fa2_inst']} | {r['units']} | {r['jobs']} | "
+                  f"{r['measured_units']} / {r['fa3_inst'] + r['fa2_inst']} | {r['minutes']} | {r['done'] or ''} |")
+        if args.out:
+            args.out.write_text(json.dumps({"cores": cores, "memory_gb": memory, "kind_s": kind_s,
+                                            "fixed_s": args.fixed_s, "slices": rows}, indent=1) + "\n")
+        return 0
+    if args.client_cores is None or args.client_memory_gb is None:
+        p.error("--client-cores and --client-memory-gb are required")
 
     times = per_kind(unit_times(args.ninja_log)) if args.ninja_log else {}
     for item in args.unit_s:

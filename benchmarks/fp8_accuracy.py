@@ -84,7 +84,9 @@ def two_level_tag(build: dict) -> str:
     value = common.build_option(build, "VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION")
     if value is None:
         return "two_level_unknown" if "error" in build else "two_level_on"
-    return "two_level_on" if str(value).upper() in ("1", "ON", "YES", "TRUE", "Y") else "two_level_off"
+    from vendored_flash_attn.declaration import BOOL_ON  # the bool words of cmake/knobs.json
+
+    return "two_level_on" if str(value).lower() in BOOL_ON else "two_level_off"
 
 
 # --------------------------------------------------------------------------------------
@@ -384,14 +386,17 @@ def reference64(q, k, v, q_lens, k_lens, causal=True, chunk=512):
     return out
 
 
-def long_context_case(shape: str, dist: str, seed: int = 0) -> dict:
-    """One long-context case: FA3 FP8 and FA3 bf16 on the same values vs float64."""
+def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAMA_8B.head_dim) -> dict:
+    """One long-context case: FA3 FP8 and FA3 bf16 on the same values vs float64 (Llama-3.1-8B's
+    heads; another head dim for a wheel without 128, such as a slice of `full`)."""
+    import dataclasses
+
     import torch
 
     from vendored_flash_attn import flash_attn_varlen_func
 
     q_lens, k_lens, causal = LONG_CONTEXT_SHAPES[shape]
-    x = long_context_inputs(dist, q_lens, k_lens, seed)
+    x = long_context_inputs(dist, q_lens, k_lens, seed, model=dataclasses.replace(LLAMA_8B, head_dim=head_dim))
     kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=x["cu_seqlens_q"], max_seqlen_k=max(k_lens),
               seqused_k=x["seqused_k"], block_table=x["block_table"], causal=causal, fa_version=3)
     ref = reference64(x["q"], x["k"], x["v"], q_lens, k_lens, causal=causal)
@@ -400,7 +405,7 @@ def long_context_case(shape: str, dist: str, seed: int = 0) -> dict:
     bf16 = torch.bfloat16
     out16 = flash_attn_varlen_func(x["q"].to(bf16), x["k_cache"].to(bf16), x["v_cache"].to(bf16), **kw)
     fp8_err, bf16_err = common.relative_l2(out8, ref), common.relative_l2(out16, ref)
-    row = {"shape": shape, "distribution": dist, "q_lens": list(q_lens), "k_lens": list(k_lens),
+    row = {"shape": shape, "distribution": dist, "head_dim": head_dim, "q_lens": list(q_lens), "k_lens": list(k_lens),
            "causal": causal, "fp8_kernel": fp8_err, "bf16_same_inputs": bf16_err,
            "ratio_to_bf16": fp8_err / bf16_err if bf16_err > 0 else math.inf,
            "finite": bool(torch.isfinite(out8).all() and torch.isfinite(out16).all())}
@@ -414,9 +419,9 @@ def long_context(args) -> list[dict]:
     rows = []
     for shape in args.long_shapes:
         for i, dist in enumerate(args.v_distributions):
-            row = long_context_case(shape, dist, seed=args.seed + 31 * i)
+            row = long_context_case(shape, dist, seed=args.seed + 31 * i, head_dim=args.long_head_dim)
             rows.append(row)
-            print(f"[fp8] {shape:20s} {dist:16s} fp8 {row['fp8_kernel']:.2e} "
+            print(f"[fp8] {shape:20s} {dist:16s} hd{args.long_head_dim} fp8 {row['fp8_kernel']:.2e} "
                   f"bf16 {row['bf16_same_inputs']:.2e}", file=sys.stderr)
     return rows
 
@@ -493,6 +498,8 @@ def parse_args(argv=None):
                    choices=list(LONG_CONTEXT_SHAPES), help="long-context cases (none: skip them)")
     p.add_argument("--v-distributions", nargs="*", default=list(V_DISTRIBUTIONS), choices=V_DISTRIBUTIONS,
                    help="value distributions of the long-context cases")
+    p.add_argument("--long-head-dim", type=int, default=LLAMA_8B.head_dim,
+                   help="head dim of the long-context cases (default 128; e.g. 96 for a wheel without 128)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timer", choices=("auto", "triton", "events"), default="auto")
     p.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ padded to (b, h, s, d) - all sequences have equal length here, so no padding was
 and K/V are expanded to 32 heads outside the timed region; default backend choice).
 
 Columns: median time; TFLOP/s (varlen: 4*b*s^2*h*d, halved for causal, as in
-ANCHORS.md; paged: exact (query, key) pairs) or GB/s (decode: K+V bytes read + q + out);
+docs/anchors.md; paged: exact (query, key) pairs) or GB/s (decode: K+V bytes read + q + out);
 % of the card's ceiling measured in the same run (bf16 8192^3 matmul; FP8 rows against
 the FP8 matmul ceiling when torch._scaled_mm works; decode rows against a device copy);
 time ratio FA2/row ("FA3/FA2" speed-up). The bars of issue 5 are checked at the end.
@@ -53,7 +53,7 @@ BARS = {
     "paged_decode_seed": (1.2, "FA3 >= 1.2x FA2 on paged decode"),
 }
 
-# ANCHORS.md (upstream build, H200, 2026-11-29), as printed in the table.
+# docs/anchors.md (upstream build, H200, 2026-11-29), as printed in the table.
 ANCHORS = {
     ("varlen_2k_full", "fa2"): "374 TF", ("varlen_2k_full", "fa3"): "603 TF",
     ("varlen_2k_full", "fa3_fp8"): "632 TF", ("varlen_2k_full", "sdpa"): "589 TF",
@@ -430,7 +430,7 @@ def run(args) -> dict:
                      "l2_bytes": l2},
         "elapsed_s": time.perf_counter() - t_start,
         "notes": [
-            "TFLOP/s: varlen rows use 4*b*s^2*h*d (halved for causal, the convention of ANCHORS.md); "
+            "TFLOP/s: varlen rows use 4*b*s^2*h*d (halved for causal, the convention of docs/anchors.md); "
             "paged rows count the exact causal (query, key) pairs (bottom-right aligned).",
             "GB/s: decode rows count K+V bytes of every context token once, plus q and out; prefill "
             "rows count every input once (a lower bound).",

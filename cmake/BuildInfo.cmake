@@ -1,10 +1,27 @@
 # Build info: what this build holds, written as build_info.json into the
 # Python package, where the runtime selector and
 # `python -m vendored_flash_attn info` read it.
+#
+# Two records. The wheel's holds what decides the wheel's content, and nothing that
+# two builds of the same inputs (sources, selection, toolchain, knobs) would read
+# differently: those give byte-identical wheels from any checkout path, build dir or
+# machine (tests/build/test_wheel.py). The build dir's build_info.json holds all of
+# it plus the readings of this machine and this moment, VFA_BUILD_INFO_MACHINE_KEYS:
+#   build.jobs, build.jobs_reason, build.jobs_by_memory  chosen from the memory and
+#                                                        cores found here
+#   compiler_cache (and its dist block)                  what sccache and the
+#                                                        sccache-dist cluster answered
+#   options.<knob>.value of a default computed here      VFA_BUILD_MEMORY_MB
+#   upstream/cutlass origin "fetched" (wheel: "cache")   whether the cache was warm
+#   upstream/cutlass url (wheel: the pin's URL)          the mirror, or whoever filled
+#                                                        a shared cache
 
 include_guard(GLOBAL)
 
 set(VFA_BUILD_INFO_SCHEMA 1)
+set(VFA_DECLARATION_FILE "${CMAKE_CURRENT_LIST_DIR}/knobs.json")
+# JSON paths (dot-separated) that only the build dir's record holds.
+set(VFA_BUILD_INFO_MACHINE_KEYS compiler_cache build.jobs build.jobs_reason build.jobs_by_memory)
 
 function(vfa_json_array out_var)
   set(items "")
@@ -195,8 +212,50 @@ function(vfa_write_build_info)
   string(JSON json SET "${json}" unknown_settings "${unknown}")
 
   set(path "${CMAKE_CURRENT_BINARY_DIR}/build_info.json")
-  file(WRITE "${path}.tmp" "${json}\n")
+  vfa_write_if_different("${path}" "${json}\n")
+  vfa_wheel_build_info(wheel_json "${json}")
+  set(wheel_path "${CMAKE_CURRENT_BINARY_DIR}/build_info.wheel.json")
+  vfa_write_if_different("${wheel_path}" "${wheel_json}\n")
+  install(FILES "${wheel_path}" DESTINATION vendored_flash_attn RENAME build_info.json)
+  # The declaration the package reads its bool words and head dims from
+  # (python/vendored_flash_attn/declaration.py), as CMake read them.
+  install(FILES "${VFA_DECLARATION_FILE}" DESTINATION vendored_flash_attn)
+  message(STATUS "vendored-flash-attn: build info written to ${path} "
+    "(the wheel gets ${wheel_path}: the same without this machine's readings)")
+endfunction()
+
+# <path> holds <text> afterwards; its time stamp changes only when its content does.
+function(vfa_write_if_different path text)
+  file(WRITE "${path}.tmp" "${text}")
   file(COPY_FILE "${path}.tmp" "${path}" ONLY_IF_DIFFERENT)
-  install(FILES "${path}" DESTINATION vendored_flash_attn)
-  message(STATUS "vendored-flash-attn: build info written to ${path}")
+  file(REMOVE "${path}.tmp")
+endfunction()
+
+# The wheel's record: <json> (the build dir's) without the readings of this machine
+# and this moment (the list at the top of this file).
+function(vfa_wheel_build_info out_var json)
+  foreach(key IN LISTS VFA_BUILD_INFO_MACHINE_KEYS)
+    string(REPLACE "." ";" path "${key}")
+    string(JSON json REMOVE "${json}" ${path})
+  endforeach()
+  foreach(pair "upstream;flash_attention" "cutlass;cutlass")
+    list(GET pair 0 key)
+    list(GET pair 1 component)
+    string(JSON origin GET "${json}" ${key} origin)
+    if(origin STREQUAL "fetched")
+      string(JSON json SET "${json}" ${key} origin "\"cache\"")
+    endif()
+    if(NOT origin STREQUAL "source_dir")
+      vfa_json_string(url "${VFA_PIN_${component}_URL}")
+      string(JSON json SET "${json}" ${key} url "${url}")
+    endif()
+  endforeach()
+  vfa_declared_knobs(names build)
+  foreach(name IN LISTS names)
+    get_property(computed GLOBAL PROPERTY VFA_OPTION_COMPUTED_${name})
+    if(computed)
+      string(JSON json SET "${json}" options ${name} value "\"(not recorded)\"")
+    endif()
+  endforeach()
+  set(${out_var} "${json}" PARENT_SCOPE)
 endfunction()

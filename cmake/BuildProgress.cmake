@@ -14,9 +14,17 @@
 #   VFA_BUILD_PROGRESS           on (default), off: neither launcher nor monitor
 #   VFA_BUILD_PROGRESS_INTERVAL  seconds between progress lines while units compile (30)
 #
+# While the monitor holds ninja's console, ninja keeps of the other units only what they
+# print, each with its "[n/N] Building CUDA object ..." status line, and the last status
+# line, and prints them once the monitor ends: a unit that prints nothing adds no line at
+# the end. So upstream noise stays in the log, ptxas's C7514 notes on upstream's FP8
+# kernels included (compiler_output.py), which brought their units' status lines to the end.
+#
 # In the build dir: vfa-compile.log (every unit's whole compiler output),
 # vfa-progress.log (the progress lines; `tail -f` it where pip runs without -v and
-# shows nothing until the build ends), vfa-progress.tsv (the start/end events).
+# shows nothing until the build ends), vfa-progress.tsv (the start/end events); each holds
+# one build, the last build's is NAME.1 (compile_unit.py). An interrupt (Ctrl-C) stops every
+# compile of the build, in sccache's server too, and the monitor says so in one line.
 #
 # Example, after the targets and the job pool (VFA_JOBS) exist:
 #   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)

@@ -148,8 +148,15 @@ function(vfa_setup_compiler_cache)
       "scheduler or fix scheduler_url in SCCACHE_CONF (dist-compile/README.md).")
   endif()
 
+  # sccache ships a compile's environment to the build servers: with a scheduler, sccache
+  # runs through dist-compile/compile_env.py, which hands it only what a compile needs.
+  set(launcher "${VFA_SCCACHE_EXECUTABLE}")
+  if(NOT scheduler STREQUAL "")
+    get_filename_component(compile_env "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../dist-compile/compile_env.py" ABSOLUTE)
+    set(launcher "${Python_EXECUTABLE}" -E -s -S "${compile_env}" "${VFA_SCCACHE_EXECUTABLE}")
+  endif()
   foreach(lang C CXX CUDA)
-    set(CMAKE_${lang}_COMPILER_LAUNCHER "${VFA_SCCACHE_EXECUTABLE}" PARENT_SCOPE)
+    set(CMAKE_${lang}_COMPILER_LAUNCHER "${launcher}" PARENT_SCOPE)
   endforeach()
   set(VFA_COMPILER_CACHE_ENABLED TRUE PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_LAUNCHER "${VFA_SCCACHE_EXECUTABLE}" PARENT_SCOPE)

@@ -6,6 +6,11 @@
 #        driver's JIT), plus sm_90 SASS when the list has 9.x and
 #        VFA_FA2_SM90_SASS is on (no JIT on Hopper, at twice the build time).
 #   FA3: exactly sm_90a, only when the list has 9.0 and nvcc >= 12.3.
+# Every arch >= 8.0 of the list must get code that runs there: FA2 not built
+# (VFA_BUILD_FA2=off) is the only way to leave one without, and gets a warning;
+# otherwise a listed arch that nothing runs on (10.0 with VFA_FA2_PTX=OFF: sm_80
+# SASS runs on 8.x only) stops the configure, naming the knob. pip shows a build's
+# output only when it fails, so a warning would reach nobody who did not pass -v.
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
@@ -90,6 +95,22 @@ function(vfa_select_cuda_archs nvcc_version)
     set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no architecture >= 8.0")
   endif()
 
+  # FA2 is only worth building when its code runs on a listed GPU.
+  vfa_option(VFA_BUILD_FA2)
+  vfa_option(VFA_BUILD_FA3)
+  set(fa2_runs_on "")
+  foreach(arch IN LISTS archs)
+    vfa_code_runs_on(runs "${arch}" ${fa2})
+    if(runs)
+      list(APPEND fa2_runs_on "${arch}")
+    endif()
+  endforeach()
+  if(has_80_plus AND NOT fa2_runs_on)
+    set(fa2_ok FALSE)
+    vfa_fa2_code_words(fa2_words "${fa2}" "${ptx}" "${has_9x}" "${sm90_sass}")
+    set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names no GPU that FA2's code runs on: ${fa2_words}")
+  endif()
+
   if(NOT has_90)
     set(fa3_ok FALSE)
     set(fa3_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' does not contain 9.0")
@@ -102,6 +123,43 @@ function(vfa_select_cuda_archs nvcc_version)
     set(fa3_ok TRUE)
     set(fa3_reason "")
     set(fa3 sm_90a)
+  endif()
+
+  # Listed archs >= 8.0 that no module of this build runs on.
+  set(bare "")
+  foreach(arch IN LISTS archs)
+    if(arch VERSION_LESS 8.0)
+      continue()
+    endif()
+    set(served FALSE)
+    if(fa2_ok AND NOT VFA_BUILD_FA2 STREQUAL "off" AND arch IN_LIST fa2_runs_on)
+      set(served TRUE)
+    endif()
+    if(fa3_ok AND NOT VFA_BUILD_FA3 STREQUAL "off" AND arch STREQUAL "9.0")
+      set(served TRUE)
+    endif()
+    if(NOT served)
+      list(APPEND bare "${arch}")
+    endif()
+  endforeach()
+  if(bare)
+    string(REPLACE ";" ", " bare_text "${bare}")
+    if(VFA_BUILD_FA2 STREQUAL "off")
+      message(WARNING "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but this "
+        "wheel will hold nothing that runs there: VFA_BUILD_FA2=off, and FA3 runs on 9.0 only.")
+    else()
+      vfa_fa2_code_words(fa2_words "${fa2}" "${ptx}" "${has_9x}" "${sm90_sass}")
+      set(fa3_reason_text "")
+      if("9.0" IN_LIST bare AND NOT fa3_ok)
+        set(fa3_reason_text ", and is not built: ${fa3_reason}")
+      elseif("9.0" IN_LIST bare)
+        set(fa3_reason_text ", and is not built: VFA_BUILD_FA3=off")
+      endif()
+      message(FATAL_ERROR "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but "
+        "nothing this build compiles would run there: ${fa2_words}; FA3 runs on 9.0 only"
+        "${fa3_reason_text}. Take ${bare_text} out of TORCH_CUDA_ARCH_LIST, or build "
+        "without FA2 (VFA_BUILD_FA2=off) to leave ${bare_text} without FlashAttention.")
+    endif()
   endif()
 
   set(VFA_CUDA_ARCHS "${archs}" PARENT_SCOPE)
@@ -125,4 +183,53 @@ function(vfa_gencode_flags out_var)
     endif()
   endforeach()
   set(${out_var} "${flags}" PARENT_SCOPE)
+endfunction()
+
+# Whether code compiled for <codes> (sm_80, compute_80, sm_90a) runs on a GPU of
+# compute capability <arch>: an sm_XY cubin runs on major X with minor >= Y (an
+# sm_XYa one on X.Y only), compute_XY PTX on every GPU >= X.Y (the driver compiles
+# it at load time).
+#   vfa_code_runs_on(runs 10.0 sm_80 compute_80)  ->  TRUE
+#   vfa_code_runs_on(runs 10.0 sm_80)             ->  FALSE
+function(vfa_code_runs_on out_var arch)
+  set(runs FALSE)
+  string(REGEX MATCH "^([0-9]+)\\.([0-9]+)$" _ "${arch}")
+  set(major "${CMAKE_MATCH_1}")
+  set(minor "${CMAKE_MATCH_2}")
+  foreach(code IN LISTS ARGN)
+    if(code MATCHES "^sm_([0-9]+)([0-9])(a?)f?$")
+      if(CMAKE_MATCH_3 STREQUAL "a")
+        if(major EQUAL CMAKE_MATCH_1 AND minor EQUAL CMAKE_MATCH_2)
+          set(runs TRUE)
+        endif()
+      elseif(major EQUAL CMAKE_MATCH_1 AND NOT minor LESS CMAKE_MATCH_2)
+        set(runs TRUE)
+      endif()
+    elseif(code MATCHES "^compute_([0-9]+)([0-9])$")
+      if(arch VERSION_GREATER_EQUAL "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+        set(runs TRUE)
+      endif()
+    endif()
+  endforeach()
+  set(${out_var} ${runs} PARENT_SCOPE)
+endfunction()
+
+# What FA2's code is and the knob that would make it run on more GPUs, for messages:
+#   "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer
+#    GPUs run, is left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON)"
+function(vfa_fa2_code_words out_var codes ptx has_9x sm90_sass)
+  string(REPLACE ";" " + " code_text "${codes}")
+  set(words "FA2 is ${code_text} SASS only, which runs on 8.x GPUs")
+  if("sm_90" IN_LIST codes)
+    set(words "FA2 is ${code_text} SASS only, which runs on 8.x and 9.0 GPUs")
+  endif()
+  if(NOT ptx)
+    string(APPEND words "; its compute_80 PTX, which newer GPUs run, is left out by "
+      "VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON")
+    if(has_9x AND NOT sm90_sass)
+      string(APPEND words ", or VFA_FA2_SM90_SASS=ON for 9.0")
+    endif()
+    string(APPEND words ")")
+  endif()
+  set(${out_var} "${words}" PARENT_SCOPE)
 endfunction()

@@ -14,11 +14,17 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-# The presets' names are declared with VFA_PRESET in cmake/knobs.json.
-set(VFA_FA3_ALL_HEAD_DIMS 64 96 128 192 256)
+# The presets' names are declared with VFA_PRESET in cmake/knobs.json, and the head
+# dims each module can build as the choices of VFA_FA3_HEAD_DIMS / VFA_FA2_HEAD_DIMS
+# there (the package's kernels.py reads the same declaration).
+foreach(_vfa_part FA3 FA2)
+  vfa_knob_declaration(_vfa_decl VFA_${_vfa_part}_HEAD_DIMS)
+  vfa_knob_field(VFA_${_vfa_part}_ALL_HEAD_DIMS "${_vfa_decl}" choices "")
+endforeach()
+unset(_vfa_part)
+unset(_vfa_decl)
 set(VFA_FA3_ALL_DTYPES bf16 fp16 e4m3)
 set(VFA_FA3_ALL_FEATURES paged split softcap local hdimdiff)
-set(VFA_FA2_ALL_HEAD_DIMS 32 64 96 128 192 256)
 set(VFA_FA2_ALL_DTYPES bf16 fp16)
 set(VFA_FA2_ALL_FEATURES sparse)
 
@@ -175,8 +181,9 @@ function(vfa_fa3_selection head_dims dtypes features)
   # On by default, as upstream: without it FA3 accumulates P.V for FP8 inside the
   # tensor cores' reduced-precision accumulator across every KV block, and the error
   # grows with the context (measured on the H200 with value vectors of mean 0.5: 1.2 %
-  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13-31 %
-  # faster FP8, a trade a user makes knowingly.
+  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13–26 %
+  # faster FP8 (docs/PERFORMANCE.md, the speed table of that section), a trade a user
+  # makes knowingly.
   vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
   if(NOT VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
     list(APPEND defines FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)

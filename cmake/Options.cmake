@@ -27,9 +27,10 @@
 #   vfa_option(VFA_BUILD_MEMORY_MB DEFAULT 24000)
 #                                     a default computed by the caller, for a knob
 #                                     declared with "default": ""
-#   vfa_warn_unknown_settings()       VFA_* variables in the environment or on the
-#                                     command line that no knob declares: a loud
-#                                     warning with the closest declared name
+#   vfa_check_unknown_settings()      VFA_* variables in the environment or on the
+#                                     command line that no knob declares: stop with
+#                                     the closest declared name (a loud warning with
+#                                     VFA_ALLOW_UNKNOWN_SETTINGS=ON)
 
 include_guard(GLOBAL)
 
@@ -41,9 +42,6 @@ file(READ "${CMAKE_CURRENT_LIST_DIR}/knobs.json" _vfa_knobs_json)
 set_property(GLOBAL PROPERTY VFA_KNOBS_JSON "${_vfa_knobs_json}")
 unset(_vfa_knobs_json)
 unset(_vfa_project_dir)
-
-set(VFA_BOOL_WORDS_ON 1 ON TRUE YES)
-set(VFA_BOOL_WORDS_OFF 0 OFF FALSE NO)
 
 # The declaration of <name> as a JSON object, or a stop naming the file to edit.
 #   vfa_knob_declaration(decl VFA_PRESET)  ->  {"type": "choice", "choices": ["full", "minimal"], ...}
@@ -85,6 +83,21 @@ function(vfa_knob_field out_var decl field fallback)
   endif()
 endfunction()
 
+# The bool words, declared once in cmake/knobs.json ("bool_words"): VFA_BOOL_WORDS_ON,
+# VFA_BOOL_WORDS_OFF and, for messages, VFA_BOOL_WORDS_TEXT ("ON/OFF, 1/0, ... (any case)").
+get_property(_vfa_knobs_json GLOBAL PROPERTY VFA_KNOBS_JSON)
+vfa_knob_field(VFA_BOOL_WORDS_ON "${_vfa_knobs_json}" "bool_words;on" "")
+vfa_knob_field(VFA_BOOL_WORDS_OFF "${_vfa_knobs_json}" "bool_words;off" "")
+set(VFA_BOOL_WORDS_TEXT "")
+foreach(_vfa_on _vfa_off IN ZIP_LISTS VFA_BOOL_WORDS_ON VFA_BOOL_WORDS_OFF)
+  list(APPEND VFA_BOOL_WORDS_TEXT "${_vfa_on}/${_vfa_off}")
+endforeach()
+list(JOIN VFA_BOOL_WORDS_TEXT ", " VFA_BOOL_WORDS_TEXT)
+string(APPEND VFA_BOOL_WORDS_TEXT " (any case)")
+unset(_vfa_on)
+unset(_vfa_off)
+unset(_vfa_knobs_json)
+
 # Stops with the knob, the value, where it came from and what would be accepted.
 #   vfa_knob_refuse(VFA_FA2_PTX enable env:VFA_FA2_PTX "ON/OFF, ...")  ->  stops with
 #   "VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable
@@ -123,7 +136,7 @@ function(vfa_knob_normalize out_var name decl value origin)
     elseif(type STREQUAL "tristate" AND upper STREQUAL "AUTO")
       set(result auto)
     else()
-      set(allowed "ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case)")
+      set(allowed "${VFA_BOOL_WORDS_TEXT}")
       if(type STREQUAL "tristate")
         set(allowed "auto, or ${allowed}")
       endif()
@@ -256,6 +269,8 @@ function(vfa_option name)
     endif()
     if(origin STREQUAL "default")
       vfa_knob_normalize(value ${name} "${decl}" "${arg_DEFAULT}" "default")
+      # A reading of this machine (its memory, say): the wheel's build info leaves it out.
+      set_property(GLOBAL PROPERTY VFA_OPTION_COMPUTED_${name} TRUE)
     endif()
   endif()
   set_property(GLOBAL PROPERTY VFA_OPTION_VALUE_${name} "${value}")
@@ -324,13 +339,18 @@ endfunction()
 
 # VFA_* settings no knob declares: environment variables, and -D variables of any
 # type (-DVFA_FA2_PTXX:BOOL=OFF too; the project's own cache entries are INTERNAL,
-# or declared under "cache_variables" in cmake/knobs.json). Each gets a loud
-# warning with the closest declared name (Python's difflib, through
-# cmake/knobs.py), is recorded for the build info, and a -D one is taken out of
-# the cache like a knob.
+# or declared under "cache_variables" in cmake/knobs.json). Each is named with the
+# closest declared name (Python's difflib, through cmake/knobs.py), is recorded for
+# the build info, and a -D one is taken out of the cache like a knob. They stop the
+# configure: a typo changes what gets built (VFA_PRESTE=minimal builds the full
+# preset, hours instead of minutes), and pip shows a build's output only when it
+# fails, so a warning would reach nobody who did not pass -v. With
+# VFA_ALLOW_UNKNOWN_SETTINGS=ON (an environment that sets VFA_* variables of its own)
+# they get a loud warning instead.
 #   VFA_PRESTE=minimal in the environment  ->  " VFA_PRESTE (environment variable)
 #   is not a knob of this project: did you mean VFA_PRESET?"
-function(vfa_warn_unknown_settings)
+function(vfa_check_unknown_settings)
+  vfa_option(VFA_ALLOW_UNKNOWN_SETTINGS)
   vfa_declared_knobs(declared "")
   foreach(name IN LISTS declared)
     vfa_knob_declaration(decl ${name})
@@ -396,12 +416,22 @@ function(vfa_warn_unknown_settings)
     list(APPEND records "${kind}:${name}:${suggestion}")
   endforeach()
   set_property(GLOBAL PROPERTY VFA_UNKNOWN_SETTINGS "${records}")
-  message(WARNING
-    "\n"
-    "==========================================================================\n"
-    "${lines}"
-    " It is ignored. The knobs are listed in the README (cmake/knobs.json).\n"
-    "==========================================================================")
+  if(VFA_ALLOW_UNKNOWN_SETTINGS)
+    message(WARNING
+      "\n"
+      "==========================================================================\n"
+      "${lines}"
+      " It is ignored (VFA_ALLOW_UNKNOWN_SETTINGS=ON). The knobs are listed in the\n"
+      " README (cmake/knobs.json).\n"
+      "==========================================================================")
+  else()
+    message(FATAL_ERROR
+      "\n"
+      "${lines}"
+      " Stopped before anything is fetched or built: a misspelt knob would build something\n"
+      " else than was asked. Correct or remove it (the knobs are listed in the README,\n"
+      " cmake/knobs.json), or set VFA_ALLOW_UNKNOWN_SETTINGS=ON to build with it ignored.")
+  endif()
 endfunction()
 
 # "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's

@@ -49,21 +49,35 @@ macro(vfa_find_python_and_torch)
   set(ENV{TORCH_CUDA_ARCH_LIST} "${TORCH_CUDA_ARCH_LIST}")
   # torch's CMake config reports its own -gencode choice ("Added CUDA NVCC flags for:
   # ... sm_90"), which this build drops: each module gets its own list (FA3 sm_90a),
-  # stated in the FA2/FA3 lines below. At the default log level its status lines go,
-  # its warnings and errors stay; any --log-level given to cmake (pip:
-  # -C cmake.args=--log-level=STATUS), or a CMAKE_MESSAGE_LOG_LEVEL asking for more
-  # than STATUS, shows them all.
+  # stated in the FA2/FA3 lines below. And it warns about two things this build does not
+  # use: CMAKE_CUDA_ARCHITECTURES (which enable_language(CUDA) sets; the modules set
+  # CUDA_ARCHITECTURES OFF and get their -gencode flags from CudaArchs.cmake), and
+  # "library kineto not found" (torch's wheels link kineto into libtorch_cpu; the modules
+  # link the `torch` target, not TORCH_LIBRARIES). The first is not triggered: the variable
+  # is unset around torch's config. At the default log level its status lines and warnings
+  # go (its errors stay); any --log-level given to cmake (pip:
+  # -C cmake.args=--log-level=STATUS), or a CMAKE_MESSAGE_LOG_LEVEL asking for more than
+  # STATUS, shows them all.
   set(_vfa_saved_log_level "${CMAKE_MESSAGE_LOG_LEVEL}")
   set(_vfa_torch_note "")
   cmake_language(GET_MESSAGE_LOG_LEVEL _vfa_log_level)
   if(_vfa_log_level STREQUAL "STATUS")
-    set(CMAKE_MESSAGE_LOG_LEVEL WARNING)
+    set(CMAKE_MESSAGE_LOG_LEVEL ERROR)
     cmake_language(GET_MESSAGE_LOG_LEVEL _vfa_log_level)  # still STATUS under --log-level
-    if(_vfa_log_level STREQUAL "WARNING")
-      set(_vfa_torch_note "; its CMake config's status lines are hidden (--log-level=STATUS shows them)")
+    if(_vfa_log_level STREQUAL "ERROR")
+      set(_vfa_torch_note "; its CMake config's status lines and warnings are hidden (--log-level=STATUS shows them)")
     endif()
   endif()
+  set(_vfa_saved_cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
+  set(_vfa_saved_cuda_archs_cache "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+  get_property(_vfa_cuda_archs_cached CACHE CMAKE_CUDA_ARCHITECTURES PROPERTY TYPE SET)
+  unset(CMAKE_CUDA_ARCHITECTURES)
+  unset(CMAKE_CUDA_ARCHITECTURES CACHE)
   find_package(Torch REQUIRED)
+  if(_vfa_cuda_archs_cached)
+    set(CMAKE_CUDA_ARCHITECTURES "${_vfa_saved_cuda_archs_cache}" CACHE STRING "CUDA architectures")
+  endif()
+  set(CMAKE_CUDA_ARCHITECTURES "${_vfa_saved_cuda_archs}")
   set(CMAKE_MESSAGE_LOG_LEVEL "${_vfa_saved_log_level}")
   message(STATUS "vendored-flash-attn: torch ${VFA_TORCH_VERSION} (CUDA ${VFA_TORCH_CUDA_VERSION}) at "
     "${_vfa_torch_prefix}${_vfa_torch_note}")

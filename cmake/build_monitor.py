@@ -8,16 +8,18 @@ buffers each command's output until it ends. It follows the events that compile_
 writes for every unit and prints a line per finished unit and, every S seconds, the
 units running, how many are done, the elapsed time and an estimate of what is left (a
 longest-first schedule of the units still to compile on the N compile jobs, each at the
-mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, C++; or, for a
-kind none of which has finished, reference times scaled by this build's speed so far).
+mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, FA2 split-KV,
+C++; or, for a kind none of which has finished, reference times at this machine's pace so
+far, which units running past their reference time raise).
 
 While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
 add: when every unit ninja planned for the targets (a dry run, `ninja -n`, at its start)
 has compiled,
 when one fails (ninja then prints that unit's error at once), or when ninja runs nothing
 but the monitor. It also steps aside when ninja's -j leaves no room beside the compile
-jobs (it would take a compile's place). It exits 0 whatever happens: progress must never
-fail or hold up a build. Linux only (it reads /proc); elsewhere it prints one line and
+jobs (it would take a compile's place). It exits 0 whatever happens (progress must never
+fail or hold up a build) except on an interrupt (SIGINT, SIGTERM, SIGHUP): then it says in
+one line what the compile launchers stopped and exits 128 + the signal. Linux only (it reads /proc); elsewhere it prints one line and
 ends.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
@@ -33,25 +35,27 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_unit import COMPILE_LOG, EVENTS, append_line  # noqa: E402
+from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, STOP_WAIT_S, _comm, _stat,  # noqa: E402
+                          append_line, start_build_logs, this_build)
 
-PROGRESS_LOG = "vfa-progress.log"
-
-# Wall seconds per translation unit by kind, cold, one unit per core: the means measured
-# on the 16-core H200 build machine (docs/PERFORMANCE.md, "Build": FA3 instantiations
-# 153 s, FA2 instantiations 189 s, .cpp files 2-5 s). Used only until units of this build
-# finish: then the kind's own mean here, or the reference scaled by how fast this
-# machine (and its compiler cache) has been on the units done so far.
+# Wall seconds per translation unit by kind, cold, one unit per core: measured on the
+# 16-core H200 build machine (docs/PERFORMANCE.md, "Build": FA3 instantiations mean 153 s,
+# FA2 instantiations mean 189 s, the longest of them the split-KV one at 311 s, .cpp files
+# 2-5 s). Used only until units of this build finish: then the kind's own mean here, or the
+# reference scaled by this machine's pace (BuildState.pace).
 # FA3's combine and scheduler units (89 s and 18 s there) are their own kind: a quick one
-# finishing first must not set the expected time of the instantiations.
-REFERENCE_SECONDS = {"FA3 CUDA": 153.0, "FA3 CUDA, other": 54.0, "FA2 CUDA": 189.0, "C++": 5.0,
-                     "CUDA": 153.0}
+# finishing first must not set the expected time of the instantiations. FA2's split-KV
+# units are their own kind too: one ran 6:17 on the H200 while the estimate, from the
+# other FA2 units, said "about 10 s left".
+REFERENCE_SECONDS = {"FA3 CUDA": 153.0, "FA3 CUDA, other": 54.0, "FA2 CUDA": 189.0,
+                     "FA2 CUDA, split-KV": 311.0, "C++": 5.0, "CUDA": 153.0}
 UNIT_LINE = re.compile(r"Building (?:CUDA|CXX|C) object (\S+)")
 
 
@@ -62,7 +66,7 @@ def unit_kind(unit: str) -> str:
         if "_vendored_fa3_C.dir" in unit:
             return "FA3 CUDA" if "/instantiations/" in unit.replace("\\", "/") else "FA3 CUDA, other"
         if "_vendored_fa2_C.dir" in unit:
-            return "FA2 CUDA"
+            return "FA2 CUDA, split-KV" if "flash_fwd_split_" in unit else "FA2 CUDA"
         return "CUDA"
     return "C++"
 
@@ -85,24 +89,6 @@ def about(seconds: float) -> str:
 
 
 # --- what ninja is doing (Linux /proc) -------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-        return text[text.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def ninja_ancestor(pid: int) -> tuple[int, int] | None:
@@ -200,6 +186,7 @@ class BuildState:
     planned: set[str] = field(default_factory=set)
     running: dict[str, float] = field(default_factory=dict)  # unit -> start time
     done: dict[str, Done] = field(default_factory=dict)
+    stopped: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit -> (processes, in a server)
 
     def apply(self, event: list[str]) -> str | None:
         """Take one event (the fields of a line of compile_unit.py's events) in; return the
@@ -215,6 +202,9 @@ class BuildState:
                 self.running.pop(unit, None)
                 self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden)
                 return unit
+            elif kind == "stopped":
+                self.running.pop(unit, None)
+                self.stopped[unit] = (int(event[4]), int(event[5]))
         except (IndexError, ValueError):
             pass  # not an event line
         return None
@@ -227,16 +217,29 @@ class BuildState:
     def waiting(self) -> list[str]:
         return sorted(self.planned - set(self.running) - set(self.done))
 
-    def cost(self, kind: str) -> float:
-        """Expected seconds for a unit of `kind`: the mean of this build's finished units of
-        that kind, else the reference scaled by this build's speed so far."""
+    def pace(self, now: float) -> float:
+        """How much longer than the reference times this machine takes (1: as fast): the
+        finished units' seconds over their reference seconds, so a 150-s kind weighs 30
+        times a 5-s C++ unit; and no less than what the units still running past their
+        reference time show (their time so far is a lower bound of theirs). 1 before any
+        unit finishes or runs past its reference."""
         ok = [d for d in self.done.values() if d.rc == 0]
-        same = [d.seconds for d in ok if d.kind == kind]
+        seconds = sum(d.seconds for d in ok)
+        reference = sum(REFERENCE_SECONDS[d.kind] for d in ok)
+        pace = seconds / reference if reference else 1.0
+        overdue = [(now - start, REFERENCE_SECONDS[unit_kind(unit)]) for unit, start in self.running.items()
+                   if now - start > REFERENCE_SECONDS[unit_kind(unit)] * pace]
+        if overdue:
+            pace = max(pace, (seconds + sum(e for e, _ in overdue)) / (reference + sum(r for _, r in overdue)))
+        return pace
+
+    def cost(self, kind: str, now: float) -> float:
+        """Expected seconds for a unit of `kind`: the mean of this build's finished units of
+        that kind, else the reference at this machine's pace."""
+        same = [d.seconds for d in self.done.values() if d.rc == 0 and d.kind == kind]
         if same:
             return sum(same) / len(same)
-        ratios = sorted(d.seconds / REFERENCE_SECONDS[d.kind] for d in ok)
-        speed = ratios[len(ratios) // 2] if ratios else 1.0
-        return REFERENCE_SECONDS[kind] * speed
+        return REFERENCE_SECONDS[kind] * self.pace(now)
 
     def basis(self) -> str:
         n = sum(1 for d in self.done.values() if d.rc == 0)
@@ -244,14 +247,15 @@ class BuildState:
 
     def seconds_left(self, now: float) -> float:
         """Longest-first list schedule of what is left on the compile jobs, the running
-        units first with what their kind's cost leaves of them."""
+        units first with what their own expected time leaves of them: a unit past it is
+        expected to run a tenth as long again (at least), never to be as good as done."""
         loads = []
         for unit, start in self.running.items():
-            cost = self.cost(unit_kind(unit))
-            loads.append(max(cost - (now - start), 0.05 * cost))
+            cost, elapsed = self.cost(unit_kind(unit), now), now - start
+            loads.append(max(cost - elapsed, 0.1 * max(cost, elapsed)))
         workers = max(self.jobs, len(loads), 1)
         loads += [0.0] * (workers - len(loads))
-        for cost in sorted((self.cost(unit_kind(u)) for u in self.waiting), reverse=True):
+        for cost in sorted((self.cost(unit_kind(u), now) for u in self.waiting), reverse=True):
             loads.sort()
             loads[0] += cost
         return max(loads)
@@ -266,10 +270,15 @@ class Monitor:
         self.log = os.path.join(self.build_dir, COMPILE_LOG)
         self.progress_log = os.path.join(self.build_dir, PROGRESS_LOG)
         self.offset = 0
+        self.inode = None
         self.partial = ""
         self.last_line = 0.0
+        self.build = this_build()
+        self.state: BuildState | None = None
 
     def say(self, state: BuildState, text: str) -> None:
+        if self.last_line == 0.0:
+            start_build_logs(self.build_dir, self.build)  # this build's first line: a fresh log
         now = time.time()
         line = f"[vfa {clock(now - state.t0)}] {text}"
         print(line, flush=True)
@@ -279,6 +288,9 @@ class Monitor:
     def read_events(self) -> list[list[str]]:
         try:
             with open(self.events, encoding="utf-8", errors="surrogateescape") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self.inode:  # a new build's events (compile_unit.start_build_logs)
+                    self.inode, self.offset, self.partial = inode, 0, ""
                 f.seek(self.offset)
                 chunk = f.read()
                 self.offset = f.tell()
@@ -306,7 +318,7 @@ class Monitor:
                   "unit as it ends", flush=True)
             return
         ninja, own_child = me
-        state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
+        state = self.state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
         try:
             planned = planned_units(os.readlink(f"/proc/{ninja}/exe"), self.build_dir, self.targets)
         except OSError:
@@ -369,6 +381,37 @@ class Monitor:
         self.say(state, f"FAILED {unit_name(unit)} ({d.kind}) after {clock(d.seconds)}, exit {d.rc}: its "
                         f"errors follow" + (f"; ninja stops once {running}" if others else ""))
 
+    def interrupted(self, signum: int) -> None:
+        """One line for an interrupt: what the launchers stopped (compile_unit.py stops
+        every process of its compile, in the compiler cache's server too), once the units
+        running have said so or STOP_WAIT_S has passed."""
+        state = self.state
+        if state is None:
+            return
+        deadline = time.time() + STOP_WAIT_S + 5
+        while True:
+            for event in self.read_events():
+                state.apply(event)
+            if not state.running or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        name = signal.Signals(signum).name
+        stopped = [unit for unit in state.stopped]
+        processes = sum(p for p, _ in state.stopped.values())
+        in_server = sum(s for _, s in state.stopped.values())
+        if not stopped and not state.running:
+            self.say(state, f"interrupted ({name}); no compile was running")
+            return
+        text = f"interrupted ({name}): stopped the {len(stopped)} compile{'s' if len(stopped) != 1 else ''} " \
+               f"that were running ({processes} process{'es' if processes != 1 else ''}"
+        text += f", {in_server} of them in the compiler cache's server)" if in_server else ")"
+        if state.running:
+            text += (f"; {len(state.running)} did not say so within {STOP_WAIT_S + 5} s: "
+                     + ", ".join(unit_name(u) for u in sorted(state.running)))
+        else:
+            text += "; nothing of this build compiles any more"
+        self.say(state, text)
+
     def summary(self, state: BuildState) -> None:
         hidden = sum(d.hidden for d in state.done.values())
         compiled = sum(1 for d in state.done.values() if d.rc == 0)
@@ -384,12 +427,35 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument("--jobs", type=int, required=True)
     options.add_argument("--interval", type=float, default=30.0)
     args = options.parse_args(argv)
-    try:
-        Monitor(args.dir, args.targets, args.jobs, args.interval).run()
-    except BaseException:  # noqa: BLE001 - Ctrl-C, a /proc surprise: never fail the build
-        pass
-    return 0
+    monitor = Monitor(args.dir, args.targets, args.jobs, args.interval)
 
+    class Interrupted(Exception):
+        pass
+
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        if not received:
+            received.append(signum)
+            raise Interrupted()
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    try:
+        monitor.run()
+    except Interrupted:
+        pass
+    except Exception:  # noqa: BLE001 - a /proc surprise, a bug: progress never fails a build
+        pass
+    if received:
+        # An interrupt is the user's: say what it stopped and pass it on as the exit status
+        # (ninja, interrupted too, reports the build as stopped).
+        try:
+            monitor.interrupted(received[0])
+        except Exception:  # noqa: BLE001
+            pass
+        return 128 + received[0]
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,11 +11,16 @@ wired in by cmake/BuildProgress.cmake in front of whatever launcher the build al
     parallel units never interleave):
         start<TAB>TIME<TAB>UNIT
         end<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>SECONDS<TAB>HIDDEN
+        stopped<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>PROCESSES<TAB>IN_SERVER   (an interrupt)
     TIME is time.time(), UNIT the object file as ninja names it (the command's -o);
   * runs the command and writes its whole output to BUILD_DIR/vfa-compile.log;
   * passes on the output minus the warnings located under the --quiet-under trees
     (compiler_output.py), with a note of how many it left out when the unit failed;
-  * exits with the command's status.
+  * exits with the command's status;
+  * on SIGINT, SIGTERM or SIGHUP (ninja's interrupt) stops every process of the compile, in
+    a compiler cache's server too, and exits 128 + the signal (run_command);
+  * keeps the three logs of the build dir to one build each: the last build's are NAME.1
+    (start_build_logs).
 
 It never fails or hides anything of its own accord: when its log cannot be written it
 passes the output on unfiltered; events that cannot be written are skipped. It runs once
@@ -29,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +42,21 @@ from compiler_output import filter_output  # noqa: E402
 
 EVENTS = "vfa-progress.tsv"
 COMPILE_LOG = "vfa-compile.log"
+PROGRESS_LOG = "vfa-progress.log"  # build_monitor.py's lines
+# The logs above hold one build each: the first process of a build that writes to them moves
+# the last build's to NAME.1 (start_build_logs). This file names the build they hold.
+LOGS_BUILD = "vfa-logs.build"
+
+# Every process of one compile carries this variable with the launch's own value: the
+# compiler, its children (cicc, ptxas, cc1plus), and, through a compiler cache, the compiler
+# its server runs (sccache hands the client's environment to the compiler it starts; it is
+# not part of sccache's cache key). An interrupt finds them by it, wherever they run.
+COMPILE_ID = "VFA_COMPILE_ID"
+# A client of a compile server (the command's first word): its compile runs in the server,
+# which goes on with it when the client dies. An interrupt stops the compile first and lets
+# the client end with the server's answer, after which the server starts nothing more of it.
+SERVER_CLIENTS = ("sccache",)
+STOP_WAIT_S = 20  # for a client to get its server's answer once its compile is stopped
 
 
 def append_line(path: str, line: str) -> bool:
@@ -60,6 +81,13 @@ def append_log(path: str, text: str) -> bool:
     except OSError:
         return False
 
+def source_of(command: list[str]) -> str | None:
+    """The source file a compile command compiles (the argument of its last -c), if any."""
+    for i in range(len(command) - 2, -1, -1):
+        if command[i] == "-c" and not command[i + 1].startswith("-"):
+            return command[i + 1]
+    return None
+
 
 def output_of(command: list[str]) -> str:
     """The object file a compile command writes (its last -o)."""
@@ -69,28 +97,253 @@ def output_of(command: list[str]) -> str:
     return command[-1] if command else "?"
 
 
+# --- processes (Linux /proc) -------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        return text[text.rindex(")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(32):
+        stat = _stat(pid)
+        if not stat:
+            return False
+        pid = int(stat[1])
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def marked_processes(mark: bytes) -> list[int]:
+    """The live processes (of this user: others' environments are unreadable) whose
+    environment holds `mark`, minus compile servers started by a client that had it (sccache
+    starts its server with the client's environment plus SCCACHE_START_SERVER=1): the server
+    serves every build, and stopping it is not this compile's business."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if mark in environ and b"SCCACHE_START_SERVER=1" not in environ:
+            stat = _stat(int(entry))
+            if stat and stat[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+def stop_compile(proc: subprocess.Popen, mark: bytes, signum: int, client: bool) -> tuple[int, int]:
+    """Stops every process of this compile, here and in a compile server; returns (how many
+    processes were stopped, how many of them ran outside this launcher: in a server).
+
+    The command runs in a process group (and session) of its own, so the signal ninja sends
+    to this launcher's group reaches only the launcher. A compiler run here gets the signal
+    (its group: its children too). A compile server's client is left alone: its server runs
+    the compile, so the compile's processes are stopped wherever they are until the client
+    ends with the server's answer; once it has, the server starts nothing more of it (a
+    compile it was still preparing would otherwise start later). Anything of the compile
+    still there 2 s after its SIGTERM gets SIGKILL; a client that has no answer after
+    STOP_WAIT_S gets SIGKILL too."""
+    if not client:
+        try:
+            os.killpg(proc.pid, signum)
+        except OSError:
+            pass
+    me = os.getpid()
+    signalled: dict[int, float] = {}
+    outside = set()
+    deadline = time.time() + STOP_WAIT_S
+    while True:
+        ended = proc.poll() is not None
+        now = time.time()
+        for pid in marked_processes(mark):
+            if pid == proc.pid and client and not ended:
+                continue
+            if pid not in signalled and not _descends_from(pid, me):
+                outside.add(pid)
+            try:
+                os.kill(pid, signal.SIGTERM if now - signalled.setdefault(pid, now) < 2 else signal.SIGKILL)
+            except OSError:
+                pass
+        if ended and not [pid for pid in signalled if _stat(pid) and _stat(pid)[0] not in ("Z", "X")]:
+            break
+        if now > deadline:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            deadline = now + 5  # then only what SIGKILL leaves to reap
+        time.sleep(0.1)
+    return len(set(signalled) | ({proc.pid} if not client else set())), len(outside)
+
+
+class Stopped:
+    """What an interrupt stopped: the signal, how many processes, how many of them in a
+    compile server."""
+    __slots__ = ("signal", "processes", "in_server")
+
+    def __init__(self, signum: int, processes: int = 0, in_server: int = 0):
+        self.signal, self.processes, self.in_server = signum, processes, in_server
+
+    def line(self, unit: str) -> str:
+        name = signal.Signals(self.signal).name
+        if not self.processes:
+            return f"vfa: interrupted ({name}) before the compile of {unit} started\n"
+        where = f", {self.in_server} of them in the compiler cache's server" if self.in_server else ""
+        return (f"vfa: interrupted ({name}): stopped the compile of {unit} ({self.processes} "
+                f"process{'es' if self.processes != 1 else ''}{where})\n")
+
+
+def run_command(command: list[str]) -> tuple[bytes, int, Stopped | None]:
+    """Runs the compile; returns (its output, its exit status, what an interrupt stopped or
+    None). SIGINT, SIGTERM and SIGHUP stop every process of the compile (stop_compile), a
+    signal that comes while the command starts included, and the exit status is then
+    128 + the signal's number, as a shell reports a process the signal ended."""
+    mark_value = f"{os.getpid()}-{time.time_ns()}"
+    mark = f"{COMPILE_ID}={mark_value}".encode()
+    client = bool(command) and os.path.basename(command[0]).startswith(SERVER_CLIENTS)
+    received: list[int] = []
+    state = {"proc": None, "stopping": False}
+
+    class Interrupted(Exception):
+        pass
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        if state["proc"] is not None and not state["stopping"]:
+            raise Interrupted()  # out of the wait; before Popen returns, checked below
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    output: list[bytes] = []
+    reader = None
+    try:
+        if received:
+            raise Interrupted()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, COMPILE_ID: mark_value}, start_new_session=True)
+        state["proc"] = proc
+        # One reader drains the output (a compile blocked on a full pipe would never end).
+        reader = threading.Thread(target=lambda: output.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        if received:
+            raise Interrupted()
+        while reader.is_alive():
+            reader.join(0.5)
+        proc.wait()
+        state["stopping"] = True  # the compile is done: a later signal is only noted, its result still written
+        return b"".join(output), proc.returncode, None
+    except Interrupted:
+        state["stopping"] = True
+    except OSError as error:
+        return f"{command[0] if command else '(no command)'}: {error}\n".encode(), 127, None
+    signum = received[0]
+    proc = state["proc"]
+    if proc is None:
+        return b"", 128 + signum, Stopped(signum)
+    processes, in_server = stop_compile(proc, mark, signum, client)
+    if reader is not None:
+        reader.join(5)
+    return b"".join(output), 128 + signum, Stopped(signum, processes, in_server)
+
+
+# --- one build's logs ----------------------------------------------------------------------------
+
+BUILD_TOOLS = ("ninja", "make", "gmake")
+
+
+def this_build() -> str | None:
+    """The build this process belongs to: the pid and start time of the outermost build tool
+    (ninja, make) among its ancestors; None when none runs it."""
+    found, pid = None, os.getpid()
+    for _ in range(16):
+        stat = _stat(pid)
+        if not stat:
+            break
+        pid = int(stat[1])
+        if pid <= 1:
+            break
+        if _comm(pid).startswith(BUILD_TOOLS):
+            parent_stat = _stat(pid)
+            if parent_stat:
+                found = f"{pid}:{parent_stat[19]}"
+    return found
+
+
+def start_build_logs(build_dir: str, build: str | None) -> None:
+    """Keeps the logs to one build each: the first process of a new build to write to them
+    moves the last build's to NAME.1 (replacing the one before), under a lock, so parallel
+    compiles of one build rotate once. A process no build tool runs leaves them as they are."""
+    if build is None:
+        return
+    marker = os.path.join(build_dir, LOGS_BUILD)
+    try:
+        with open(marker) as f:
+            if f.read() == build:
+                return
+    except OSError:
+        pass
+    try:
+        with open(marker + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(marker) as f:
+                    if f.read() == build:
+                        return
+            except OSError:
+                pass
+            for name in (COMPILE_LOG, EVENTS, PROGRESS_LOG):
+                path = os.path.join(build_dir, name)
+                if os.path.exists(path):
+                    os.replace(path, path + ".1")
+            with open(marker + ".tmp", "w") as f:
+                f.write(build)
+            os.replace(marker + ".tmp", marker)
+    except OSError:
+        pass  # logs that cannot rotate keep growing; the build goes on
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
 def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> int:
     unit = output_of(command).replace("\t", " ").replace("\n", " ")
     events = os.path.join(build_dir, EVENTS)
+    start_build_logs(build_dir, this_build())
     start = time.time()
     append_line(events, f"start\t{start:.3f}\t{unit}\n")
 
-    proc = None
-
-    def forward(signum, _frame):
-        # ninja signals the whole process group, the compiler included; a signal sent to
-        # this launcher alone must reach the compiler too. Either way wait for it to end.
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
-    try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        raw, _ = proc.communicate()
-        rc = proc.returncode
-    except OSError as error:
-        raw, rc = f"{command[0] if command else '(no command)'}: {error}\n".encode(), 127
+    raw, rc, stopped = run_command(command)
+    if stopped:
+        # ninja drops the output of the commands it interrupts: the line goes to stderr for a
+        # launcher run by hand, and as an event to build_monitor.py, which says it on the console.
+        line = stopped.line(unit)
+        append_log(os.path.join(build_dir, COMPILE_LOG), f"==> {unit}: {line}" + raw.decode("utf-8", "surrogateescape"))
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        append_line(events, f"stopped\t{time.time():.3f}\t{unit}\t{rc}\t{stopped.processes}\t{stopped.in_server}\n")
+        return rc
     seconds = time.time() - start
     text = raw.decode("utf-8", "surrogateescape")
 
@@ -98,7 +351,7 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
     log = os.path.join(build_dir, COMPILE_LOG)
     if append_log(log, f"==> {unit}: exit {rc}, {seconds:.1f} s\n{text}"):
         try:
-            shown, hidden = filter_output(text, quiet_roots)
+            shown, hidden = filter_output(text, quiet_roots, source_of(command))
         except Exception:  # noqa: BLE001 - a filter bug must not cost the user the output
             shown, hidden = text, 0
     if rc != 0 and hidden:

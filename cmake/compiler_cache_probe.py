@@ -43,6 +43,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
+from compile_env import client_env  # noqa: E402  (what a compile sent to build servers may carry)
+
 START_NOTE = "sccache could not start (its cache backend did not answer; check the SCCACHE_* settings)"
 TIMEOUT_S = 300  # one sccache call; a first distributed compile packages the toolchain
 
@@ -183,14 +186,17 @@ def check_private_server(args, env: dict[str, str], work: Path) -> dict:
     found["location"] = stats.get("cache_location", "")
     found["version"] = stats.get("version", "")
     found["dist"] = dist_status(args.sccache, env)
+    # With a scheduler, compiles leave this machine: like the build's (compile_env.py), the
+    # probe's carry only what a compile needs; the server above holds the cache's settings.
+    shipped = client_env(env) if found["dist"]["scheduler"] else env
 
     nonce = uuid.uuid4().hex
     source = work / "probe.cpp"
     source.write_text(f'const char* vfa_cache_probe() {{ return "{nonce}"; }}\n')
     before = counters(stats)
-    compile_through(args.sccache, env, [args.cxx], source, "C++")
+    compile_through(args.sccache, shipped, [args.cxx], source, "C++")
     first = wait_for_write(args.sccache, env, before)
-    compile_through(args.sccache, env, [args.cxx], source, "C++")
+    compile_through(args.sccache, shipped, [args.cxx], source, "C++")
     second = counters(show_stats(args.sccache, env))
     d1, d2 = delta(first, before), delta(second, first)
     found["checks"].append("C++ compile through sccache")
@@ -224,7 +230,7 @@ def check_private_server(args, env: dict[str, str], work: Path) -> dict:
             cu.write_text(f'__global__ void vfa_cache_probe_kernel(int* x) {{ x[0] = {len(nonce)}; }}\n'
                           f'const char* vfa_cache_probe_cu() {{ return "{nonce}"; }}\n')
             before = counters(show_stats(args.sccache, env))
-            compile_through(args.sccache, env, [args.cuda, *args.cuda_flag], cu, "CUDA")
+            compile_through(args.sccache, shipped, [args.cuda, *args.cuda_flag], cu, "CUDA")
             d = delta(counters(show_stats(args.sccache, env)), before)
             found["dist"]["probe"] += ", CUDA " + ("remote" if d["remote"] else "local (fell back)")
             cuda_remote = bool(d["remote"])

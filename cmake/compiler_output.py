@@ -11,7 +11,11 @@ excerpt and "note:" lines after it) and marks as noise exactly one kind: a *warn
 whose location is inside one of the given source trees (the pinned upstream and
 CUTLASS). Errors are never noise, wherever they are; warnings elsewhere (our generated
 sources, torch, the CUDA toolkit, the command line, ptxas) are never noise. Anything
-the grouping does not recognise stays shown.
+the grouping does not recognise stays shown. One more kind is noise when the unit compiled
+is itself upstream code: ptxas's "(C7514) Potential Performance Loss: wgmma.mma_async
+instructions are serialized" note, which the FP8 kernels with two-level accumulation get
+(upstream's own trade of speed for accuracy, expected): 38 such lines ended every build,
+cached or not. ptxas names a function, not a file, so the unit's source decides.
 
 Example (gcc, the upstream CUTLASS tree at /src/cutlass):
 
@@ -42,6 +46,9 @@ _CONTEXT = (
     re.compile(r"^\S[^:]*: (In |At global scope)"),
     re.compile(r"^\S.*:\d+(:\d+)?:\s+(recursively )?required (from|by) "),
 )
+# ptxas's note on upstream's FP8 kernels (see the top of this file).
+_UPSTREAM_PTXAS_NOTE = re.compile(
+    r"^ptxas info\s*:\s*\(C7514\) Potential Performance Loss: wgmma\.mma_async instructions are serialized")
 # Lines that continue the diagnostic above: source excerpts, carets, cudafe++'s
 # "detected during" (all indented), blank lines, and cudafe++'s closing remark.
 # Any other line at the left margin (a tool's own message such as "cc1plus: warning:
@@ -63,6 +70,11 @@ class Diagnostic:
         if self.severity != "warning" or not self.path:
             return False
         return _under(self.path, quiet_roots)
+
+    def is_upstream_ptxas_note(self) -> bool:
+        lines = [_ANSI.sub("", line).strip() for line in self.lines]
+        lines = [line for line in lines if line]
+        return self.severity is None and bool(lines) and all(map(_UPSTREAM_PTXAS_NOTE.match, lines))
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -114,13 +126,15 @@ def split_diagnostics(text: str) -> list[Diagnostic]:
     return [g for g in groups if g.lines]
 
 
-def filter_output(text: str, quiet_roots) -> tuple[str, int]:
+def filter_output(text: str, quiet_roots, source: str | None = None) -> tuple[str, int]:
     """(the output without the warnings located under `quiet_roots` and their context,
-    how many warnings that left out)."""
+    and, when the compiled `source` is under them, without ptxas's C7514 notes; how many
+    that left out)."""
     roots = normalise_roots(quiet_roots)
+    upstream_unit = bool(source) and _under(source, roots)
     shown, hidden = [], 0
     for diagnostic in split_diagnostics(text):
-        if diagnostic.is_noise(roots):
+        if diagnostic.is_noise(roots) or (upstream_unit and diagnostic.is_upstream_ptxas_note()):
             hidden += 1
         else:
             shown += diagnostic.lines

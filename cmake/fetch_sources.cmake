@@ -1,11 +1,18 @@
 # Script entry point: resolve (and fetch if needed) the pinned sources without
 # configuring a build, then print one JSON line per component.
-#   cmake [-DVFA_SOURCE_CACHE=...] [-DFLASH_ATTN_MIRROR=...] -P cmake/fetch_sources.cmake
+#   .venv/bin/cmake [-DVFA_SOURCE_CACHE=...] [-DFLASH_ATTN_MIRROR=...] -P cmake/fetch_sources.cmake
+# (CMake >= 3.26: the one .ci/bootstrap installs; a system cmake may be older).
 # Useful to fill the source cache before an offline build, and used by the tests.
 # Relative paths are taken from the project directory, as in a configure.
+if(CMAKE_VERSION VERSION_LESS 3.26)
+  # Said before cmake_minimum_required, whose message names neither the cmake run nor a fix.
+  message(FATAL_ERROR "This script needs CMake 3.26 or newer; ${CMAKE_COMMAND} is ${CMAKE_VERSION}. "
+    "Run it with the cmake that .ci/bootstrap installs: .venv/bin/cmake -P cmake/fetch_sources.cmake "
+    "(or pip install 'cmake>=3.26').")
+endif()
 cmake_minimum_required(VERSION 3.26)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)
-vfa_warn_unknown_settings()
+vfa_check_unknown_settings()
 vfa_resolve_upstream_sources()
 foreach(component IN LISTS VFA_COMPONENTS)
   set(fields "")

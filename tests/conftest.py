@@ -19,3 +19,81 @@ def synthetic(tmp_path_factory) -> SyntheticUpstream:
     if shutil.which("git") is None:
         pytest.fail("git is required for the build tests (the build fetches with git)")
     return make_synthetic_upstream(tmp_path_factory.mktemp("upstream"))
+
+
+# --- tiers that must run --------------------------------------------------------------------
+# pytest passes a run in which every test was deselected, skipped or never collected (a
+# broken conftest, a wrong path, a -k that matches nothing): .ci/run, CI's CPU step, asks
+# (--require-cpu-tiers) that each tier below ran at least one test, and fails the run
+# otherwise, with the tiers in the closing line. The GPU tier skips on a CPU machine; on a
+# GPU machine .buildkite/scripts/check_gpu_junit.py checks that it ran.
+
+HERE = Path(__file__).resolve().parent
+CPU_TIERS = {
+    "unit": "unit",
+    "build": "build",
+    "dist": "dist",
+    # upstream's test file runs on a GPU (tests/upstream/run_upstream_tests.py); its runner,
+    # summary and adapter are tested on CPU here.
+    "upstream-adapter": "unit/test_upstream_adapter.py",
+}
+REPORTED_TIERS = {**CPU_TIERS, "gpu": "gpu"}
+EMPTY_TIERS_STAT = "required tier(s) ran nothing"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--require-cpu-tiers", action="store_true",
+                     help="fail the run when a CPU test tier (" + ", ".join(CPU_TIERS)
+                          + ") ran no test (what .ci/run passes)")
+
+
+class TierCount:
+    """Per tier: tests that ran (their call phase, or a setup that failed) and skipped."""
+
+    def __init__(self, rootpath: Path):
+        self.rootpath = rootpath
+        self.ran = {tier: 0 for tier in REPORTED_TIERS}
+        self.skipped = {tier: 0 for tier in REPORTED_TIERS}
+
+    def tiers_of(self, nodeid: str) -> list[str]:
+        path = (self.rootpath / nodeid.split("::", 1)[0]).resolve()
+        return [tier for tier, where in REPORTED_TIERS.items() if path.is_relative_to(HERE / where)]
+
+    def pytest_runtest_logreport(self, report):
+        ran = report.when == "call" or (report.when == "setup" and report.failed)
+        skipped = report.skipped and report.when in ("setup", "call")
+        if ran or skipped:
+            for tier in self.tiers_of(report.nodeid):
+                (self.ran if ran and not skipped else self.skipped)[tier] += 1
+
+    def empty(self) -> list[str]:
+        return [tier for tier in CPU_TIERS if self.ran[tier] == 0]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        # Runs inside the terminal reporter's sessionfinish wrapper: before its summary.
+        if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            return
+        empty = self.empty()
+        if empty:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:  # the closing line counts them: "..., 2 required tier(s) ran nothing"
+                reporter.stats.setdefault(EMPTY_TIERS_STAT, []).extend(empty)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        terminalreporter.write_sep("=", "test tiers (--require-cpu-tiers)")
+        for tier, where in REPORTED_TIERS.items():
+            line = (f"{tier} (tests/{where}): {self.ran[tier]} ran, {self.skipped[tier]} skipped"
+                    + ("" if tier in CPU_TIERS else " (not required on CPU)"))
+            if tier in self.empty():
+                terminalreporter.write_line(f"FAILED {line}: this tier must run in CI; see why "
+                                            "its tests were deselected, skipped or not collected",
+                                            red=True)
+            else:
+                terminalreporter.write_line(line)
+
+
+def pytest_configure(config):
+    if config.getoption("--require-cpu-tiers") and not config.getoption("collectonly"):
+        config.pluginmanager.register(TierCount(config.rootpath), "vfa-tier-count")

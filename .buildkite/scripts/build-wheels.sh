@@ -21,13 +21,19 @@ export VFA_TORCH_INDEX_URL
 cache_mode_for_build
 dist_client_for_build "$ARCH"
 
+# Reproducible wheels (README, "What a build records"): zip times from the commit's time,
+# for scikit-build-core and auditwheel's repair alike (passed into the container), so a
+# rebuild of this commit gives the same bytes and the same sha256 (printed below).
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
+export SOURCE_DATE_EPOCH
+
 out="wheelhouse/cu${CUDA}-${ARCH}"
 rm -rf "$out" && mkdir -p "$out"
 echo "--- cibuildwheel: CUDA $CUDA, $ARCH, image $image, torch $VFA_TORCH_VERSION"
 tools_venv .venv-cibw "cibuildwheel>=3.1" abi3audit pyelftools packaging
 .venv-cibw/bin/cibuildwheel --platform linux --output-dir "$out" .
 
-echo "--- wheel checks (size, abi3, C++ runtime, build info)"
+echo "--- wheel checks (size and sha256, abi3, C++ runtime, build info)"
 # Checks that need no torch run here; symbols are checked by check-wheels.sh.
 PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check size "$out" | tee "$out/checks.txt"
 PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check abi3 "$out" | tee -a "$out/checks.txt"

@@ -24,6 +24,8 @@ if [ "${VFA_PUBLISH_LOCAL:-1}" = 0 ]; then
 else
   files=(wheelhouse/*/*.whl)
 fi
+echo "--- wheels to upload (sha256: a rebuild of this commit gives the same)"
+sha256sum "${files[@]}"
 tools_venv .venv-publish twine
 .venv-publish/bin/twine check --strict "${files[@]}"
 .venv-publish/bin/twine upload --non-interactive --repository-url "$VFA_PUBLISH_REPOSITORY_URL" "${files[@]}"

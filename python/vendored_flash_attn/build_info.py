@@ -84,14 +84,21 @@ class BuildInfo:
 
 
 class BuildInfoMissing(RuntimeError):
-    """The package has no build_info.json: it was not installed through its CMake build."""
+    """The package has no usable build_info.json: it was not installed through its CMake
+    build, or the file cannot be read (``BuildInfoUnreadable``). Every caller that must not
+    raise (the selector, ``info``) catches this one class."""
+
+
+class BuildInfoUnreadable(BuildInfoMissing):
+    """build_info.json is there but is not a build record this package can read: truncated,
+    damaged or edited (not JSON, not an object, a field of the wrong type)."""
 
 
 @functools.lru_cache(maxsize=1)
 def load_build_info() -> BuildInfo:
     """Read the installed build record once per process."""
     try:
-        text = resources.files(__package__).joinpath(BUILD_INFO_FILE).read_text()
+        text = resources.files(__package__).joinpath(BUILD_INFO_FILE).read_bytes()
     except (FileNotFoundError, OSError) as exc:
         raise BuildInfoMissing(
             f"{BUILD_INFO_FILE} is missing from the vendored_flash_attn package; it is written by "
@@ -101,12 +108,32 @@ def load_build_info() -> BuildInfo:
     return parse_build_info(text)
 
 
-def parse_build_info(text: str) -> BuildInfo:
-    data = json.loads(text)
+_REINSTALL = ("reinstall the package (pip install --force-reinstall <the wheel>) or rebuild it "
+              "(pip install .)")
+
+
+def parse_build_info(text: "str | bytes") -> BuildInfo:
+    """The build record in ``text``; BuildInfoUnreadable (a BuildInfoMissing) when it is not
+    one, so a damaged file reads like a missing one to every caller."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # json.JSONDecodeError, and a UnicodeDecodeError on bytes
+        raise BuildInfoUnreadable(
+            f"{BUILD_INFO_FILE} is not valid JSON ({exc}): the file is truncated or damaged; "
+            f"{_REINSTALL}.") from exc
+    if not isinstance(data, dict):
+        raise BuildInfoUnreadable(
+            f"{BUILD_INFO_FILE} holds a JSON {type(data).__name__}, not an object: the file is "
+            f"damaged; {_REINSTALL}.")
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
-        raise BuildInfoMissing(
+        raise BuildInfoUnreadable(
             f"{BUILD_INFO_FILE} has schema {schema!r}, this package reads schema {SCHEMA_VERSION}; "
             "rebuild the package."
         )
-    return BuildInfo.from_dict(data)
+    try:
+        return BuildInfo.from_dict(data)
+    except (AttributeError, TypeError, ValueError) as exc:  # a field of the wrong type
+        raise BuildInfoUnreadable(
+            f"{BUILD_INFO_FILE} has a field this package cannot read ({type(exc).__name__}: {exc}): "
+            f"the file is damaged or was edited; {_REINSTALL}.") from exc

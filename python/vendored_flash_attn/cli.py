@@ -16,6 +16,9 @@ from .build_info import BuildInfo, BuildInfoMissing
 from .environment import current_environment
 
 COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason")
+# The mirror knobs are not recorded (a URL may hold credentials), but the URL each source
+# came from is, without them: that is what `info` shows for the knob.
+MIRROR_KNOB_SOURCES = {"FLASH_ATTN_MIRROR": "upstream", "CUTLASS_MIRROR": "cutlass"}
 
 
 def _component(raw: dict) -> dict:
@@ -45,8 +48,11 @@ def collect() -> dict:
     from .debug_checks import DEBUG_ENV
     from .selector import ENV_VAR, requested_version, select_flash_attn_version, version_problem
 
+    from . import __version__
+
     env = current_environment()
-    report: dict[str, Any] = {"build": None, "build_error": None,
+    report: dict[str, Any] = {"package": {"name": "vendored-flash-attn", "version": __version__},
+                              "build": None, "build_error": None,
                               "runtime": env.runtime_versions(), "modules": {},
                               "environment": {ENV_VAR: env.getenv(ENV_VAR),
                                               DEBUG_ENV: env.getenv(DEBUG_ENV)},
@@ -100,12 +106,20 @@ def _list(values) -> str:
     return ", ".join(str(v) for v in values) if values else "-"
 
 
+def _knob_value(build: dict, name: str, knob: dict) -> str:
+    """A knob's recorded value; for a mirror knob, the URL its source was fetched from."""
+    value = str(knob.get("value", ""))
+    source = MIRROR_KNOB_SOURCES.get(name)
+    url = (build.get(source) or {}).get("url") if source and value == "(not recorded)" else None
+    return f"{url} (as recorded for {source}, credentials left out)" if url else value
+
+
 def _knob_lines(build: dict) -> list[str]:
     """The knobs that were not at their default, and settings that were no knob."""
     options = build.get("options")
     if options is None:
         return []
-    changed = [f"{name}={knob.get('value', '')} ({knob.get('origin', '?')})"
+    changed = [f"{name}={_knob_value(build, name, knob)} ({knob.get('origin', '?')})"
                for name, knob in sorted(options.items()) if knob.get("origin", "default") != "default"]
     lines = ["  knobs not at their default: " + (", ".join(changed) if changed else "none")]
     for unknown in build.get("unknown_settings") or []:
@@ -116,7 +130,8 @@ def _knob_lines(build: dict) -> list[str]:
 
 
 def render(report: dict) -> str:
-    lines: list[str] = []
+    package = report.get("package") or {}
+    lines: list[str] = [f"{package.get('name', 'vendored-flash-attn')} {package.get('version', '-')}", ""]
     build = report["build"]
     if build is None:
         lines += ["Build info: MISSING", f"  {report['build_error']}"]

@@ -14,14 +14,11 @@ import warnings
 
 import torch
 
+from .declaration import BOOL_OFF, BOOL_ON, BOOL_WORDS_TEXT
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError
 
 DEBUG_ENV = "VFA_DEBUG_CHECKS"
-
-
-_ON = ("1", "on", "true", "yes")
-_OFF = ("", "0", "off", "false", "no")
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,10 +26,10 @@ def debug_checks_enabled() -> bool:
     """The boolean words every knob takes (cmake/knobs.json); any other value is off,
     with one warning (an exception here would reach every attention call)."""
     value = (current_environment().getenv(DEBUG_ENV) or "").strip().lower()
-    if value not in _ON + _OFF:
+    if value not in ("", *BOOL_ON, *BOOL_OFF):
         warnings.warn(f"{DEBUG_ENV}={value!r} is not a valid value; the debug checks stay off. "
-                      "Valid values: ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case).", stacklevel=2)
-    return value in _ON
+                      f"Valid values: {BOOL_WORDS_TEXT}.", stacklevel=2)
+    return value in BOOL_ON
 
 
 on_environment_change(debug_checks_enabled.cache_clear)

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Optional
 
 from .build_info import ComponentInfo
+from .declaration import FA2_HEAD_DIMS, FA3_HEAD_DIMS
 
-FA2_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 192, 256)
-FA3_HEAD_DIM_BUCKETS = (64, 96, 128, 192, 256)
+# The head dims upstream instantiates, as cmake/knobs.json declares them.
+FA2_HEAD_DIM_BUCKETS = FA2_HEAD_DIMS
+FA3_HEAD_DIM_BUCKETS = FA3_HEAD_DIMS
 FA2_DTYPES = ("bf16", "fp16")
 FA3_DTYPES = ("bf16", "fp16", "e4m3")
 

@@ -1,11 +1,17 @@
 """The schemas of the compiled ops this package calls, as upstream registers them.
 
-Copied from the ``ops.def`` strings of the pinned upstream
-(``csrc/flash_attn/flash_api_torch_lib.cpp`` for FA2, ``hopper/flash_api_torch_lib.cpp``
-for FA3). ``interface.py`` and ``sparse.py`` call these ops positionally, in this argument order; the
-CPU unit tests register fake ops from these very strings and check every argument of
-the interface's calls by name, and a GPU test checks that the compiled modules register
-exactly these schemas, so this copy cannot drift from the modules unnoticed.
+The ``ops.def`` strings of the pinned upstream (``REGISTRATION_SOURCES``:
+``csrc/flash_attn/flash_api_torch_lib.cpp`` for FA2, ``hopper/flash_api_torch_lib.cpp``
+for FA3). ``interface.py`` and ``sparse.py`` call these ops positionally, in this argument
+order, and the CPU unit tests register fake ops from these strings and check every argument
+of the interface's calls by name. That these are upstream's schemas is checked, not assumed:
+
+* every configure reads upstream's registration sources (``cmake/op_schemas.py``, run by
+  ``cmake/OpSchemas.cmake``) and stops when one of these ops has another schema there;
+* ``CHECKED_AGAINST`` records, per upstream commit, the fingerprint of these schemas that
+  check passed on; a CPU test fails when it does not name the pinned commit with today's
+  schemas (a pin bump not checked yet, or an edit here not checked against upstream);
+* a GPU test checks that the compiled modules register exactly these schemas.
 
 Example: ``torch._C.parse_schema(f"{FA3_NAMESPACE}::{FA3_FWD}")`` equals
 ``torch.ops._vendored_fa3_C.fwd.default._schema`` of a wheel built from the pin.
@@ -17,6 +23,11 @@ FA2_NAMESPACE = "_vendored_fa2_C"
 FA3_NAMESPACE = "_vendored_fa3_C"
 #: FA version -> the torch.ops namespace its module registers.
 OP_NAMESPACES = {2: FA2_NAMESPACE, 3: FA3_NAMESPACE}
+#: namespace -> upstream's source (in the flash-attention checkout) that registers its ops.
+REGISTRATION_SOURCES = {
+    FA2_NAMESPACE: "csrc/flash_attn/flash_api_torch_lib.cpp",
+    FA3_NAMESPACE: "hopper/flash_api_torch_lib.cpp",
+}
 
 FA2_VARLEN_FWD = (
     "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
@@ -68,4 +79,12 @@ OP_SCHEMAS = {
     (FA2_NAMESPACE, "varlen_fwd_sparse"): FA2_VARLEN_FWD_SPARSE,
     (FA3_NAMESPACE, "fwd"): FA3_FWD,
     (FA3_NAMESPACE, "get_scheduler_metadata"): FA3_GET_SCHEDULER_METADATA,
+}
+
+#: upstream commit -> fingerprint of OP_SCHEMAS (cmake/op_schemas.py) that upstream's
+#: registration sources at that commit were checked to register. After a pin bump, run
+#: ``python cmake/op_schemas.py check <the new commit's flash-attention folder> --commit
+#: <commit>`` (a configure of the new pin runs the same check) and add the entry it prints.
+CHECKED_AGAINST = {
+    "617264c1c7955c9e84817654ebeedff069f3c5f1": "bf27458a8f34f397752a77b2628a0e6745f0edbf22fca68a997fce9f95f01010",
 }

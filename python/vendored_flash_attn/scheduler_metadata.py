@@ -50,7 +50,7 @@ import torch
 from .build_info import ComponentInfo
 from .environment import on_environment_change
 from .errors import FlashAttnInputError
-from .kernels import fa3_bucket
+from .kernels import FA3_HEAD_DIM_BUCKETS, fa3_bucket
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -131,7 +131,7 @@ def _mask(max_q: int, max_k: int, causal: bool, window, headdim: int, paged: boo
 
 
 def _round_up_headdim_v(dv: int) -> int:
-    for bucket in (64, 96, 128, 192, 256):
+    for bucket in FA3_HEAD_DIM_BUCKETS:
         if dv <= bucket:
             return bucket
     return 512

@@ -43,13 +43,12 @@ from typing import Any, Mapping, Optional
 
 from packaging.version import InvalidVersion, Version
 
+from .declaration import BOOL_OFF, BOOL_ON, BOOL_WORDS_TEXT
+
 ENV_LOCAL = "VFA_VERSION_LOCAL"
 ENV_CUDA_MAJOR = "VFA_CUDA_MAJOR"
 PIN_FILE = Path("vendor/flash-attention/pin.json")
 COMMIT_CHARS = 7
-# The boolean words every knob takes (cmake/knobs.json, type tristate).
-_TRUE = {"1", "on", "yes", "true"}
-_FALSE = {"0", "off", "no", "false"}
 
 
 class VersionSchemeError(ValueError):
@@ -150,11 +149,11 @@ def want_local(env: Mapping[str, str], from_sdist: bool) -> bool:
     value = env.get(ENV_LOCAL, "").strip().lower()
     if value in ("", "auto"):
         return not from_sdist
-    if value in _TRUE:
+    if value in BOOL_ON:
         return True
-    if value in _FALSE:
+    if value in BOOL_OFF:
         return False
-    raise VersionSchemeError(f"{ENV_LOCAL}={value!r}: use 1, 0 or auto (or ON/OFF, TRUE/FALSE, YES/NO)")
+    raise VersionSchemeError(f"{ENV_LOCAL}={value!r}: use 1, 0 or auto (or any of {BOOL_WORDS_TEXT})")
 
 
 def with_local(base: Version, label: Optional[str]) -> Version:

@@ -10,7 +10,8 @@
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
 
 * size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
-  else 400 MB); on failure it lists the largest members.
+  else 400 MB), and its sha256 (wheels are reproducible); on failure it lists the
+  largest members.
 * symbols: every compiled module of the wheel loads (``dlopen`` with ``RTLD_NOW``,
   after ``import torch``) with no undefined symbol, and imports as a Python module.
 * abi3: the wheel is tagged ``cp3X-abi3``, every module is named ``*.abi3.so``, and
@@ -21,7 +22,11 @@
   machine). Reads the modules' dynamic symbols with pyelftools (abi3audit's dependency).
 * build-info: ``vendored_flash_attn/build_info.json`` says what was asked for: the
   pinned upstream and CUTLASS commits, the CUDA major, arch list, preset, the
-  components; and agrees with the wheel's version (its local label).
+  components; at least one component was built and the wheel holds each built one's
+  module; and it agrees with the wheel's version (the same version, and its local label
+  names the built upstream and CUDA).
+* installed: the same for the installed package (its distribution's version), and every
+  module the build info says was built imports.
 
 Each check prints one PASS/FAIL line (details below a failure); the exit status
 is 1 when any failed. Nothing here needs a GPU. Standard library + packaging only,
@@ -31,6 +36,7 @@ plus abi3audit for the abi3 check and pyelftools for the cxx-runtime check.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -46,6 +52,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 PACKAGE = "vendored_flash_attn"
 BUILD_INFO = f"{PACKAGE}/build_info.json"
+COMPONENTS = ("fa2", "fa3")
 DEFAULT_MAX_MB = 400.0
 ENV_MAX_MB = "VFA_WHEEL_MAX_MB"
 MB = 1024 * 1024
@@ -86,6 +93,14 @@ def _human(size: float) -> str:
 
 # --- size ----------------------------------------------------------------------
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> CheckResult:
     if max_mb is None:
         max_mb = float(os.environ.get(ENV_MAX_MB) or DEFAULT_MAX_MB)
@@ -95,7 +110,9 @@ def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> Ch
         infos = sorted(zf.infolist(), key=lambda i: i.compress_size, reverse=True)
     largest = [f"{_human(i.compress_size):>10} compressed {_human(i.file_size):>10} unpacked  {i.filename}"
                for i in infos[:top]]
-    summary = f"{wheel.name} is {_human(size)} (limit {max_mb:g} MB)"
+    # The digest of a reproducible wheel (README, "What a build records"): a rebuild of the
+    # same inputs anywhere gives the same one, so a published wheel can be checked against it.
+    summary = f"{wheel.name} is {_human(size)} (limit {max_mb:g} MB), sha256 {file_sha256(wheel)}"
     if size <= limit:
         return CheckResult("size", True, summary)
     return CheckResult("size", False, summary + f"; over by {_human(size - limit)}. Largest members:", largest)
@@ -251,6 +268,17 @@ class Expectations:
     require: tuple[str, ...] = ()        # components that must be built: fa2, fa3
 
 
+def built_modules(info: dict[str, Any]) -> dict[str, str]:
+    """Component -> compiled module name, for each component the build info says was built."""
+    return {comp: str(info[comp].get("module") or "") for comp in COMPONENTS
+            if isinstance(info.get(comp), dict) and info[comp].get("built")}
+
+
+def _module_name(member: str) -> str:
+    """``vendored_flash_attn/_vendored_fa2_C.abi3.so`` -> ``_vendored_fa2_C``."""
+    return Path(member).name.split(".")[0]
+
+
 def _normalise_archs(text: str) -> list[str]:
     return sorted(t for t in re.split(r"[ ,;]+", text.strip()) if t)
 
@@ -282,6 +310,11 @@ def compare_build_info(info: dict[str, Any], expect: Expectations, version: Opti
     for comp in expect.require:
         if not info.get(comp, {}).get("built"):
             problems.append(f"{comp} was not built: {info.get(comp, {}).get('reason') or 'no reason given'}")
+    if not built_modules(info):
+        # A wheel without kernels installs and imports, and every call refuses: never a release.
+        reasons = "; ".join(f"{comp}: {info.get(comp, {}).get('reason') or 'no reason given'}"
+                            for comp in COMPONENTS)
+        problems.append(f"neither fa2 nor fa3 was built ({reasons})")
     if version is not None:
         problems += _compare_version(info, version)
     return problems
@@ -292,8 +325,11 @@ def _compare_version(info: dict[str, Any], version: str) -> list[str]:
 
     problems = []
     recorded = info.get("package_version")
-    if recorded and recorded != version and "+" in recorded:
-        problems.append(f"build info package_version {recorded!r} differs from the wheel's version {version!r}")
+    # CMake records the version scikit-build-core builds (SKBUILD_PROJECT_VERSION_FULL): a
+    # difference means the build info came from another build than this package's.
+    if recorded != version:
+        problems.append(f"build info package_version {recorded!r} differs from the package's version "
+                        f"{version!r}: the build info is another build's")
     try:
         label = parse_local(version)
     except VersionSchemeError as exc:
@@ -310,16 +346,24 @@ def _compare_version(info: dict[str, Any], version: str) -> list[str]:
 
 def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
     with zipfile.ZipFile(wheel) as zf:
-        if BUILD_INFO not in zf.namelist():
+        names = zf.namelist()
+        if BUILD_INFO not in names:
             return CheckResult("build-info", False, f"{wheel.name} has no {BUILD_INFO}")
-        info = json.loads(zf.read(BUILD_INFO))
+        try:
+            info = json.loads(zf.read(BUILD_INFO))
+        except ValueError as exc:
+            return CheckResult("build-info", False, f"{wheel.name}: {BUILD_INFO} is not valid JSON: {exc}")
     version = wheel_metadata(wheel)["version"]
-    return _build_info_result(info, expect, version)
+    present = {_module_name(m) for m in compiled_members(names)}
+    missing = [f"{comp} was built (build info) but {wheel.name} has no {module or '(unnamed)'} module"
+               for comp, module in built_modules(info).items() if module not in present]
+    return _build_info_result(info, expect, version, missing)
 
 
-def _build_info_result(info: dict[str, Any], expect: Expectations, version: Optional[str]) -> CheckResult:
-    problems = compare_build_info(info, expect, version)
-    built = [c for c in ("fa2", "fa3") if info.get(c, {}).get("built")]
+def _build_info_result(info: dict[str, Any], expect: Expectations, version: Optional[str],
+                       more_problems: Sequence[str] = ()) -> CheckResult:
+    problems = compare_build_info(info, expect, version) + list(more_problems)
+    built = list(built_modules(info))
     summary = (f"version {version}, upstream {str(info.get('upstream', {}).get('commit', ''))[:12]}, "
                f"torch CUDA {info.get('torch', {}).get('cuda')}, archs {info.get('cuda_arch_list')!r}, "
                f"preset {info.get('preset')!r}, built {'+'.join(built) or 'nothing'}")
@@ -334,24 +378,28 @@ def check_installed(expect: Expectations) -> list[CheckResult]:
     import importlib
     from importlib import metadata
 
-    from .build_info import load_build_info
+    from .build_info import BuildInfoMissing, load_build_info
 
-    info = load_build_info().raw
+    try:
+        info = load_build_info().raw
+    except BuildInfoMissing as exc:
+        return [CheckResult("build-info", False, str(exc))]
     version = metadata.version("vendored-flash-attn")
     results = [_build_info_result(info, expect, version)]
+    members = list(built_modules(info).values())
+    if not members:
+        results.append(CheckResult("symbols", False, "the build info names no built module: the "
+                                   "installed package has no kernels to load"))
+        return results
     import torch  # noqa: F401  (the modules need torch's libraries loaded)
 
     loaded: dict[str, Optional[str]] = {}
-    members = []
-    for comp in ("fa2", "fa3"):
-        if info.get(comp, {}).get("built"):
-            module = info[comp]["module"]
-            members.append(module)
-            try:
-                importlib.import_module(f"{PACKAGE}.{module}")
-                loaded[module] = None
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
-                loaded[module] = f"{type(exc).__name__}: {exc}"
+    for module in members:
+        try:
+            importlib.import_module(f"{PACKAGE}.{module}")
+            loaded[module] = None
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            loaded[module] = f"{type(exc).__name__}: {exc}"
     results.append(_symbols_result(members, loaded))
     return results
 
@@ -361,7 +409,7 @@ def check_installed(expect: Expectations) -> list[CheckResult]:
 def _expectations(args: argparse.Namespace) -> Expectations:
     require = tuple(c for c in re.split(r"[ ,]+", args.require or "") if c)
     for comp in require:
-        if comp not in ("fa2", "fa3"):
+        if comp not in COMPONENTS:
             raise SystemExit(f"--require: {comp!r} is not fa2 or fa3")
     return Expectations(pin=args.pin, cuda_major=args.cuda_major, arch_list=args.arch_list,
                         preset=args.preset, require=require)

@@ -63,7 +63,8 @@ def test_build_info_records_every_knob_as_normalised(tmp_path, sources):
     """Every declared build knob, its normalised value and its origin; bool words in
     any case; an empty FA3 selection leaves FA3 out (VFA_BUILD_FA3=auto)."""
     env = clean_env(VFA_FA2_PTX="no", VFA_FA2_SM90_SASS="Yes", TORCH_CUDA_ARCH_LIST="9.0",
-                    VFA_PRESTE="minimal", VFA_DEBUG_CHECKS="1", VFA_TORCH_VERSION="2.14.1",
+                    VFA_PRESTE="minimal", VFA_ALLOW_UNKNOWN_SETTINGS="yes", VFA_DEBUG_CHECKS="1",
+                    VFA_TORCH_VERSION="2.14.1",
                     # Credentials in the environment (in a -D they are refused: tests/build/test_sources.py).
                     FLASH_ATTN_MIRROR="https://user:token@mirror.example/fa.git")
     build, result = configured(tmp_path, sources, env=env, VFA_PRESET="minimal", VFA_FA3_HEAD_DIMS="none",
@@ -83,7 +84,8 @@ def test_build_info_records_every_knob_as_normalised(tmp_path, sources):
     assert options["FLASH_ATTN_MIRROR"] == {"value": "(not recorded)", "origin": "env:FLASH_ATTN_MIRROR"}
     assert options["FLASH_ATTN_SRC_DIR"] == {"value": "", "origin": "default"}
     assert "token" not in json.dumps(info) and str(tmp_path) not in json.dumps(options)
-    # The typo is in the build info too; knobs of other scopes are not typos.
+    # The typo (allowed with VFA_ALLOW_UNKNOWN_SETTINGS) is in the build info too; knobs of
+    # other scopes are not typos.
     assert info["unknown_settings"] == [{"name": "VFA_PRESTE", "source": "env", "did_you_mean": "VFA_PRESET"}]
     # VFA_BUILD_FA3=auto with nothing selected: left out, with the reason.
     assert info["fa3"]["built"] is False
@@ -91,22 +93,34 @@ def test_build_info_records_every_knob_as_normalised(tmp_path, sources):
     assert "_vendored_fa3_C" not in units(build)
 
 
-def test_unknown_settings_get_a_loud_did_you_mean(synthetic, tmp_path):
+def test_unknown_settings_stop_with_a_did_you_mean(synthetic, tmp_path):
+    """A typo stops before anything is fetched (pip would hide a warning: test_wheel.py);
+    VFA_ALLOW_UNKNOWN_SETTINGS=ON makes it a loud warning."""
     pin = synthetic.write_pin(tmp_path / "pin.json")
     env = clean_env(VFA_PRESTE="minimal", VFA_XYZZY="1", VFA_DEBUG_CHECKS="1", VFA_VERSION_LOCAL="0")
-    result = fetch_sources({"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(tmp_path / "cache"),
-                            "VFA_SOURCE_CACHEE": "/elsewhere", "VFA_FA2_PTXX:BOOL": "OFF"}, env=env)
-    assert result.returncode == 0, result.output
-    text = result.text
-    assert "VFA_PRESTE (environment variable) is not a knob of this project: did you mean VFA_PRESET?" in text
-    assert "VFA_SOURCE_CACHEE (-D variable) is not a knob of this project: did you mean VFA_SOURCE_CACHE?" in text
-    # A typed -D (as `option()` users write it) is a setting like any other.
-    assert "VFA_FA2_PTXX (-D variable) is not a knob of this project: did you mean VFA_FA2_PTX?" in text
-    assert "VFA_XYZZY (environment variable) is not a knob of this project" in text
-    assert "VFA_XYZZY (environment variable) is not a knob of this project: did you mean" not in text
-    assert "CMake Warning" in result.output and "=====" in result.output  # loud, not a status line
-    for known in ("VFA_DEBUG_CHECKS", "VFA_VERSION_LOCAL", "VFA_SOURCE_CACHE ", "VFA_PIN_FILE"):
-        assert f"{known} (" not in text
+    defines = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(tmp_path / "cache"),
+               "VFA_SOURCE_CACHEE": "/elsewhere", "VFA_FA2_PTXX:BOOL": "OFF"}
+    stopped = fetch_sources(defines, env=env)
+    assert not (tmp_path / "cache").exists()
+    allowed = fetch_sources({**defines, "VFA_ALLOW_UNKNOWN_SETTINGS": "ON"}, env=env)
+    assert stopped.returncode != 0 and "CMake Error" in stopped.output
+    assert ("Stopped before anything is fetched or built: a misspelt knob would build something else than was "
+            "asked. Correct or remove it (the knobs are listed in the README, cmake/knobs.json), or set "
+            "VFA_ALLOW_UNKNOWN_SETTINGS=ON to build with it ignored.") in stopped.text
+    assert allowed.returncode == 0, allowed.output
+    assert "CMake Warning" in allowed.output and "=====" in allowed.output  # loud, not a status line
+    assert "It is ignored (VFA_ALLOW_UNKNOWN_SETTINGS=ON)" in allowed.text
+    for result in (stopped, allowed):
+        text = result.text
+        assert "VFA_PRESTE (environment variable) is not a knob of this project: did you mean VFA_PRESET?" in text
+        assert "VFA_SOURCE_CACHEE (-D variable) is not a knob of this project: did you mean VFA_SOURCE_CACHE?" in text
+        # A typed -D (as `option()` users write it) is a setting like any other.
+        assert "VFA_FA2_PTXX (-D variable) is not a knob of this project: did you mean VFA_FA2_PTX?" in text
+        assert "VFA_XYZZY (environment variable) is not a knob of this project" in text
+        assert "VFA_XYZZY (environment variable) is not a knob of this project: did you mean" not in text
+        for known in ("VFA_DEBUG_CHECKS", "VFA_VERSION_LOCAL", "VFA_SOURCE_CACHE ", "VFA_PIN_FILE",
+                      "VFA_ALLOW_UNKNOWN_SETTINGS"):
+            assert f"{known} (" not in text
 
 
 def test_relative_paths_are_relative_to_the_project_root(synthetic, tmp_path):
@@ -163,3 +177,15 @@ def test_direct_driver_calls_without_a_driver_library_stop(tmp_path, sources):
     else:
         assert "VFA_CUDA_DRIVER_CALL=direct, but this machine has no libcuda" in result.text
         assert "VFA_CUDA_DRIVER_CALL=auto" in result.text
+
+
+
+def test_an_arch_nothing_runs_on_stops_the_configure(tmp_path, sources):
+    """The reported case through a whole configure: FA2 asked for, no PTX, a GPU newer than
+    its SASS. The other arch cases run in script mode: tests/unit/test_cuda_archs_cmake_cpu.py."""
+    _, result = configured(tmp_path, sources, VFA_PRESET="minimal", TORCH_CUDA_ARCH_LIST="10.0",
+                           VFA_FA2_PTX="OFF", VFA_BUILD_FA2="on")
+    assert result.returncode != 0, result.output
+    assert ("TORCH_CUDA_ARCH_LIST='10.0' names 10.0, but nothing this build compiles would run there: "
+            "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer GPUs run, is "
+            "left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON)") in result.text, result.output[-3000:]

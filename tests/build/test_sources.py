@@ -792,3 +792,19 @@ def test_a_disk_that_fills_during_a_fetch_is_named_as_the_cause(pin, cache, size
     assert "Free space there, or set VFA_SOURCE_CACHE to a folder with room" in result.text
     assert "point FLASH_ATTN_MIRROR" not in result.text and "point CUTLASS_MIRROR" not in result.text
     assert "more lines" in result.text or result.text.count("unable to write file") <= 5
+
+
+def test_a_too_old_cmake_is_told_which_cmake_to_use():
+    """Issue 19: the README's prefill command failed with the system CMake 3.25 ("CMake 3.26
+    or higher is required"), naming neither the cmake that works nor how to get it."""
+    old = [path for path in ("/usr/bin/cmake", "/usr/local/bin/cmake") if os.path.exists(path)]
+    versions = {path: subprocess.run([path, "--version"], capture_output=True, text=True).stdout.split()[2]
+                for path in old}
+    too_old = [path for path, v in versions.items() if tuple(map(int, v.split(".")[:2])) < (3, 26)]
+    if not too_old:
+        pytest.skip(f"no cmake older than 3.26 on this machine ({versions})")
+    result = subprocess.run([too_old[0], "-P", str(PROJECT / "cmake" / "fetch_sources.cmake")], cwd=PROJECT,
+                            capture_output=True, text=True, env=clean_env(), timeout=60)
+    message = " ".join(result.stderr.split())  # cmake wraps its messages
+    assert result.returncode != 0
+    assert "needs CMake 3.26 or newer" in message and ".venv/bin/cmake -P cmake/fetch_sources.cmake" in message

@@ -3,6 +3,7 @@ compiler-cache hits from a second checkout path and build dir."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -70,6 +71,22 @@ def built(synthetic, sccache_env, tmp_path_factory):
             "refused": refused}
 
 
+def test_pip_without_v_shows_a_typo_and_builds_nothing(synthetic, tmp_path):
+    """pip shows a build's output only when it fails: a misspelt knob must fail (in the
+    configure's first seconds), or a user without -v would never see it."""
+    knobs = {"VFA_PIN_FILE": str(synthetic.write_pin(tmp_path / "pin.json")),
+             "VFA_SOURCE_CACHE": str(tmp_path / "source-cache")}
+    config = [f"-Ccmake.define.{k}={v}" for k, v in knobs.items()]
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                  str(tmp_path / "dist"), *config, str(checkout_copy(tmp_path / "checkout"))],
+                 env=clean_env(VFA_PRESTE="minimal"), timeout=600)
+    assert result.returncode != 0
+    assert "VFA_PRESTE (environment variable) is not a knob of this project: did you mean VFA_PRESET?" \
+        in result.text, result.output[-5000:]
+    assert "VFA_ALLOW_UNKNOWN_SETTINGS=ON" in result.text
+    assert not (tmp_path / "source-cache").exists() and not list((tmp_path / "dist").glob("*.whl"))
+
+
 def test_a_refused_knob_does_not_stick_to_the_build_dir(built):
     refused = built["refused"]
     assert refused.returncode != 0
@@ -86,15 +103,21 @@ def test_wheel_holds_both_modules_and_the_build_info(built, synthetic):
     for module in MODULES:
         assert f"vendored_flash_attn/{module}.abi3.so" in names
     assert "vendored_flash_attn/build_info.json" in names
+    assert "vendored_flash_attn/knobs.json" in names  # the declaration the package reads (declaration.py)
     assert "vendored_flash_attn/__init__.py" in names
     info = json.loads(zipfile.ZipFile(wheel).read("vendored_flash_attn/build_info.json"))
     assert info["preset"] == "minimal"
     assert info["upstream"]["commit"] == synthetic.fa_commit and info["upstream"]["matches_pin"] is True
     assert info["cutlass"]["commit"] == synthetic.cutlass_commit
     assert info["fa3"]["built"] and info["fa2"]["built"]
-    assert info["compiler_cache"]["enabled"] is True
     # Nothing of this machine's paths in the package's own record of knobs.
     assert str(built["root"]) not in json.dumps(info["options"])
+    # The build dir's record holds this machine's readings too; the wheel's leaves them out.
+    local = json.loads(next((built["root"] / "checkout-a" / "build").glob("*/build_info.json")).read_text())
+    assert local["compiler_cache"]["enabled"] is True and local["build"]["jobs"] >= 1
+    assert local["options"]["VFA_BUILD_MEMORY_MB"]["value"].isdigit()
+    assert "compiler_cache" not in info and "jobs" not in info["build"]
+    assert info["options"]["VFA_BUILD_MEMORY_MB"] == {"value": "(not recorded)", "origin": "default"}
 
 
 def test_modules_load_and_register_their_ops(built, tmp_path):
@@ -127,16 +150,50 @@ def test_build_prints_compiler_cache_statistics(built):
     assert "Compile requests" in log and "Cache hits rate" in log
 
 
-def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, sccache_env):
+@pytest.fixture(scope="module")
+def second(built, sccache_env):
+    """The same selection again from another checkout path and build dir, warm cache."""
+    run([tool("sccache"), "--zero-stats"], env=sccache_env)
+    wheel, log = build_wheel(checkout_copy(built["root"] / "checkout-b"), built["root"] / "dist-b",
+                             built["env"], built["knobs"])
+    return {"wheel": wheel, "log": log, "stats": stats(sccache_env)}
+
+
+def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, second):
     hits_before, misses_before = hit_rate(built["first"])
     assert misses_before > 0, "the first build must have compiled something"
-    second = checkout_copy(built["root"] / "checkout-b")
-    run([tool("sccache"), "--zero-stats"], env=sccache_env)
-    wheel, _ = build_wheel(second, built["root"] / "dist-b", built["env"], built["knobs"])
-    hits, misses = hit_rate(stats(sccache_env))
+    hits, misses = hit_rate(second["stats"])
     assert hits + misses > 0
     assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"
-    assert wheel.name == built["wheel"].name
+    assert second["wheel"].name == built["wheel"].name
+
+
+def wheel_members(wheel: Path) -> dict[str, tuple]:
+    with zipfile.ZipFile(wheel) as z:
+        return {i.filename: (i.date_time, i.external_attr, hashlib.sha256(z.read(i)).hexdigest())
+                for i in z.infolist()}
+
+
+def test_the_same_selection_gives_the_same_wheel_bytes(built, second):
+    """Two checkout paths, two build dirs, another machine state: one wheel (README, What a build records)."""
+    first, again = wheel_members(built["wheel"]), wheel_members(second["wheel"])
+    differ = sorted(n for n in first.keys() | again.keys() if first.get(n) != again.get(n))
+    detail = ""
+    if "vendored_flash_attn/build_info.json" in differ:
+        a, b = (json.loads(zipfile.ZipFile(w).read("vendored_flash_attn/build_info.json"))
+                for w in (built["wheel"], second["wheel"]))
+        detail = json.dumps(_json_differences(a, b), indent=1)
+    assert not differ, f"members that differ: {differ}\n{detail}"
+    assert built["wheel"].read_bytes() == second["wheel"].read_bytes()
+
+
+def _json_differences(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = {}
+        for key in a.keys() | b.keys():
+            found.update(_json_differences(a.get(key), b.get(key), f"{path}.{key}"))
+        return found
+    return {} if a == b else {path: [a, b]}
 
 
 def test_the_build_shows_progress_and_keeps_compiler_output_in_a_log(built):

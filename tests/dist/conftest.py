@@ -14,7 +14,7 @@ import pytest
 
 
 
-HEAVY = {"test_sdist.py", "test_shared_cache.py", "test_sccache_dist.py"}
+HEAVY = {"test_sdist.py", "test_shared_cache.py", "test_sccache_dist.py", "test_dist_trust.py"}
 
 
 def pytest_configure(config):

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -104,7 +103,8 @@ def test_second_agent_hits_the_shared_redis_cache(redis, synthetic, tmp_path):
     hits, misses = counts(b["stats"])
     assert hits + misses > 0
     assert hits / (hits + misses) >= 0.95, f"second agent: {hits} hits, {misses} misses"
-    info = json.loads(zipfile.ZipFile(b["wheel"]).read("vendored_flash_attn/build_info.json"))
+    # The compiler cache is this machine's reading: the build dir's record has it, not the wheel's.
+    info = json.loads(next((tmp_path / "agent-b" / "checkout" / "build").glob("*/build_info.json")).read_text())
     assert info["compiler_cache"]["enabled"] is True
     assert "Cache hits rate" in b["log"]  # statistics printed by the build
 

@@ -4,6 +4,7 @@ abi3audit see what they would see in a release wheel."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -58,14 +59,15 @@ def compile_module(tmp: Path, name: str, *, limited=True, undefined=False, futur
 
 
 def make_wheel(tmp: Path, *, tag="cp310-abi3-linux_x86_64", version=VERSION, suffix=".abi3.so",
-               info: dict | None = None, padding: int = 0, **module_kwargs) -> Path:
+               info: dict | None = None, padding: int = 0,
+               modules=("_vendored_fa2_C", "_vendored_fa3_C"), **module_kwargs) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     dist = f"vendored_flash_attn-{version}.dist-info"
     wheel = tmp / f"vendored_flash_attn-{version}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("vendored_flash_attn/__init__.py", "")
         zf.writestr("vendored_flash_attn/build_info.json", json.dumps(info or build_info()))
-        for name in ("_vendored_fa2_C", "_vendored_fa3_C"):
+        for name in modules:
             zf.writestr(f"vendored_flash_attn/{name}{suffix}", compile_module(tmp, name, **module_kwargs))
         if padding:
             zf.writestr("vendored_flash_attn/padding.bin", bytes(range(256)) * (padding // 256), zipfile.ZIP_STORED)
@@ -80,9 +82,10 @@ def good(tmp_path_factory) -> Path:
     return make_wheel(tmp_path_factory.mktemp("good"))
 
 
-def test_size_gate_passes_under_the_limit(good):
+def test_size_gate_passes_under_the_limit_and_names_the_wheels_sha256(good):
     result = check_size(good, max_mb=1)
     assert result.ok, result.render()
+    assert f"sha256 {hashlib.sha256(good.read_bytes()).hexdigest()}" in result.summary
 
 
 def test_size_gate_fails_over_the_limit_and_lists_the_largest_members(tmp_path):
@@ -195,3 +198,71 @@ def test_cli_exit_status_and_output(good, tmp_path):
     bad = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "size", str(good.parent), "--max-mb", "0.0001"],
               env=env)
     assert bad.returncode == 1 and "FAIL size:" in bad.stdout
+
+
+@pytest.mark.parametrize("changes, modules, message", [
+    # Nothing built, no module: a wheel without kernels.
+    ({"fa2": {"built": False, "reason": "VFA_BUILD_FA2=OFF"}, "fa3": {"built": False, "reason": "no 9.0"}},
+     (), "neither fa2 nor fa3 was built (fa2: VFA_BUILD_FA2=OFF; fa3: no 9.0)"),
+    # The build info says FA3 was built; the wheel lacks its module.
+    ({}, ("_vendored_fa2_C",), "fa3 was built (build info) but"),
+])
+def test_build_info_must_match_the_wheels_modules(tmp_path, changes, modules, message):
+    result = check_build_info(make_wheel(tmp_path, info=build_info(**changes), modules=modules), Expectations())
+    assert not result.ok and any(message in p for p in result.details), result.render()
+
+
+def test_the_recorded_version_must_be_the_wheels_whatever_its_form():
+    # A build info from a plain CMake build (no local label) in a wheel with one.
+    problems = compare_build_info(build_info(package_version="0.1.0"), Expectations(), VERSION)
+    assert any("package_version '0.1.0' differs" in p for p in problems), problems
+    assert compare_build_info(build_info(), Expectations(), VERSION) == []
+
+
+# --- `installed`: cibuildwheel's test command, on the package as pip would install it ----------
+
+def install_like_pip(tmp: Path, wheel: Path) -> Path:
+    """The wheel unpacked into a site folder, with this package's Python code (the wheels
+    made here carry only an empty __init__.py): what `pip install` leaves in site-packages."""
+    site = tmp / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    for source in (PROJECT / "python/vendored_flash_attn").glob("*.py"):
+        (site / "vendored_flash_attn" / source.name).write_bytes(source.read_bytes())
+    return site
+
+
+def run_installed(tmp: Path, wheel: Path, *args: str):
+    site = install_like_pip(tmp, wheel)
+    # From outside the checkout, like cibuildwheel: the unpacked package, not python/.
+    return run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed", *args],
+               env=clean_env(PYTHONPATH=str(site)), cwd=tmp)
+
+
+def test_installed_passes_a_good_wheel(tmp_path):
+    result = run_installed(tmp_path, make_wheel(tmp_path / "w"),
+                           "--pin", str(PROJECT / "vendor/flash-attention/pin.json"))
+    assert result.returncode == 0, result.output
+    assert "PASS symbols: 2 modules load" in result.stdout, result.output
+
+
+@pytest.mark.parametrize("wheel_kwargs, message", [
+    ({"info": build_info(fa2={"built": False, "module": "_vendored_fa2_C", "reason": "off"},
+                         fa3={"built": False, "module": "_vendored_fa3_C", "reason": "off"}),
+      "modules": ()}, "neither fa2 nor fa3 was built"),
+    ({"info": build_info(package_version="0.1.0")}, "package_version '0.1.0' differs"),
+    ({"modules": ("_vendored_fa2_C",)}, "_vendored_fa3_C: ModuleNotFoundError"),
+])
+def test_installed_fails_a_wheel_that_is_not_what_its_build_info_says(tmp_path, wheel_kwargs, message):
+    result = run_installed(tmp_path, make_wheel(tmp_path / "w", **wheel_kwargs))
+    assert result.returncode == 1, result.output
+    assert message in result.stdout, result.output
+
+
+def test_installed_fails_clearly_on_a_damaged_build_info(tmp_path):
+    wheel = make_wheel(tmp_path / "w")
+    site = install_like_pip(tmp_path, wheel)
+    (site / "vendored_flash_attn/build_info.json").write_text('{"schema": 1, "pack')
+    result = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed"],
+                 env=clean_env(PYTHONPATH=str(site)), cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output
+    assert "FAIL build-info: build_info.json is not valid JSON" in result.stdout, result.output

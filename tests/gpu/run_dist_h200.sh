@@ -62,14 +62,17 @@ dist)
   dist=/tmp/vfa-dist && rm -rf "$dist" && mkdir -p "$dist"
   "$PY" dist-compile/cluster.py secrets --out "$dist/secrets.env"
   set -a; . "$dist/secrets.env"; set +a
+  "$PY" dist-compile/cluster.py scheduler --listen 127.0.0.1:10600 --dir "$dist/scheduler"
+  "$PY" dist-compile/cluster.py server-token --dir "$dist/scheduler" --public-addr 127.0.0.1:10501 \
+    --out "$dist/server.token"
   SCCACHE_LOG=info "$PY" dist-compile/cluster.py scheduler --listen 127.0.0.1:10600 --dir "$dist/scheduler" --run \
-    > "$RES/scheduler.log" 2>&1 &
+    --log "$RES/scheduler.log" &
   sched=$!
-  # The build server on this host: memory decides its slots (8 GB per unit).
-  SCCACHE_LOG=info VFA_DIST_SLOT_LOG="$RES/slots.log" "$PY" dist-compile/cluster.py server \
-    --scheduler-url http://127.0.0.1:10600 --public-addr 127.0.0.1:10501 --dir "$dist/server" \
-    --slots "${DIST_SLOTS:-0}" --run \
-    > "$RES/server.log" 2>&1 &
+  # The build server on this host: memory decides its slots (8 GB per unit). It holds
+  # only its token, never the scheduler's key.
+  env -u VFA_DIST_SERVER_KEY SCCACHE_LOG=info VFA_DIST_SLOT_LOG="$RES/slots.log" "$PY" dist-compile/cluster.py server \
+    --scheduler-url http://127.0.0.1:10600 --public-addr 127.0.0.1:10501 --token-file "$dist/server.token" \
+    --dir "$dist/server" --slots "${DIST_SLOTS:-0}" --run --log "$RES/server.log" &
   server=$!
   trap 'kill $sched $server 2>/dev/null || true; tar -czf "$FINAL/dist-results.tgz" -C "$RES" .' EXIT
   for _ in $(seq 100); do grep -q "Server connected to scheduler" "$RES/server.log" && break; sleep 0.2; done

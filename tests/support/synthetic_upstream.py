@@ -9,7 +9,11 @@ So a build whose file list and defines disagree fails exactly like the real one
 would (an undefined symbol at import), in seconds instead of an hour.
 
 The op registrations use the torch stable ABI like upstream, so the modules
-load with `import torch` first on a machine without a GPU.
+load with `import torch` first on a machine without a GPU. Each registration source
+defines the ops this package calls with their schemas (op_schemas.py) in upstream's own
+layout (FA2: a few arguments per string literal; FA3: one padded argument per literal, a
+comment between two), which the configure's schema check (cmake/op_schemas.py) reads; the
+tiny kernels are reached through ops of their own (tiny_varlen_fwd, tiny_fwd).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-FA2_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+from vendored_flash_attn import declaration as declared
+
+# The head dims upstream instantiates, as the project declares them (cmake/knobs.json).
+FA2_HEAD_DIMS = declared.FA2_HEAD_DIMS
 FA2_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
-FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
+FA3_HEAD_DIMS = declared.FA3_HEAD_DIMS
 FA3_DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 # variant suffix -> (Split, PagedKVNonTMA, Has_softcap, PackGQA), as upstream's generate_kernels.py
 FA3_VARIANTS = {
@@ -178,10 +185,11 @@ Tensor varlen_fwd(Tensor q, int64_t head_dim, bool is_bf16, bool is_causal, int6
 }
 }  // namespace FLASH_NAMESPACE
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
-    ops.def("varlen_fwd(Tensor! q, int head_dim, bool is_bf16, bool is_causal, int num_splits, bool sparse) -> Tensor");
+@REAL_OP_DEFS@
+    ops.def("tiny_varlen_fwd(Tensor! q, int head_dim, bool is_bf16, bool is_causal, int num_splits, bool sparse) -> Tensor");
 }
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
-    ops.impl("varlen_fwd", TORCH_BOX(&FLASH_NAMESPACE::varlen_fwd));
+    ops.impl("tiny_varlen_fwd", TORCH_BOX(&FLASH_NAMESPACE::varlen_fwd));
 }
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 """
@@ -272,10 +280,11 @@ Tensor fwd(Tensor q, int64_t head_dim, int64_t head_dim_v, int64_t dtype, bool p
     return q;
 }
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
-    ops.def("fwd(Tensor! q, int head_dim, int head_dim_v, int dtype, bool paged, int num_splits, float softcap) -> Tensor");
+@REAL_OP_DEFS@
+    ops.def("tiny_fwd(Tensor! q, int head_dim, int head_dim_v, int dtype, bool paged, int num_splits, float softcap) -> Tensor");
 }
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
-    ops.impl("fwd", TORCH_BOX(&fwd));
+    ops.impl("tiny_fwd", TORCH_BOX(&fwd));
 }
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 """
@@ -437,13 +446,94 @@ def _write_tree(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
+def _fa2_style_def(schema: str) -> str:
+    """``ops.def`` as upstream's csrc/flash_attn/flash_api_torch_lib.cpp writes it: a few
+    arguments per string literal."""
+    pieces = [piece + ", " for piece in schema.split(", ")]
+    pieces[-1] = pieces[-1][:-2]
+    lines, line = [], ""
+    for piece in pieces:
+        if line and len(line) + len(piece) > 90:
+            lines.append(line)
+            line = ""
+        line += piece
+    lines.append(line)
+    return "    ops.def(" + "\n            ".join(f'"{text}"' for text in lines) + ");\n"
+
+
+def _fa3_style_def(schema: str) -> str:
+    """``ops.def`` as upstream's hopper/flash_api_torch_lib.cpp writes it: one argument per
+    string literal, padded into columns, and a comment between two literals."""
+    name, rest = schema.split("(", 1)
+    arguments = [" ".join(a.split()) for a in rest.rsplit(")", 1)[0].split(",")]
+    tail = ")" + rest.rsplit(")", 1)[1]
+    padded = [f"{a.split(' ')[0]:<8} {a.split(' ')[1]}" for a in arguments]
+    literals = [f"{name}({padded[0]},"] + [f"    {a}," for a in padded[1:]]
+    literals[-1] = literals[-1][:-1] + tail
+    body = "\n            ".join(f'"{text}"' for text in literals[:2])
+    body += " // like upstream: a comment between the literals\n            "
+    body += "\n            ".join(f'"{text}"' for text in literals[2:])
+    return f"    ops.def({body});\n"
+
+
+def _registrations(namespace: str, style) -> str:
+    # Imported here: tests/conftest.py imports this module for every run, the GPU run too,
+    # where the package comes from the installed wheel.
+    from vendored_flash_attn import op_schemas
+
+    return "".join(style(schema) for (ns, _), schema in op_schemas.OP_SCHEMAS.items() if ns == namespace)
+
+
+def fa4_cute_files() -> dict[str, str]:
+    """A tiny stand-in for upstream's ``flash_attn/cute`` (FA4, CuTe DSL Python kernels).
+
+    What the FA4 packaging relies on, and nothing else: modules that import each other by
+    absolute ``flash_attn.cute`` names (plain, ``as``, parenthesised multi-line), a
+    ``pyproject.toml`` whose dependencies are the ``fa4`` extra's (derived from the extra,
+    the one declaration: less what fa4_deps adds, plus what it leaves to our own
+    requirements), the licence files that ship, files that must not ship, and a
+    ``flash_attn/__init__.py`` that fails when imported, as upstream's does without FA2's
+    compiled module: staging and the staged copy must never need it.
+    """
+    from vendored_flash_attn import fa4_deps
+
+    pin_dependencies = [r for r in fa4_deps.required() if fa4_deps.requirement_name(r) not in fa4_deps.ADDED_TO_PIN]
+    pin_dependencies += list(fa4_deps.NOT_IN_EXTRA)
+    listed = ", ".join(f'"{r}"' for r in pin_dependencies)
+    return {
+        "flash_attn/__init__.py": 'raise ImportError("synthetic upstream: flash_attn needs FA2\'s compiled module")\n',
+        "flash_attn/cute/__init__.py": (
+            '"""Synthetic FA4."""\n'
+            "from importlib.metadata import PackageNotFoundError, version\n"
+            "try:\n    __version__ = version(\"fa4\")\nexcept PackageNotFoundError:\n    __version__ = \"0.0.0\"\n"
+            "from flash_attn.cute.interface import flash_attn_varlen_func  # noqa: E402\n"),
+        "flash_attn/cute/interface.py": (
+            "import flash_attn.cute.utils as utils\n"
+            "from flash_attn.cute.cache_utils import get_jit_cache\n"
+            "from flash_attn.cute import (\n    utils as utils_again,\n)\n\n"
+            "def _flash_attn_fwd(q, k, v, **kwargs):\n    return utils.ORIGIN, kwargs\n\n"
+            "def flash_attn_varlen_func(q, k, v, **kwargs):\n    return _flash_attn_fwd(q, k, v, **kwargs)\n"),
+        "flash_attn/cute/utils.py": "ORIGIN = __name__  # the package this copy lives in\n",
+        "flash_attn/cute/cache_utils.py": "def get_jit_cache(kind):\n    return {}\n",
+        "flash_attn/cute/sub/__init__.py": "from flash_attn.cute.utils import ORIGIN  # noqa: F401\n",
+        "flash_attn/cute/pyproject.toml": (
+            '[project]\nname = "fa4"\ndynamic = ["version"]\n'
+            f"dependencies = [{listed}]\n"),
+        "flash_attn/cute/LICENSE": "BSD 3-Clause License (synthetic)\n",
+        "flash_attn/cute/AUTHORS": "synthetic\n",
+        "flash_attn/cute/README.md": "# synthetic FA4\n",
+        "flash_attn/cute/MANIFEST.in": "include LICENSE\n",
+    }
+
+
 def flash_attention_files() -> dict[str, str]:
     files = {
         "CMakeLists.txt": "# synthetic upstream: built by vendored-flash-attn's own CMake\n",
         "csrc/common/registration.h": REGISTRATION_H,
         "csrc/flash_attn/flash_api.cpp": FA2_FLASH_API_CPP,
         "csrc/flash_attn/flash_api_sparse.cpp": FA2_FLASH_API_SPARSE_CPP,
-        "csrc/flash_attn/flash_api_torch_lib.cpp": FA2_TORCH_LIB_CPP,
+        "csrc/flash_attn/flash_api_torch_lib.cpp": FA2_TORCH_LIB_CPP.replace(
+            "@REAL_OP_DEFS@\n", _registrations("_vendored_fa2_C", _fa2_style_def)),
         "csrc/flash_attn/src/namespace_config.h": NAMESPACE_CONFIG_H,
         "csrc/flash_attn/src/flash.h": FA2_FLASH_H,
         "csrc/flash_attn/src/flash_sparse.h": FA2_FLASH_SPARSE_H,
@@ -454,7 +544,8 @@ def flash_attention_files() -> dict[str, str]:
         "hopper/static_switch.h": FA3_STATIC_SWITCH_H,
         "hopper/flash_fwd_launch_template.h": FA3_LAUNCH_TEMPLATE_H,
         "hopper/flash_api.cpp": _fa3_flash_api_cpp(),
-        "hopper/flash_api_torch_lib.cpp": FA3_TORCH_LIB_CPP,
+        "hopper/flash_api_torch_lib.cpp": FA3_TORCH_LIB_CPP.replace(
+            "@REAL_OP_DEFS@\n", _registrations("_vendored_fa3_C", _fa3_style_def)),
         "hopper/flash_fwd_combine.cu": FA3_COMBINE_CU,
         "hopper/flash_prepare_scheduler.cu": FA3_PREPARE_SCHEDULER_CU,
         # Large files the build never reads stay out of the sparse checkout.
@@ -462,6 +553,7 @@ def flash_attention_files() -> dict[str, str]:
     }
     files.update({f"csrc/flash_attn/src/{k}": v for k, v in _fa2_instantiations().items()})
     files.update({f"hopper/instantiations/{k}": v for k, v in _fa3_instantiations().items()})
+    files.update(fa4_cute_files())
     return files
 
 

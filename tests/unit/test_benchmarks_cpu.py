@@ -45,7 +45,7 @@ def test_causal_pairs_match_brute_force(lq, lk):
 
 def test_flops_conventions():
     h, d = 32, 128
-    # ANCHORS.md convention: 4 * b * s^2 * h * d, halved for causal
+    # docs/anchors.md convention: 4 * b * s^2 * h * d, halved for causal
     assert common.attention_flops([2048] * 8, [2048] * 8, h, d, False, "half") == 4 * 8 * 2048**2 * h * d
     assert common.attention_flops([2048] * 8, [2048] * 8, h, d, True, "half") == 2 * 8 * 2048**2 * h * d
     # exact causal pairs: s(s+1)/2 per sequence

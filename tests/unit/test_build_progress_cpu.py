@@ -107,6 +107,35 @@ def test_warnings_from_template_instantiations_keep_their_context():
     assert compiler_output.filter_output(text, ["/elsewhere"]) == (text, 0)
 
 
+# What ptxas printed for the FP8 kernels of the pinned upstream (issue 19; function name shortened).
+PTXAS_C7514 = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+               "due to non wgmma instructions defining accumulator registers of a wgmma between start and end of "
+               "the pipeline stage in the function '_ZN7cutlass13device_kernelIN5flash11FlashAttnFwdE'\n")
+
+
+def test_ptxas_performance_notes_on_upstream_kernels_are_noise():
+    other = "ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes spill stores\n"
+    upstream_unit = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
+    assert compiler_output.filter_output(PTXAS_C7514 * 3 + other, ROOTS, upstream_unit) == (other, 3)
+    # A unit of ours, or no source known: shown.
+    ours = "/build/generated/ours.cu"
+    assert compiler_output.filter_output(PTXAS_C7514 + other, ROOTS, ours) == (PTXAS_C7514 + other, 0)
+    assert compiler_output.filter_output(PTXAS_C7514, ROOTS) == (PTXAS_C7514, 0)
+
+
+def test_the_launcher_counts_ptxas_notes_on_upstream_units_with_the_hidden_warnings(tmp_path):
+    import subprocess
+    note = PTXAS_C7514.replace("'", "'\\''")
+    source = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(tmp_path),
+                          "--quiet-under", FA, "--", "sh", "-c", f"printf '%s' '{note}'", "-c", source,
+                          "-o", "CMakeFiles/m.dir/x.cu.o"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == ""
+    assert "(C7514)" in (tmp_path / "vfa-compile.log").read_text()
+    end = (tmp_path / "vfa-progress.tsv").read_text().splitlines()[-1].split("\t")
+    assert end[0] == "end" and end[5] == "1"
+
+
 def test_a_root_is_a_folder_not_a_prefix():
     text = f"{CUTLASS}-patched/include/x.h:1:1: warning: something\n"
     assert compiler_output.filter_output(text, ROOTS) == (text, 0)
@@ -191,6 +220,48 @@ def test_running_units_count_with_what_is_left_of_them():
     assert 0 < s.seconds_left(1400.0) < 40
 
 
+FA2_SPLIT = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_split_hdim128_bf16_{}sm80.cu.o"
+
+
+def test_a_running_unit_is_expected_to_take_its_own_kinds_time():
+    """Issue 16: on the H200 "about 10 s left" stood for the last 2.5 minutes while an FA2
+    split-KV unit ran 6:17: the other FA2 units' mean had set its expected time."""
+    assert build_monitor.unit_kind(FA2_SPLIT.format("")) == "FA2 CUDA, split-KV"
+    s = state(jobs=2, planned={FA2.format("a"), FA2.format("b"), FA2_SPLIT.format("")})
+    ref = build_monitor.REFERENCE_SECONDS
+    finish(s, FA2.format("a"), 1000, ref["FA2 CUDA"])
+    finish(s, FA2.format("b"), 1000, ref["FA2 CUDA"])
+    s.apply(["start", "1000.0", FA2_SPLIT.format("")])
+    left = s.seconds_left(1180.0)
+    assert left == pytest.approx(ref["FA2 CUDA, split-KV"] - 180)
+
+
+def test_the_pace_of_this_machine_counts_once_units_run_past_the_reference():
+    """Issue 19, 2-core machine: "15 min left" at 3:08 with 30.8 min to go. Only .cpp units
+    had finished (at their reference time); the FA3 units running had taken twice theirs."""
+    ref = build_monitor.REFERENCE_SECONDS
+    fa3 = [FA3.format(v) for v in "abcdefgh"]
+    s = state(jobs=2, planned=set(fa3) | {CPP.format("")})
+    finish(s, CPP.format(""), 1000, ref["C++"])
+    s.apply(["start", "1005.0", fa3[0]])
+    s.apply(["start", "1005.0", fa3[1]])
+    now = 1005.0 + 2 * ref["FA3 CUDA"]
+    assert s.pace(now) == pytest.approx((ref["C++"] + 4 * ref["FA3 CUDA"]) / (ref["C++"] + 2 * ref["FA3 CUDA"]))
+    # 6 FA3 units wait, 3 a job, each at this machine's pace (about twice the reference)
+    assert s.seconds_left(now) > 3 * 1.9 * ref["FA3 CUDA"]
+
+
+def test_the_pace_weighs_units_by_their_reference_time():
+    """A few quick .cpp units finishing fast must not make the CUDA units look fast."""
+    ref = build_monitor.REFERENCE_SECONDS
+    s = state(jobs=1, planned={CPP.format(""), CPP.format("_2"), FA3.format("a"), FA2.format("a")})
+    finish(s, CPP.format(""), 1000, 1)
+    finish(s, CPP.format("_2"), 1001, 1)
+    finish(s, FA3.format("a"), 1002, 2 * ref["FA3 CUDA"])
+    assert s.cost("FA2 CUDA", 1400.0) == pytest.approx(
+        ref["FA2 CUDA"] * (2 + 2 * ref["FA3 CUDA"]) / (2 * ref["C++"] + ref["FA3 CUDA"]))
+
+
 def test_events_of_an_earlier_build_are_ignored():
     s = state(jobs=2, planned={FA3.format("a")})
     s.apply(["end", "900.0", FA3.format("z"), "1", "1.0", "0"])
@@ -257,3 +328,137 @@ def test_the_launcher_shows_everything_when_it_cannot_keep_a_log(tmp_path):
 def test_a_compiler_killed_by_a_signal_fails_the_unit(tmp_path):
     run = launch(tmp_path, "kill -9 $$")
     assert run.returncode == 137
+
+
+# --- an interrupt stops every compile, through the compiler cache's server too ---------------
+
+# A gcc that compiles `slow_unit.c` slowly: sccache detects and preprocesses with it as with
+# gcc (it runs the real one), and runs the compile itself from its server, where it sleeps.
+# Each step leaves <step>.<pid> in $SLOW_MARKERS ("preprocess", "compile", "compiled").
+SLOW_GCC = """#!/bin/sh
+case " $* " in
+  *slow_unit.c*)
+    case " $* " in
+      *" -E "*) touch "$SLOW_MARKERS/preprocess.$$"; sleep "${SLOW_PREPROCESS:-0}" ;;
+      *) touch "$SLOW_MARKERS/compile.$$"; sleep 60; touch "$SLOW_MARKERS/compiled.$$" ;;
+    esac ;;
+esac
+exec gcc "$@"
+"""
+
+
+@pytest.fixture
+def slow_cache(tmp_path):
+    """A private sccache (its own port and cache dir) and the slow gcc. The server is
+    started by the first compile's client, as when a build finds none running."""
+    import socket
+    import subprocess
+    from support.cmake_runner import clean_env, tool
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    gcc = tmp_path / "slow-gcc"
+    gcc.write_text(SLOW_GCC)
+    gcc.chmod(0o755)
+    (tmp_path / "slow_unit.c").write_text(f"int slow_unit_{port}(void) {{ return {port}; }}\n")
+    env = clean_env(SCCACHE_SERVER_PORT=str(port), SCCACHE_DIR=str(tmp_path / "cache"),
+                    SCCACHE_IDLE_TIMEOUT="120", SCCACHE_ERROR_LOG=str(tmp_path / "sccache.log"),
+                    SLOW_MARKERS=str(markers))
+    sccache = tool("sccache")
+    yield {"env": env, "sccache": sccache, "gcc": gcc, "markers": markers, "dir": tmp_path}
+    subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, seconds: float) -> bool:
+    import time
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def interrupted_compile(slow_cache, step: str, **env):
+    """compile_unit.py in front of `sccache slow-gcc`, run as ninja runs a job (a process
+    group of its own), and interrupted as ninja interrupts one (SIGINT to that group) once
+    the slow gcc is at `step`."""
+    import os
+    import signal
+    import subprocess
+    import time
+    c = slow_cache
+    launcher = subprocess.Popen(
+        [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(c["dir"]), "--",
+         c["sccache"], str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
+        cwd=c["dir"], env={**c["env"], **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        assert wait_for(lambda: any(c["markers"].glob(f"{step}.*")), 60), "the slow gcc never started"
+        time.sleep(0.3)
+        os.killpg(launcher.pid, signal.SIGINT)
+        interrupted = time.time()
+        out, _ = launcher.communicate(timeout=40)
+        return launcher.returncode, out, time.time() - interrupted
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_an_interrupt_stops_the_compile_the_cache_server_runs(slow_cache):
+    """Issue 19: after a Ctrl-C the sccache server kept the running compiles going for
+    minutes (the compiler is the server's child, not the launcher's)."""
+    import subprocess
+    rc, out, seconds = interrupted_compile(slow_cache, "compile")
+    [compile_marker] = slow_cache["markers"].glob("compile.*")
+    compiler = int(compile_marker.suffix[1:])
+    assert wait_for(lambda: not alive(compiler), 5), "the server still runs the compile"
+    assert rc == 130 and seconds < 20
+    assert out.count("interrupted") == 1 and "stopped the compile of slow_unit.o" in out, out
+    events = [line.split("\t") for line in (slow_cache["dir"] / "vfa-progress.tsv").read_text().splitlines()]
+    assert [e[0] for e in events] == ["start", "stopped"]
+    # The server the client started is still there for the next build: only the compile went.
+    stats = subprocess.run([slow_cache["sccache"], "--show-stats"], env=slow_cache["env"], capture_output=True,
+                           text=True, timeout=30)
+    assert stats.returncode == 0, stats.stderr
+
+
+def test_an_interrupt_while_the_server_preprocesses_stops_the_compile_to_come(slow_cache):
+    """Issue 19: one compiler process started 6 s after the interrupt (the server was still
+    preparing the compile it had been handed)."""
+    rc, out, _ = interrupted_compile(slow_cache, "preprocess", SLOW_PREPROCESS="3")
+    assert rc == 130
+    assert not wait_for(lambda: any(slow_cache["markers"].glob("compile.*")), 6), \
+        "the server started the compile after the interrupt"
+
+
+def test_an_interrupt_while_the_compile_starts_is_not_lost(tmp_path):
+    """Issue 16: a signal between the launcher's handlers and the compile's start was
+    swallowed (the handler had no process to pass it to) and the compile ran to its end.
+    Here the launcher's process gets a real SIGINT just as it starts the compile."""
+    import subprocess
+    done = tmp_path / "compiled"
+    hook = ("import os, runpy, signal, subprocess, sys\n"
+            "start = subprocess.Popen\n"
+            "def interrupted_start(*args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return start(*args, **kwargs)\n"
+            "subprocess.Popen = interrupted_start\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, str(CMAKE_DIR / "compile_unit.py"),
+                          str(tmp_path), "--", "sh", "-c", f"sleep 3; touch {done}", "-o", "x.o"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 130, run.stderr
+    assert "interrupted (SIGINT)" in run.stderr
+    assert not wait_for(done.exists, 4), "the compile ran to its end"

@@ -100,3 +100,33 @@ def test_text_report_names_the_knobs_not_at_their_default(describe, capsys):
     assert cli.main(["info"]) == 0
     assert "knobs not at their default: none" in capsys.readouterr().out
 
+
+
+def test_mirror_knobs_show_the_recorded_url(describe, capsys):
+    """Issue 19: the mirror knobs showed as "(not recorded)" while the build info holds the
+    URL each source came from (without credentials)."""
+    from vendored_flash_attn.build_info import BuildInfo
+    build = make_build("minimal", options={
+        "FLASH_ATTN_MIRROR": {"value": "(not recorded)", "origin": "env:FLASH_ATTN_MIRROR"},
+        "CUTLASS_MIRROR": {"value": "(not recorded)", "origin": "cmake"}})
+    raw = dict(build.raw)
+    raw["upstream"] = {**raw["upstream"], "url": "https://mirror.example/flash-attention.git"}
+    raw["cutlass"] = {**raw["cutlass"], "url": "file:///srv/mirrors/cutlass.git"}
+    describe(caps=(), build=BuildInfo.from_dict(raw))
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "(not recorded)" not in text
+    assert ("CUTLASS_MIRROR=file:///srv/mirrors/cutlass.git (as recorded for cutlass, credentials left out) "
+            "(cmake)") in text
+    assert "FLASH_ATTN_MIRROR=https://mirror.example/flash-attention.git" in text
+
+
+def test_the_report_names_the_packages_own_version(describe, capsys, monkeypatch):
+    import vendored_flash_attn
+    monkeypatch.setattr(vendored_flash_attn, "__version__", "1.2.3+fa617264c.cu13", raising=False)
+    describe(caps=(), build=make_build("minimal"))
+    assert cli.main(["info"]) == 0
+    assert capsys.readouterr().out.startswith("vendored-flash-attn 1.2.3+fa617264c.cu13\n")
+    assert cli.main(["info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["package"] == {"name": "vendored-flash-attn",
+                                                              "version": "1.2.3+fa617264c.cu13"}

@@ -1,10 +1,16 @@
 """The exact arguments handed to the ops, against fake ops with the upstream schemas.
 
 The fake ops are defined from the package's copy of upstream's ``ops.def`` strings
-(op_schemas.py, compared with the compiled modules by a GPU test) and bind the
+(op_schemas.py) and bind the
 interface's positional arguments to the schema's parameter names. The ``*_every_argument``
 tests name the expected value of every parameter, with values chosen so that no two
 parameters of the same type share one: two swapped positional arguments fail them.
+
+That copy is upstream's, not an assumption of the code under test: every configure reads
+the pinned upstream's registration sources and stops when they register another schema
+(cmake/op_schemas.py), test_op_schemas.py fails until the pinned commit is recorded as
+checked with these very schemas (so a pin bump fails on the CPU machine until the check ran
+on its sources), and a GPU test compares them with the compiled modules.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ makes, and every knob name the project reads must be declared."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -130,3 +131,80 @@ def test_suggest_command_prints_pairs_for_cmake():
     out = subprocess.run([sys.executable, str(PROJECT / "cmake/knobs.py"), "suggest", "VFA_PRESTE", "VFA_XYZZY"],
                          capture_output=True, text=True, check=True)
     assert out.stdout == "VFA_PRESTE=VFA_PRESET\n"
+
+
+# --- one bool-word list, one head-dim table: every reader takes them from the declaration ---
+
+READERS_SCRIPT = """include("{cmake}/KernelSelection.cmake")
+vfa_option(VFA_FA2_PTX)
+message(NOTICE "ON=${{VFA_BOOL_WORDS_ON}}")
+message(NOTICE "OFF=${{VFA_BOOL_WORDS_OFF}}")
+message(NOTICE "TEXT=${{VFA_BOOL_WORDS_TEXT}}")
+message(NOTICE "FA2=${{VFA_FA2_ALL_HEAD_DIMS}}")
+message(NOTICE "FA3=${{VFA_FA3_ALL_HEAD_DIMS}}")
+message(NOTICE "PTX=${{VFA_FA2_PTX}}")
+"""
+
+PYTHON_READERS = """import json, sys
+sys.path.insert(0, sys.argv[1])
+import knobs
+from vendored_flash_attn import declaration, kernels, versioning
+print(json.dumps({"knobs.py": [knobs.BOOL_ON, knobs.BOOL_OFF],
+                  "declaration.py": [declaration.BOOL_ON, declaration.BOOL_OFF, declaration.BOOL_WORDS_TEXT],
+                  "kernels.py": [kernels.FA2_HEAD_DIM_BUCKETS, kernels.FA3_HEAD_DIM_BUCKETS],
+                  "versioning.py": versioning.want_local({"VFA_VERSION_LOCAL": sys.argv[2]}, False),
+                  "knobs.py value check": knobs.value_problem(knobs.load().knobs["VFA_FA2_PTX"], sys.argv[2])}))
+"""
+
+
+def read_by_every_reader(project: Path, word: str, work: Path) -> tuple[dict, dict]:
+    """What the CMake readers and the Python readers of <project> take from its declaration;
+    <word> is given to a bool knob each side (VFA_FA2_PTX, VFA_VERSION_LOCAL)."""
+    script = work / "readers.cmake"
+    script.write_text(READERS_SCRIPT.format(cmake=project / "cmake"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFA_")}
+    out = subprocess.run([str(Path(sys.executable).parent / "cmake"), "-P", str(script)], capture_output=True,
+                         text=True, env={**env, "VFA_FA2_PTX": word})
+    assert out.returncode == 0, out.stdout + out.stderr
+    cmake = dict(line.split("=", 1) for line in out.stderr.splitlines() + out.stdout.splitlines() if "=" in line)
+    out = subprocess.run([sys.executable, "-c", PYTHON_READERS, str(project / "cmake"), word], capture_output=True,
+                         text=True, env={**env, "PYTHONPATH": str(project / "python")})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return cmake, json.loads(out.stdout)
+
+
+def test_every_reader_takes_the_bool_words_and_head_dims_from_the_declaration(tmp_path):
+    data = json.loads((PROJECT / "cmake/knobs.json").read_text())
+    on, off = data["bool_words"]["on"], data["bool_words"]["off"]
+    fa2 = [int(h) for h in data["knobs"]["VFA_FA2_HEAD_DIMS"]["choices"]]
+    fa3 = [int(h) for h in data["knobs"]["VFA_FA3_HEAD_DIMS"]["choices"]]
+    cmake, python = read_by_every_reader(PROJECT, "yes", tmp_path)
+    assert cmake["ON"].split(";") == on and cmake["OFF"].split(";") == off
+    assert cmake["FA2"].split(";") == [str(h) for h in fa2] and cmake["FA3"].split(";") == [str(h) for h in fa3]
+    assert python["knobs.py"] == [on, off]
+    assert python["declaration.py"] == [[w.lower() for w in on], [w.lower() for w in off], cmake["TEXT"]]
+    assert python["kernels.py"] == [fa2, fa3]
+
+
+def test_a_change_of_the_declaration_reaches_every_reader(tmp_path):
+    """A bool word and an FA3 head dim added to a copy of the project's declaration: CMake,
+    cmake/knobs.py and the package all take them, with no other edit."""
+    project = tmp_path / "project"
+    for folder in ("cmake", "python/vendored_flash_attn"):
+        for source in (PROJECT / folder).glob("*.*"):
+            (project / folder).mkdir(parents=True, exist_ok=True)
+            (project / folder / source.name).write_bytes(source.read_bytes())
+    declaration = project / "cmake/knobs.json"
+    data = json.loads(declaration.read_text())
+    data["bool_words"]["on"].append("JA")
+    data["bool_words"]["off"].append("NEIN")
+    data["knobs"]["VFA_FA3_HEAD_DIMS"]["choices"].append("512")
+    declaration.write_text(json.dumps(data))
+
+    cmake, python = read_by_every_reader(project, "nein", tmp_path)
+    assert cmake["OFF"].endswith(";NEIN") and cmake["PTX"] == "OFF"  # CMake normalises the new word
+    assert cmake["TEXT"].endswith("JA/NEIN (any case)")
+    assert cmake["FA3"].endswith(";256;512")
+    assert python["knobs.py"][1][-1] == "NEIN" and python["knobs.py value check"] is None
+    assert python["declaration.py"][1][-1] == "nein" and python["versioning.py"] is False
+    assert python["kernels.py"][1][-1] == 512

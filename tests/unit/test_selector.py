@@ -221,3 +221,59 @@ def test_missing_module_is_reported_not_raised():
 
     error = _import_module(3, "_no_such_module")
     assert error.startswith("ModuleNotFoundError") and "_no_such_module" in error
+
+
+# --- a damaged build_info.json: the selector answers None with the reason, never raises ----
+
+# The real SystemEnvironment (which reads the installed file) on a machine that looks like
+# one with a Hopper GPU: without a GPU the selector answers before it reads the build info.
+_PROBE = """
+import json, torch
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.current_device = lambda: 0
+torch.cuda.get_device_capability = lambda index=None: (9, 0)
+import vendored_flash_attn as vfa
+print(json.dumps({"version": vfa.get_flash_attn_version(),
+                  "reason": vfa.flash_attn_version_reason(),
+                  "supported": vfa.is_fa_version_supported(3),
+                  "why_not": vfa.fa_version_unsupported_reason(3)}))
+"""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-an-object", "wrong-type"])
+def test_a_damaged_build_info_file_is_a_reason_not_an_exception(tmp_path, damage):
+    """The installed package with a build_info.json cut short by a full disk or an
+    interrupted copy (or edited by hand): the selector says why it picks nothing, and
+    ``info`` reports the file as unreadable with the fix, exit status 1, no traceback."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site = tmp_path / "site"
+    package = Path(selector.__file__).parent
+    shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    text = json.dumps(make_build("minimal").raw)
+    damaged = {"truncated": text[: len(text) // 2],
+               "not-an-object": "[1, 2]",
+               "wrong-type": json.dumps({**make_build("minimal").raw, "fa3": "yes"})}[damage]
+    (site / package.name / "build_info.json").write_text(damaged)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    answer = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert answer["version"] is None and answer["supported"] is False, answer
+    assert "build_info.json" in answer["reason"] and "reinstall" in answer["reason"], answer
+    assert "build_info.json" in answer["why_not"], answer
+
+    info = subprocess.run([sys.executable, "-m", "vendored_flash_attn", "info"], env=env,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert info.returncode == 1, info.stdout + info.stderr
+    assert "Traceback" not in info.stderr, info.stderr
+    expected = {"truncated": "is not valid JSON", "not-an-object": "not an object",
+                "wrong-type": "a field this package cannot read"}[damage]
+    assert expected in info.stdout and "reinstall the package" in info.stdout, info.stdout

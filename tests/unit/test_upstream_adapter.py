@@ -21,7 +21,11 @@ sys.path[:0] = [str(UPSTREAM), str(UPSTREAM / "shim")]
 
 import run_upstream_tests as runner  # noqa: E402
 import upstream_summary  # noqa: E402
-from runtime_fakes import AMPERE  # noqa: E402
+from runtime_fakes import AMPERE, HOPPER, make_build  # noqa: E402
+from vendored_flash_attn import kernels, selector  # noqa: E402
+
+# The wheel the NOT_BUILT refusal below came from: FA2 without float16.
+MINIMAL_BUILD = make_build("minimal").raw
 
 # --- the runner's input ---------------------------------------------------------------------
 
@@ -113,7 +117,7 @@ def test_summary_counts_per_function_and_classifies_failures(tmp_path):
               calls=None, aot_schedule="True", fa_version="2"),
         _case("test_flash_attn_with_paged_kv[e]", "error", "RuntimeError: CUDA error 700", calls=None),
     )
-    summary = upstream_summary.summarize(upstream_summary.read_junit(path))
+    summary = upstream_summary.summarize(upstream_summary.read_junit(path), build=MINIMAL_BUILD)
     assert summary["functions"]["test_sparse_attention"] == dict(
         passed=2, failed=2, error=0, skipped=0, passed_without_api_call=1)
     assert summary["functions"]["test_varlen_with_paged_kv"] == dict(
@@ -143,9 +147,52 @@ def test_summary_is_ok_with_only_expected_failures(tmp_path):
                   _case("test_varlen_with_paged_kv[x]", "failed", METADATA, aot_schedule="True",
                         fa_version="3"),
                   _case("test_b[2]", "failed", NOT_BUILT))
-    summary = upstream_summary.summarize(upstream_summary.read_junit(path))
+    summary = upstream_summary.summarize(upstream_summary.read_junit(path), build=MINIMAL_BUILD)
     assert summary["unexpected"] == 0 and summary["ok"] is True
     assert upstream_summary.summarize([])["ok"] is False  # nothing ran: not a pass
+
+
+def _refusals():
+    """(message, build that lacks the kernel, build that has it): each refusal of a kernel
+    the package makes, produced by the package's own code, so the summary's patterns follow
+    its wording."""
+    full = make_build("full")
+    no_fa3 = make_build("full", fa3={"built": False, "reason": "nvcc 12.2 is older than 12.3"})
+    lacking = make_build("minimal", fa2={"features": ["sparse"], "head_dims": [64]})
+    minimal = make_build("minimal")
+    no_hdimdiff = make_build("full", fa3={"features": ["paged", "split"]})
+    return [pytest.param(*row, id=row[0]) for row in [
+        ("dtype", kernels.dtype_problem(2, minimal.fa2, "fp16"), minimal, full),
+        ("fa2-head-dim", kernels.head_size_problem(2, minimal.fa2, 256), minimal, full),
+        ("fa3-head-dim", kernels.head_size_problem(3, minimal.fa3, 256), minimal, full),
+        ("fa3-feature", kernels.feature_problem(minimal.fa3, "softcap"), minimal, full),
+        ("fa3-hdimdiff", kernels.head_size_problem(3, no_hdimdiff.fa3, 192, 128), no_hdimdiff, full),
+        ("sparse", kernels.sparse_problem(minimal.fa2), minimal, full),
+        ("sparse-head-dim", kernels.sparse_problem(lacking.fa2), lacking, full),
+        ("no-fa3", "fa3-version", no_fa3, full),
+    ]]
+
+
+@pytest.mark.parametrize("kind, message, lacking, having", _refusals())
+def test_a_refusal_is_excused_only_when_the_build_info_agrees(describe, kind, message, lacking, having):
+    if message == "fa3-version":
+        describe(caps=(HOPPER,), build=lacking)
+        message = selector.version_problem(3, 0)
+    assert message, kind
+    case = upstream_summary.Case("test_x", "test_x[1]", "failed",
+                                 f"vendored_flash_attn.errors.FlashAttnTypeError: q: {message}", {}, 1)
+    assert upstream_summary.classify(case, lacking.raw)[0] == "not-built", message
+    # The same refusal from a wheel whose build info says the kernel is there: a wrong refusal.
+    category, why = upstream_summary.classify(case, having.raw)
+    assert (category, "a wrong refusal" in why) == ("unexpected", True), message
+    # No build info to check against: not excused.
+    assert upstream_summary.classify(case, None)[0] == "unexpected"
+
+
+def test_a_rebuild_hint_alone_excuses_nothing():
+    case = upstream_summary.Case("test_x", "test_x[1]", "failed",
+                                 "RuntimeError: the kernel crashed; rebuild the wheel with VFA_PRESET=full", {}, 1)
+    assert upstream_summary.classify(case, make_build("minimal").raw) == ("unexpected", "")
 
 
 SYNTHETIC = '''

@@ -115,7 +115,7 @@ def preflight(python: str, env: dict, cwd: Path) -> dict:
             "'cuda_available': torch.cuda.is_available(), "
             "'fa2': {'dtypes': b.fa2.dtypes, 'head_dims': b.fa2.head_dims, 'features': b.fa2.features}, "
             "'fa3': {'built': b.fa3.built, 'dtypes': b.fa3.dtypes, 'head_dims': b.fa3.head_dims, "
-            "'features': b.fa3.features}}))\n")
+            "'features': b.fa3.features}, 'build': b.raw}))\n")
     result = subprocess.run([python, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
         err = result.stderr.strip().splitlines()[-1:] or ["?"]
@@ -168,7 +168,8 @@ def run(args) -> int:
         code = subprocess.run(command, env=env, cwd=scratch).returncode
     if not junit.exists():
         raise RunnerError(f"pytest exited with {code} and wrote no JUnit XML")
-    summary = summarize(read_junit(junit))
+    # The build info checks every refusal of a kernel (upstream_summary.classify).
+    summary = summarize(read_junit(junit), build=machine["build"])
     summary.update(upstream_file=file_info, adapter=ADAPTER_NOTE, machine=machine, pytest_exit=code)
     (out / "upstream-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print()

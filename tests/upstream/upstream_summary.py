@@ -2,8 +2,12 @@
 the JUnit XML, failure reasons grouped, and each failure classified as
 
 * ``upstream-file``: a case upstream's file itself gets wrong (KNOWN_UPSTREAM_DEFECTS),
-* ``not-built``: this wheel refused a kernel it was built without (a build choice),
-* ``unexpected``: anything else - a defect of this package until shown otherwise.
+* ``not-built``: this wheel refused a kernel it was built without (a build choice): the
+  refusal names the kernel (a dtype, head dim, feature or a whole FA version) and the
+  wheel's build info confirms it was not built,
+* ``unexpected``: anything else - a defect of this package until shown otherwise; also a
+  refusal of a kernel the build info says was built (a wrong refusal), and any refusal when
+  no build info was given to check it against.
 
 The JUnit XML carries, per test case, the properties upstream_plugin.py records
 (``param:<name>`` and ``api_calls``). Used by run_upstream_tests.py; tested on CPU with a
@@ -51,9 +55,41 @@ KNOWN_UPSTREAM_DEFECTS = [
     ),
 ]
 
-# Messages of this package's refusals of kernels the wheel was built without.
-NOT_BUILT = re.compile(r"this wheel (has no|was built without|does not contain)|which this wheel"
-                       r"|VFA_FA2_FEATURES=sparse|rebuild (the wheel )?with")
+def _built_dtype(torch_name: str) -> Optional[str]:
+    """The build-info name ("fp16") of a dtype as a refusal shows it ("float16")."""
+    import torch
+    from vendored_flash_attn.kernels import dtype_name
+
+    dtype = getattr(torch, torch_name, None)
+    return dtype_name(dtype) if isinstance(dtype, torch.dtype) else None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One of this package's refusals of a kernel the wheel lacks (kernels.py, selector.py):
+    the message's pattern (its ``version`` group names the component) and what the build
+    info must say for the refusal to be right, given the component's build info."""
+
+    pattern: re.Pattern
+    not_built: Callable[[dict, re.Match], bool]
+
+
+NOT_BUILT_REFUSALS = [
+    Refusal(re.compile(r"this wheel was built without FA(?P<version>[23])\b"),
+            lambda comp, m: not comp.get("built")),
+    Refusal(re.compile(r"this wheel has no FA(?P<version>[23]) kernels for (?P<dtype>\w+)"),
+            lambda comp, m: _built_dtype(m["dtype"]) not in comp.get("dtypes", ())),
+    Refusal(re.compile(r"needs the FA(?P<version>2) hdim(?P<dim>\d+) kernels"),
+            lambda comp, m: int(m["dim"]) not in comp.get("head_dims", ())),
+    Refusal(re.compile(r"head size (?P<size>\d+) is larger than the largest FA(?P<version>3) head dim"),
+            lambda comp, m: int(m["size"]) > max(comp.get("head_dims") or [0])),
+    # FA3's features (softcap, paged, split, local, hdimdiff) and FA2's sparse kernels.
+    Refusal(re.compile(r"needs the FA(?P<version>[23]) '(?P<feature>\w+)' kernels"),
+            lambda comp, m: m["feature"] not in comp.get("features", ())),
+    Refusal(re.compile(r"the FA(?P<version>2) sparse kernels are built for head dim (?P<dim>\d+) "
+                       r"only, which this wheel's FA2 selection left out"),
+            lambda comp, m: int(m["dim"]) not in comp.get("head_dims", ())),
+]
 
 
 @dataclass
@@ -101,18 +137,32 @@ def reason_of(message: str) -> str:
     return line[:240]
 
 
-def classify(case: Case) -> tuple[str, str]:
-    """(category, explanation) of a failed or erroring case."""
+def classify(case: Case, build: Optional[dict]) -> tuple[str, str]:
+    """(category, explanation) of a failed or erroring case; ``build`` is the tested wheel's
+    build_info.json (None: not known, so no refusal can be excused)."""
     for defect in KNOWN_UPSTREAM_DEFECTS:
         if (case.function == defect.function and defect.applies(case.params)
                 and re.search(defect.message, case.message, re.IGNORECASE)):
             return "upstream-file", defect.why
-    if NOT_BUILT.search(case.message):
-        return "not-built", "this wheel was built without the kernels the case needs"
+    for refusal in NOT_BUILT_REFUSALS:
+        match = refusal.pattern.search(case.message)
+        if match is None:
+            continue
+        if build is None:
+            return "unexpected", "a refusal of a kernel, but no build info to check it against"
+        name = f"fa{match['version']}"
+        comp = build.get(name) or {}
+        if refusal.not_built(comp, match):
+            return "not-built", "this wheel was built without the kernels the case needs"
+        built = {key: comp.get(key) for key in ("built", "dtypes", "head_dims", "features")}
+        return "unexpected", (f"the wheel refused a kernel its build info says was built "
+                              f"({name}: {built}): a wrong refusal")
     return "unexpected", ""
 
 
-def summarize(cases: List[Case]) -> dict:
+def summarize(cases: List[Case], build: Optional[dict] = None) -> dict:
+    """Counts and classified failures of ``cases``; ``build`` is the tested wheel's
+    build_info.json, which a refusal of a kernel must agree with to be excused."""
     functions: Dict[str, Counter] = defaultdict(Counter)
     groups: Dict[tuple, dict] = {}
     skips: Counter = Counter()
@@ -125,7 +175,7 @@ def summarize(cases: List[Case]) -> dict:
             skips[(case.function, reason_of(case.message))] += 1
         if case.outcome not in ("failed", "error"):
             continue
-        category, why = classify(case)
+        category, why = classify(case, build)
         key = (category, case.function, reason_of(case.message))
         group = groups.setdefault(key, dict(category=category, function=case.function,
                                             reason=key[2], explanation=why, count=0, examples=[]))

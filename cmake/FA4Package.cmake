@@ -1,0 +1,136 @@
+# FA4: upstream's flash_attn/cute (FlashAttention-4 in NVIDIA's CuTe DSL, pure Python)
+# shipped as the subpackage vendored_flash_attn._fa4.cute, and optionally its kernels
+# compiled ahead of time. docs/fa4.md says why each step is done this way.
+#
+# Build time, not configure time: cmake/fa4_precompile.py `stage` copies the pinned
+# sources (fetched and content-checked with the rest: vendor/flash-attention/pin.json
+# lists flash_attn/cute) into <build>/fa4, absolute `flash_attn.cute` imports rewritten,
+# refusing a pin whose FA4 dependencies differ from the [fa4] extra; it writes FA4's part
+# of the build info (_fa4/build_info.json: the sources' commit and verification, staged
+# files, precompiled kernels). `compile` (VFA_FA4_PRECOMPILE) then fills _fa4/kernels.
+#
+# Knobs (cmake/knobs.json): VFA_BUILD_FA4, VFA_FA4_PRECOMPILE.
+
+include_guard(GLOBAL)
+
+set(_VFA_FA4_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/fa4_precompile.py")
+
+# The DSL target of each arch of the list that FA4 runs on (interface.py at the pin:
+# sm90, sm100, sm120 kernel families; arch-specific "a" targets as upstream compiles).
+#   vfa_fa4_dsl_archs(out "8.0;9.0;10.0")  ->  sm_90a;sm_100a
+function(vfa_fa4_dsl_archs out_var)
+  set(targets "")
+  foreach(arch IN LISTS ARGN)
+    if(arch MATCHES "^(9|10|12)\\.0")
+      list(APPEND targets "sm_${CMAKE_MATCH_1}0a")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES targets)
+  set(${out_var} "${targets}" PARENT_SCOPE)
+endfunction()
+
+# Sets VFA_FA4_BUILT, VFA_FA4_REASON, VFA_FA4_PRECOMPILE_ARCHS in the caller; adds the
+# vfa_fa4 target and the install rule when FA4 is packaged.
+function(vfa_add_fa4_package)
+  vfa_option(VFA_BUILD_FA4)
+  vfa_option(VFA_FA4_PRECOMPILE)
+  set(VFA_FA4_BUILT FALSE PARENT_SCOPE)
+  set(VFA_FA4_PRECOMPILE_ARCHS "" PARENT_SCOPE)
+  if(VFA_BUILD_FA4 STREQUAL "off")
+    set(VFA_FA4_REASON "VFA_BUILD_FA4=off" PARENT_SCOPE)
+    message(STATUS "vendored-flash-attn: FA4 not packaged: VFA_BUILD_FA4=off")
+    return()
+  endif()
+  set(cute "${VFA_flash_attention_SOURCE_DIR}/flash_attn/cute")
+
+  execute_process(COMMAND "${Python_EXECUTABLE}" "${_VFA_FA4_SCRIPT}" probe
+    OUTPUT_VARIABLE probe ERROR_VARIABLE probe_err RESULT_VARIABLE rc TIMEOUT 120)
+  if(NOT rc EQUAL 0)
+    set(stage_reason "cmake/fa4_precompile.py probe failed with ${Python_EXECUTABLE}: ${probe_err}")
+    set(precompile_reason "${stage_reason}")
+  else()
+    string(JSON stage_reason GET "${probe}" stage)
+    string(JSON precompile_reason GET "${probe}" precompile)
+  endif()
+  if(NOT EXISTS "${cute}/interface.py")
+    set(stage_reason "the flash-attention sources at '${VFA_flash_attention_SOURCE_DIR}' have no flash_attn/cute")
+  endif()
+  if(NOT stage_reason STREQUAL "")
+    if(VFA_BUILD_FA4 STREQUAL "on")
+      message(FATAL_ERROR "VFA_BUILD_FA4=on, but FA4 cannot be staged: ${stage_reason}. "
+        "Install packaging (and tomli on Python 3.10) into the build environment, or set VFA_BUILD_FA4=off.")
+    endif()
+    set(VFA_FA4_REASON "${stage_reason}" PARENT_SCOPE)
+    message(STATUS "vendored-flash-attn: FA4 not packaged: ${stage_reason}")
+    return()
+  endif()
+
+  # Precompile: only where asked for, or (auto) where the build's Python can; never
+  # failing a build that did not ask for it.
+  set(archs "")
+  set(precompile_state "off")
+  if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
+    vfa_fa4_dsl_archs(archs ${VFA_CUDA_ARCHS})
+    if(NOT archs)
+      set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (9.0, 10.0, 12.0)")
+    endif()
+    if(precompile_reason STREQUAL "")
+      set(precompile_state "on")
+    elseif(VFA_FA4_PRECOMPILE STREQUAL "on")
+      message(FATAL_ERROR "VFA_FA4_PRECOMPILE=on, but ${precompile_reason}. Or set VFA_FA4_PRECOMPILE=off.")
+    else()
+      set(precompile_state "skipped")
+      set(archs "")
+      message(STATUS "vendored-flash-attn: FA4 kernels not precompiled (VFA_FA4_PRECOMPILE=auto): ${precompile_reason}")
+    endif()
+  endif()
+
+  # What configure knows, for FA4's build record (written by the stage step).
+  set(facts "{}")
+  vfa_json_source(sources flash_attention)
+  string(JSON facts SET "${facts}" sources "${sources}")
+  vfa_json_string(mode "${VFA_FA4_PRECOMPILE}")
+  vfa_json_string(state "${precompile_state}")
+  vfa_json_string(reason "${precompile_reason}")
+  vfa_json_array(targets ${archs})
+  string(JSON facts SET "${facts}" precompile
+    "{\"mode\": ${mode}, \"state\": ${state}, \"reason\": ${reason}, \"archs\": ${targets}, \"runs\": []}")
+  set(facts_file "${CMAKE_CURRENT_BINARY_DIR}/fa4_configure.json")
+  file(WRITE "${facts_file}.tmp" "${facts}\n")
+  file(COPY_FILE "${facts_file}.tmp" "${facts_file}" ONLY_IF_DIFFERENT)
+
+  set(stage "${CMAKE_CURRENT_BINARY_DIR}/fa4")
+  set(package "${stage}/vendored_flash_attn/_fa4")
+  file(GLOB_RECURSE inputs CONFIGURE_DEPENDS "${cute}/*.py" "${cute}/pyproject.toml" "${cute}/LICENSE"
+       "${cute}/AUTHORS" "${cute}/README.md")
+  set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_deps.py"
+      "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
+  set(python "${Python_EXECUTABLE}" -E -s)
+  # From scratch each time: no kernel of an earlier source or selection may stay behind.
+  set(commands
+    COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}"
+    COMMAND ${python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
+  foreach(arch IN LISTS archs)
+    set(flags "")
+    if(VFA_FA4_PRECOMPILE STREQUAL "auto")
+      set(flags --best-effort)
+    endif()
+    # The CUDA flavour directory is created below kernels/ by the compile itself.
+    list(APPEND commands COMMAND ${python} "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
+      --out "${package}/kernels" --arch ${arch} --record "${package}/build_info.json" ${flags})
+  endforeach()
+  add_custom_command(OUTPUT "${stage}/.staged"
+    ${commands}
+    COMMAND "${CMAKE_COMMAND}" -E touch "${stage}/.staged"
+    DEPENDS ${inputs} ${deps} "${facts_file}"
+    COMMENT "vendored-flash-attn: staging FA4 as vendored_flash_attn._fa4.cute (precompile: ${precompile_state} ${archs})"
+    VERBATIM)
+  add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
+  install(DIRECTORY "${package}" DESTINATION vendored_flash_attn
+    PATTERN "__pycache__" EXCLUDE)
+  set(VFA_FA4_BUILT TRUE PARENT_SCOPE)
+  set(VFA_FA4_REASON "" PARENT_SCOPE)
+  set(VFA_FA4_PRECOMPILE_ARCHS "${archs}" PARENT_SCOPE)
+  message(STATUS "vendored-flash-attn: FA4 packaged as vendored_flash_attn._fa4.cute "
+    "(precompile: ${precompile_state}${archs})")
+endfunction()

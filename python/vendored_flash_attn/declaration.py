@@ -1,0 +1,55 @@
+"""The project's declaration, ``cmake/knobs.json``, as the package reads it: the bool
+words every knob takes and the head dims each module can build (the choices of
+``VFA_FA2_HEAD_DIMS`` / ``VFA_FA3_HEAD_DIMS``). CMake reads the same file
+(``cmake/Options.cmake``, ``cmake/KernelSelection.cmake``) and installs it next to this
+module (``cmake/BuildInfo.cmake``); from a source checkout it is read where it lives.
+Standard library only: the version provider imports this during a build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+DECLARATION_FILE = "knobs.json"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def declaration_path() -> Path:
+    """The installed copy, else the checkout's ``cmake/knobs.json``."""
+    for path in (_PACKAGE_DIR / DECLARATION_FILE, _PACKAGE_DIR.parents[1] / "cmake" / DECLARATION_FILE):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{DECLARATION_FILE} is neither installed next to {_PACKAGE_DIR} nor in a source checkout's cmake/; "
+        "install the package with `pip install .` (or a built wheel)")
+
+
+def load(path: Optional[Path] = None) -> dict[str, Any]:
+    return json.loads(Path(path or declaration_path()).read_text())
+
+
+def bool_words(data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(ON words, OFF words), lower case."""
+    words = data["bool_words"]
+    return tuple(w.lower() for w in words["on"]), tuple(w.lower() for w in words["off"])
+
+
+def bool_words_text(data: dict[str, Any]) -> str:
+    """"ON/OFF, 1/0, TRUE/FALSE, YES/NO (any case)", as CMake's messages say it."""
+    words = data["bool_words"]
+    return ", ".join(f"{on}/{off}" for on, off in zip(words["on"], words["off"])) + " (any case)"
+
+
+def head_dims(data: dict[str, Any], version: int) -> tuple[int, ...]:
+    """The head dims FA<version> can be built for, ascending."""
+    knob = {2: "VFA_FA2_HEAD_DIMS", 3: "VFA_FA3_HEAD_DIMS"}[version]
+    return tuple(sorted(int(h) for h in data["knobs"][knob]["choices"]))
+
+
+_DECLARATION = load()
+BOOL_ON, BOOL_OFF = bool_words(_DECLARATION)
+BOOL_WORDS_TEXT = bool_words_text(_DECLARATION)
+FA2_HEAD_DIMS = head_dims(_DECLARATION, 2)
+FA3_HEAD_DIMS = head_dims(_DECLARATION, 3)

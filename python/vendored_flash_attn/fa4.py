@@ -1,0 +1,226 @@
+"""FA4's adapter: vLLM's ``flash_attn_varlen_func`` call mapped onto upstream's CuTe DSL kernels.
+
+FA4 is upstream's ``flash_attn/cute`` at the pin, shipped in the wheel as
+``vendored_flash_attn._fa4.cute`` (imports rewritten at build time, cmake/fa4_precompile.py)
+and run with the ``[fa4]`` extra installed. Nothing here is imported by
+``import vendored_flash_attn``; ``load()`` runs at the first FA4 call: dependency check
+(``fa4_deps.check``, no cutlass import), then the import (seconds: cutlass, torch, the
+sources), then the two-level AOT kernel cache (fa4_cache).
+
+The entry point is ``flash_attn_varlen_func`` with vLLM's signature (less ``fa_version``).
+It calls upstream's ``_flash_attn_fwd`` — the function the pin's own
+``vllm_flash_attn/flash_attn_interface.py`` probes for, and the only one that takes the
+FP8 descales and ``fp8_kv_dequant`` — with every argument by name. What FA4 cannot do is
+refused before any kernel with ``FA4Unsupported``, naming the family that can.
+
+What FA4 does at the pin, read off ``flash_attn/cute/interface.py`` (617264c1):
+
+* sm90: varlen, paged KV (``page_table`` + ``seqused_k``; TMA loads when the page size is
+  the kernel's tile_n, else cp.async), causal, local window, softcap, sinks
+  (``learnable_sink``, bf16, one per q head), split-KV, GQA packing, LSE; FP8 **KV** with a
+  bf16/fp16 q (``fp8_kv_dequant``: paged only, page size == tile_n, head_dim == head_dim_v);
+  no FP8 q (``assert arch // 10 == 10``).
+* sm100/sm110: the same plus FP8 q/k/v with descales; no FP8-KV-only path.
+* sm120: no paged KV, no split-KV, no FP8.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import fa4_cache, fa4_deps
+from .environment import current_environment
+from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
+
+SUBPACKAGE = "vendored_flash_attn._fa4.cute"
+# GPU generations (compute capability major) this package declares FA4 for.
+GENERATIONS = {9: "sm90", 10: "sm100", 11: "sm100", 12: "sm120"}
+_E4M3 = torch.float8_e4m3fn
+
+
+class FA4Unsupported(FlashAttnInputError):
+    """A call FA4 cannot run; the message names the family of this package that can."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    interface: object
+    cache_layout: dict
+
+
+_loaded: Optional[Loaded] = None
+_load_lock = threading.Lock()
+
+
+def load() -> Loaded:
+    """Import FA4 once per process: dependency check, sources, AOT cache."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    with _load_lock:
+        if _loaded is None:
+            fa4_deps.check()
+            try:
+                interface = importlib.import_module(f"{SUBPACKAGE}.interface")
+            except ModuleNotFoundError as exc:
+                if exc.name and (SUBPACKAGE.startswith(exc.name) or exc.name.startswith(SUBPACKAGE)):
+                    raise FlashAttnUnavailableError(
+                        "FA4 is not in this wheel (built with VFA_BUILD_FA4=off, or from a source tree "
+                        f"without the staged {SUBPACKAGE}): rebuild with VFA_BUILD_FA4=on, or use FA3/FA2."
+                    ) from exc
+                raise
+            cache_utils = importlib.import_module(f"{SUBPACKAGE}.cache_utils")
+            import cutlass
+
+            _loaded = Loaded(interface, fa4_cache.install(interface, cache_utils, cutlass))
+    return _loaded
+
+
+def _refuse(message: str):
+    raise FA4Unsupported(message)
+
+
+def device_arch(q: torch.Tensor) -> int:
+    """Compute capability of q's GPU as upstream numbers it (90, 100, 120 ...)."""
+    env = current_environment()
+    index = q.get_device()
+    major, minor = env.capability(index if index >= 0 else env.current_device())
+    return major * 10 + minor
+
+
+def _window(window_size, causal) -> tuple[Optional[int], Optional[int]]:
+    """vLLM's (left, right) with -1 = unbounded, as FA4's window_size_left/right (None = unbounded)."""
+    if window_size is None:
+        return None, None
+    left, right = (int(w) for w in window_size)
+    return (left if left >= 0 else None), (right if right >= 0 else None)
+
+
+def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, alibi_slopes,
+               block_table, scheduler_metadata, num_splits, s_aux, cp_world_size, cp_rank,
+               cp_tot_seqused_k) -> bool:
+    """Refuse what FA4 cannot run on ``arch``; True when the call is FP8 KV with a 16-bit q
+    (upstream's ``fp8_kv_dequant``). Shape checks beyond these are upstream's own."""
+    generation = GENERATIONS.get(arch // 10)
+    if generation is None:
+        _refuse(f"FA4 runs on sm90 (Hopper) and sm100/sm120 (Blackwell) in this package; this GPU is "
+                f"sm{arch}: use FA2 (fa_version=2)")
+    if float(dropout_p) != 0.0:
+        _refuse(f"dropout_p must be 0.0: FA4 is used forward-only here (got {dropout_p})")
+    if alibi_slopes is not None:
+        _refuse("ALiBi (alibi_slopes) needs FA2 (fa_version=2); FA4 has no ALiBi")
+    if q_v is not None:
+        _refuse("q_v needs FA3 (fa_version=3); FA4 takes q_v only in its sm100 MLA kernel")
+    if scheduler_metadata is not None:
+        _refuse("scheduler_metadata is FA3's (get_scheduler_metadata); FA4 schedules itself: pass None, "
+                "or use FA3 (fa_version=3)")
+    if cp_world_size != 1 or cp_rank != 0 or cp_tot_seqused_k is not None:
+        _refuse("context parallelism (cp_world_size, cp_rank, cp_tot_seqused_k) needs FA3 (fa_version=3)")
+    if block_table is not None:
+        if cu_seqlens_k is not None:
+            _refuse("block_table (a paged KV cache) takes seqused_k, not cu_seqlens_k: pass cu_seqlens_k=None")
+        if seqused_k is None:
+            _refuse("block_table needs seqused_k (the KV length of each sequence)")
+        if block_table.dtype != torch.int32:
+            raise FlashAttnTypeError(f"block_table must be int32, got {block_table.dtype}")
+        if generation == "sm120":
+            _refuse("a paged KV cache (block_table) on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel "
+                    "has no paged KV at the pin")
+    if generation == "sm120" and num_splits > 1:
+        _refuse(f"num_splits={num_splits} on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel has no "
+                "split-KV at the pin")
+    if s_aux is not None and (s_aux.dtype != torch.bfloat16 or tuple(s_aux.shape) != (q.shape[-2],)):
+        raise FlashAttnTypeError(f"s_aux (attention sinks) must be bfloat16 of shape ({q.shape[-2]},), "
+                                 f"one per q head; got {s_aux.dtype} {tuple(s_aux.shape)}")
+    kv_fp8 = k.dtype == _E4M3 or v.dtype == _E4M3
+    if q.dtype == _E4M3:
+        if generation == "sm90":
+            _refuse("FP8 q needs FA3 (fa_version=3) on sm90: FA4's FP8 attention is sm100-only at the pin "
+                    "(FA4 on sm90 takes FP8 KV with a bf16/fp16 q)")
+        if generation == "sm120":
+            _refuse("FP8 attention on sm120: no family of this package runs it; use bf16/fp16")
+        if not (k.dtype == v.dtype == _E4M3):
+            raise FlashAttnTypeError(f"FP8 q needs FP8 (float8_e4m3fn) k and v, got {k.dtype} / {v.dtype}")
+        return False
+    if kv_fp8:
+        if generation != "sm90":
+            _refuse(f"FP8 KV with a {q.dtype} q is FA4's sm90 path only; on {generation} quantize q too "
+                    "(float8_e4m3fn q, k, v)")
+        if not (k.dtype == v.dtype == _E4M3):
+            raise FlashAttnTypeError(f"FP8 KV needs float8_e4m3fn k and v, got {k.dtype} / {v.dtype}")
+        if block_table is None:
+            _refuse("FP8 KV with a bf16/fp16 q needs a paged KV cache (block_table) in FA4; "
+                    "or FP8 q, k and v with FA3 (fa_version=3)")
+        if q.shape[-1] != v.shape[-1]:
+            _refuse("FP8 KV with a bf16/fp16 q needs equal q/k and v head sizes in FA4")
+        return True
+    return False
+
+
+def flash_attn_varlen_func(
+    q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None, seqused_k=None,
+    q_v=None, dropout_p=0.0, softmax_scale=None, causal=False, window_size=None, softcap=0.0,
+    alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+    return_softmax_lse=False, out=None, scheduler_metadata=None, q_descale=None, k_descale=None,
+    v_descale=None, num_splits: int = 0, s_aux=None, cp_world_size=1, cp_rank=0,
+    cp_tot_seqused_k=None,
+):
+    """vLLM's ``flash_attn_varlen_func`` on FA4 (the family refactor routes ``fa_version=4``
+    here). Returns ``out``, or ``(out, softmax_lse)`` with ``return_softmax_lse=True``;
+    LSE is (num_heads, total_q), float32, as FA3's."""
+    del deterministic, return_attn_probs  # forward only
+    arch = device_arch(q)
+    fp8_kv_dequant = check_call(
+        arch, q=q, k=k, v=v, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
+        dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table,
+        scheduler_metadata=scheduler_metadata, num_splits=num_splits, s_aux=s_aux,
+        cp_world_size=cp_world_size, cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+    interface = load().interface
+    left, right = _window(window_size, causal)
+    if fp8_kv_dequant:
+        # Upstream asserts page size == tile_n for this path; its own rules say which tile.
+        is_causal, is_local, _, _ = interface._resolve_causal_local_window(bool(causal), left, right)
+        tile_n = interface._tile_size_fwd_sm90(q.shape[-1], v.shape[-1], is_causal, is_local).n_block_size
+        if k.shape[1] != tile_n:
+            _refuse(f"FP8 KV with a bf16/fp16 q needs a page size of {tile_n} (FA4's tile for head size "
+                    f"{q.shape[-1]}) on sm90, got {k.shape[1]}; or FP8 q, k and v with FA3 (fa_version=3)")
+    fp8 = q.dtype == _E4M3 or fp8_kv_dequant
+    if not fp8:
+        # vLLM passes descales on every call; FA4 asserts they are None for 16-bit data.
+        q_descale = k_descale = v_descale = None
+    if arch // 10 == 12 and num_splits < 1:
+        num_splits = 1  # upstream's sm120 path asserts num_splits == 1 (no heuristic there)
+    try:
+        result = interface._flash_attn_fwd(
+            q, k, v,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            seqused_k=seqused_k,
+            max_seqlen_q=int(max_seqlen_q),
+            max_seqlen_k=int(max_seqlen_k),
+            page_table=block_table,
+            softmax_scale=softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5,
+            causal=bool(causal),
+            softcap=float(softcap),
+            window_size_left=left,
+            window_size_right=right,
+            learnable_sink=s_aux,
+            num_splits=int(num_splits),  # < 1: upstream's heuristic, as 0 means for vLLM
+            return_lse=bool(return_softmax_lse),
+            out=out,
+            q_descale=q_descale,
+            k_descale=k_descale,
+            v_descale=v_descale,
+            fp8_kv_dequant=fp8_kv_dequant,
+            _arch=arch,
+        )
+    except AssertionError as exc:
+        # Upstream checks shapes with assert, before compiling or launching: a clear error type.
+        raise FA4Unsupported(f"FA4 refused the call: {exc}") from exc
+    out, lse = result[0], result[1]
+    return (out, lse) if return_softmax_lse else out

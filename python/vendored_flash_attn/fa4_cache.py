@@ -1,0 +1,165 @@
+"""FA4's ahead-of-time kernel cache: kernels shipped in the wheel, then a writable user cache.
+
+Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result on disk
+(``cache_utils.JITPersistentCache``: ``<dir>/<fingerprint>/<kind>/<sha256(key)>.o`` beside a
+``.lock``). docs/fa4.md §3 holds what was measured; what this module does about it:
+
+* **Two levels.** A lookup tries the kernels shipped inside the installed package
+  (``vendored_flash_attn/_fa4/kernels``), then a user cache
+  (``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, upstream's knob, else
+  ``$XDG_CACHE_HOME/vendored-flash-attn/fa4``, else ``~/.cache/vendored-flash-attn/fa4``);
+  a kernel compiled at run time is exported to the user cache only.
+* **Read-only install.** Upstream's loader opens ``<hash>.lock`` with ``O_CREAT`` even to
+  read, which fails on a read-only site-packages. Shipped kernels are immutable files, so
+  they are loaded without any lock or write; locks are taken in the user cache only.
+* **The DSL's CUDA flavour is part of the key.** The cu12 and cu13 builds of
+  ``nvidia-cutlass-dsl`` share one version string, so upstream's fingerprint cannot tell
+  them apart, yet their cubins differ (measured). Every path holds the flavour the process
+  loaded, ``cu<major>.<minor>`` of ``cutlass.CUDA_VERSION``, above upstream's fingerprint:
+  ``<root>/<flavour>/<fingerprint>/<kind>/<hash>.o``. ``cmake/fa4_precompile.py compile``
+  writes that layout with the same functions.
+* Upstream's fingerprint already covers the sources, Python minor, cutlass and tvm-ffi
+  versions, and the key hash is upstream's own ``_key_to_hash``: nothing is recomputed here.
+
+Nothing here imports cutlass at import time. ``install(interface, cache_utils, cutlass)``
+runs at first FA4 use (fa4.py), after the dependency check.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from importlib import resources
+from pathlib import Path
+
+# Upstream's cache kinds of the forward entry points FA4's adapter reaches, by the
+# interface attribute whose ``compile_cache`` they are (interface.py at the pin).
+FORWARD_CACHES = {"_flash_attn_fwd": "fwd", "_flash_attn_fwd_combine": "fwd_combine"}
+SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
+
+
+def flavour_name(cuda_version) -> str:
+    """``cu12.9`` for a version with ``major``/``minor`` (``cutlass.CUDA_VERSION``)."""
+    return f"cu{int(cuda_version.major)}.{int(cuda_version.minor)}"
+
+
+def dsl_flavour(cutlass_module) -> str:
+    """The CUDA flavour of the DSL this process loaded (read after ``import cutlass``: the DSL
+    picks its half from the driver at import)."""
+    return flavour_name(cutlass_module.CUDA_VERSION)
+
+
+def kernel_dir(root: Path, flavour: str, fingerprint: str, kind: str) -> Path:
+    """Where kernels of one kind live under a cache root (shipped or user)."""
+    return Path(root) / flavour / fingerprint / kind
+
+
+def user_cache_root(environ=None) -> Path:
+    environ = os.environ if environ is None else environ
+    if environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        return Path(environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vendored-flash-attn" / "fa4"
+
+
+def shipped_root() -> Path | None:
+    """The wheel's precompiled kernels, or None when it ships none."""
+    try:
+        root = Path(str(resources.files("vendored_flash_attn._fa4").joinpath(SHIPPED_DIR)))
+    except ModuleNotFoundError:
+        return None
+    return root if root.is_dir() else None
+
+
+def two_level_cache_class(persistent_cache, load_module):
+    """A subclass of upstream's ``JITPersistentCache`` (passed in: it lives in the staged
+    ``cache_utils``, importable only with cutlass) that looks in the shipped kernels first.
+
+    ``load_module(path)`` returns the exported function of a ``.o`` (upstream: the
+    ``func`` attribute of ``cute.runtime.load_module(path, enable_tvm_ffi=True)``).
+    """
+
+    class TwoLevelCache(persistent_cache):
+        def __init__(self, shipped_dir: Path | None, user_dir: Path | None):
+            self.shipped_dir = shipped_dir
+            self.writable = user_dir is not None
+            if self.writable:
+                try:
+                    super().__init__(user_dir)  # creates it
+                except OSError as exc:
+                    warnings.warn(
+                        f"FA4's kernel cache {user_dir} cannot be created ({exc}): kernels not shipped with "
+                        "the wheel compile at every process start. Point FLASH_ATTENTION_CUTE_DSL_CACHE_DIR "
+                        "at a writable folder.", RuntimeWarning, stacklevel=2)
+                    self.writable = False
+            if not self.writable:
+                self.cache = {}  # upstream's in-memory level (JITCache.__init__)
+                self.cache_path = None
+
+        def __contains__(self, key) -> bool:
+            if key in self.cache:
+                return True
+            if self._try_load_shipped(key):
+                return True
+            return self.writable and self._try_load_from_storage(key)
+
+        def __getitem__(self, key):
+            self.__contains__(key)
+            return self.cache[key]
+
+        def __setitem__(self, key, fn) -> None:
+            self.cache[key] = fn
+            if self.writable:
+                self._try_export_to_storage(key, fn)
+
+        def _try_load_shipped(self, key) -> bool:
+            # Immutable files of the install: no lock, nothing opened for writing.
+            if self.shipped_dir is None:
+                return False
+            path = self.shipped_dir / f"{self._key_to_hash(key)}.o"
+            if not path.is_file():
+                return False
+            self.cache[key] = load_module(path)
+            return True
+
+        def clear(self) -> None:
+            # Upstream's clear() deletes every file of the cache dir: never the shipped ones.
+            self.cache.clear()
+            if self.writable:
+                for child in self.cache_path.iterdir():
+                    child.unlink()
+
+    return TwoLevelCache
+
+
+def install(interface, cache_utils, cutlass_module, load_module=None, shipped=None, user=None) -> dict:
+    """Replace the ``compile_cache`` of FA4's forward entry points with two-level caches.
+
+    Returns where each kind looks (for ``info`` and tests). ``shipped`` / ``user`` override
+    the roots (tests); ``load_module`` the loader (default: upstream's through cute.runtime).
+    """
+    if load_module is None:
+        import cutlass.cute as cute
+
+        def load_module(path):
+            module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+            return getattr(module, cache_utils.JITPersistentCache.EXPORT_FUNCTION_PREFIX)
+
+    flavour = dsl_flavour(cutlass_module)
+    fingerprint = cache_utils._compute_source_fingerprint()
+    shipped = shipped_root() if shipped is None else shipped
+    user = user_cache_root() if user is None else user
+    cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
+    layout = {"flavour": flavour, "fingerprint": fingerprint, "kinds": {}}
+    for attribute, kind in FORWARD_CACHES.items():
+        function = getattr(interface, attribute, None)
+        if function is None:
+            continue
+        shipped_dir = kernel_dir(shipped, flavour, fingerprint, kind) if shipped else None
+        if shipped_dir is not None and not shipped_dir.is_dir():
+            shipped_dir = None  # nothing shipped for this flavour / Python / kind
+        user_dir = kernel_dir(user, flavour, fingerprint, kind) if user else None
+        function.compile_cache = cache_class(shipped_dir, user_dir)
+        layout["kinds"][kind] = {"shipped": str(shipped_dir) if shipped_dir else None,
+                                 "user": str(user_dir) if user_dir else None}
+    return layout

@@ -1,0 +1,126 @@
+"""FA4 packaging (cmake/FA4Package.cmake) on the synthetic upstream: its tiny fake
+flash_attn/cute is fetched with the pin, content-checked, staged as
+vendored_flash_attn._fa4.cute with its imports rewritten, recorded, and shipped in the
+wheel; `import vendored_flash_attn` does not import it. The CUDA units compile through
+tests/support/fake_compiler.py (empty objects): only the packaging is under test here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import PROJECT, checkout_copy, clean_env, configure, fetch_sources, run, tool
+
+FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_compiler.py"
+CUTE = "vendored_flash_attn/_fa4/cute"
+SHIPPED = {f"{CUTE}/{name}" for name in ("__init__.py", "interface.py", "utils.py", "cache_utils.py",
+                                         "sub/__init__.py", "LICENSE", "AUTHORS", "README.md")}
+
+
+@pytest.fixture(scope="module")
+def wheel(sources, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fa4-wheel")
+    empty = root / "empty.o"
+    subprocess.run(["c++", "-x", "c++", "-c", "/dev/null", "-o", str(empty)], check=True)
+    launcher = f"{sys.executable};{FAKE}"
+    knobs = {**sources, "VFA_PRESET": "minimal", "CMAKE_CUDA_COMPILER_LAUNCHER": launcher,
+             "CMAKE_CXX_COMPILER_LAUNCHER": launcher}
+    project = checkout_copy(root / "checkout")
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
+                  "-w", str(root / "dist"), *[f"-Ccmake.define.{k}={v}" for k, v in knobs.items()],
+                  str(project)], env=clean_env(FAKE_EMPTY_OBJECT=str(empty)), timeout=1800)
+    assert result.returncode == 0, result.output[-8000:]
+    path = next((root / "dist").glob("vendored_flash_attn-*.whl"))
+    site = root / "site"
+    zipfile.ZipFile(path).extractall(site)
+    return {"path": path, "names": set(zipfile.ZipFile(path).namelist()), "site": site, "log": result.output}
+
+
+def test_the_wheel_ships_the_staged_subpackage_and_nothing_else_of_upstream(wheel):
+    fa4 = {n for n in wheel["names"] if n.startswith("vendored_flash_attn/_fa4/")}
+    assert fa4 == SHIPPED | {"vendored_flash_attn/_fa4/__init__.py", "vendored_flash_attn/_fa4/build_info.json"}
+    assert not any(n.startswith("flash_attn/") for n in wheel["names"])
+    # The stage's own (empty) parent __init__.py never replaces the package's.
+    ours = (PROJECT / "python/vendored_flash_attn/__init__.py").read_text()
+    assert (wheel["site"] / "vendored_flash_attn/__init__.py").read_text() == ours
+
+
+def test_imports_are_rewritten_to_our_subpackage(wheel):
+    interface = (wheel["site"] / CUTE / "interface.py").read_text()
+    assert "import vendored_flash_attn._fa4.cute.utils as utils" in interface
+    assert "from vendored_flash_attn._fa4.cute import (" in interface
+    for name in SHIPPED:
+        if name.endswith(".py"):
+            assert "flash_attn.cute" not in (wheel["site"] / name).read_text().replace(
+                "vendored_flash_attn._fa4.cute", ""), name
+
+
+def test_the_build_records_fa4(wheel, synthetic):
+    record = json.loads((wheel["site"] / "vendored_flash_attn/_fa4/build_info.json").read_text())
+    assert record["package"] == "vendored_flash_attn._fa4.cute"
+    sources = record["sources"]
+    assert sources["commit"] == synthetic.fa_commit
+    assert sources["verified"] is True and sources["matches_pin"] is True and sources["dirty"] is False
+    assert record["staged"]["files"] == len(SHIPPED)
+    assert record["staged"]["rewritten"] == 3  # __init__, interface, sub/__init__
+    # No DSL in this venv: auto skips the precompile and says why, naming the fix.
+    precompile = record["precompile"]
+    assert (precompile["mode"], precompile["state"], precompile["runs"]) == ("auto", "skipped", [])
+    assert "nvidia-cutlass-dsl is not installed" in precompile["reason"]
+    assert 'pip install "vendored-flash-attn[fa4]"' in precompile["reason"]
+    info = json.loads((wheel["site"] / "vendored_flash_attn/build_info.json").read_text())
+    assert info["options"]["VFA_BUILD_FA4"]["value"] == "auto"
+
+
+def test_import_leaves_fa4_alone_and_the_copy_never_touches_a_real_flash_attn(wheel, tmp_path):
+    # A real flash_attn (with a cute subpackage) installed beside us: neither shadows the other.
+    other = tmp_path / "other"
+    (other / "flash_attn/cute").mkdir(parents=True)
+    (other / "flash_attn/__init__.py").write_text("")
+    (other / "flash_attn/cute/__init__.py").write_text("")
+    (other / "flash_attn/cute/utils.py").write_text("ORIGIN = 'the real flash_attn'\n")
+    code = (
+        "import sys\n"
+        "import vendored_flash_attn\n"
+        "assert not [m for m in sys.modules if m.startswith('vendored_flash_attn._fa4')], 'imported FA4'\n"
+        "from vendored_flash_attn._fa4.cute import sub\n"
+        "print(sub.ORIGIN)\n"
+        "assert 'flash_attn' not in sys.modules\n"
+        "import flash_attn.cute.utils\n"
+        "print(flash_attn.cute.utils.ORIGIN)\n"
+    )
+    result = run([sys.executable, "-c", code],
+                 env=clean_env(PYTHONPATH=f"{wheel['site']}:{other}"))
+    assert result.returncode == 0, result.output
+    assert result.stdout.split("\n")[:2] == ["vendored_flash_attn._fa4.cute.utils", "the real flash_attn"]
+
+
+def test_fa4_off_packages_nothing(sources, tmp_path):
+    result = configure(tmp_path / "build", {**sources, "VFA_BUILD_FA4": "off"})
+    assert result.returncode == 0, result.output[-5000:]
+    assert "FA4 not packaged: VFA_BUILD_FA4=off" in result.output
+    assert "vendored_flash_attn/_fa4" not in (tmp_path / "build/cmake_install.cmake").read_text()
+
+
+def test_precompile_on_without_the_dsl_stops_the_configure_naming_the_fix(sources, tmp_path):
+    result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE": "on"})
+    assert result.returncode != 0
+    assert "VFA_FA4_PRECOMPILE=on, but the build's Python" in result.text
+    assert "nvidia-cutlass-dsl is not installed" in result.text
+    assert "vendored-flash-attn[fa4]" in result.text
+
+
+def test_an_edited_fa4_source_in_the_cache_is_refused(synthetic, sources, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(sources["VFA_SOURCE_CACHE"], cache, symlinks=True)
+    interface = next((cache / "src").glob("flash-attention-*")) / "flash_attn/cute/interface.py"
+    interface.write_text(interface.read_text() + "# edited\n")
+    result = fetch_sources({"VFA_PIN_FILE": sources["VFA_PIN_FILE"], "VFA_SOURCE_CACHE": str(cache)})
+    assert result.returncode != 0
+    assert "1 file changed (flash_attn/cute/interface.py)" in result.text

@@ -1,0 +1,361 @@
+"""Who holds which secret in an sccache-dist cluster (dist-compile/README.md, "Trust"):
+the scheduler host alone holds the key, a build server only its own token (a 0600 file),
+no secret is on a command line, in a log, in a world-readable file, or in the environment
+of a compile, whichever side (client or server) held it.
+
+A real scheduler and build server, started as tests/dist/test_sccache_dist.py starts them
+(root: the overlay builder mounts a sandbox per compile). A remote compile's environment is
+seen through a fake toolchain: a static program that writes its environment to its -o file,
+shipped to the server as the toolchain of /usr/bin/g++."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import importlib.util
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.cmake_runner import PROJECT, clean_env, configure, fetch_sources, free_port, run, tool
+from test_sccache_dist import CLUSTER, PROBE, client_env, start_cluster, stats, stop_client
+
+COMPILE_ENV = PROJECT / "dist-compile" / "compile_env.py"
+# 32 bytes whose base64url form starts with '-' (the first six bits are 62): 1 in 64 of
+# the keys `sccache-dist auth generate-jwt-hs256-key` makes look like this.
+DASH_KEY = base64.urlsafe_b64encode(b"\xf8" + hashlib.sha256(b"dash key").digest()[:31]).decode().rstrip("=")
+SERVER_SIDE_SECRET = "server-side-aws-secret"
+CLIENT_SIDE_SECRET = "client-side-aws-secret"
+
+ENV_DUMPER = r"""
+#include <stdio.h>
+#include <string.h>
+extern char **environ;
+int main(int argc, char **argv) {
+  const char *out = 0;
+  for (int i = 1; i + 1 < argc; ++i) if (!strcmp(argv[i], "-o")) out = argv[i + 1];
+  FILE *f = out ? fopen(out, "w") : stdout;
+  if (!f) return 1;
+  for (char **e = environ; *e; ++e) fprintf(f, "%s\n", *e);
+  return fclose(f) != 0;
+}
+"""
+
+
+def watch_command_lines(needle: str, seen: list[str], done: threading.Event) -> None:
+    """Collect every command line holding `needle` until `done`. A process that gets a key
+    on its command line lives a few ms: each pass lists /proc and reads only the processes
+    born in the last 0.2 s (again: a fresh one may not have exec'd yet)."""
+    born: dict[str, float] = {}
+    while not done.is_set():
+        now = time.monotonic()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or now - born.setdefault(pid, now) > 0.2:
+                continue
+            try:
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # gone meanwhile
+            if needle in line:
+                seen.append(line)
+
+
+@pytest.fixture(scope="module")
+def trusted(tmp_path_factory):
+    """A cluster whose key begins with '-', started from a shell that also holds cloud
+    credentials, while every process's command line is read for the key."""
+    assert DASH_KEY.startswith("-") and len(base64.urlsafe_b64decode(DASH_KEY + "=")) == 32
+    root = tmp_path_factory.mktemp("dist-trust")
+    seen, done = [], threading.Event()
+    watcher = threading.Thread(target=watch_command_lines, args=(DASH_KEY, seen, done), daemon=True)
+    watcher.start()
+    try:
+        cluster = start_cluster(root / "cluster", slots=1, extra_env={
+            "VFA_DIST_SERVER_KEY": DASH_KEY, "AWS_SECRET_ACCESS_KEY": SERVER_SIDE_SECRET})
+    finally:
+        done.set()
+        watcher.join()
+    cluster.key_on_command_lines = seen
+    yield cluster
+    for proc in cluster.procs.values():
+        proc.kill()
+
+
+def secrets_of(cluster) -> dict[str, str]:
+    return {"key": DASH_KEY, "client token": cluster.env["VFA_DIST_CLIENT_TOKEN"],
+            "server-side AWS secret": SERVER_SIDE_SECRET, "client-side AWS secret": CLIENT_SIDE_SECRET,
+            "server token": (cluster.root / "server.token").read_text().strip()}
+
+
+def test_a_key_that_begins_with_a_dash_registers_a_server(trusted):
+    # start_cluster waited for "Server connected to scheduler": the token minted from
+    # this key (cluster.py server-token) was accepted.
+    token = (trusted.root / "server.token").read_text().strip()
+    header, payload, signature = token.split(".")
+    signed = hmac.new(base64.urlsafe_b64decode(DASH_KEY + "="), f"{header}.{payload}".encode(), hashlib.sha256)
+    assert base64.urlsafe_b64encode(signed.digest()).decode().rstrip("=") == signature
+    assert "Server connected to scheduler" in (trusted.root / "server.log").read_text()
+
+
+def test_the_key_is_on_no_command_line_while_the_cluster_starts(trusted):
+    # Best effort: a command that lives a few ms can be missed on a loaded machine (caught
+    # in 1 of 6 starts with the old `--secret-key` argument at load 8 on 2 cores here).
+    # test_no_command_cluster_py_builds_holds_a_secret is the deterministic check.
+    assert trusted.key_on_command_lines == []
+
+
+def test_cluster_processes_hold_no_secret_in_argv_or_environment(trusted):
+    for name, proc in trusted.procs.items():
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
+        assert "sccache-dist" in cmdline, name
+        for what, secret in secrets_of(trusted).items():
+            assert secret not in cmdline, f"the {name}'s command line holds the {what}"
+            assert secret not in environ, f"the {name}'s environment holds the {what}"
+
+
+@pytest.fixture(scope="module")
+def dump_toolchain(trusted) -> str:
+    """A [[dist.toolchains]] entry: /usr/bin/g++ compiles here (preprocessing), and on the
+    build server the toolchain's /bin/g++ writes its environment to its -o file."""
+    root = trusted.root / "env-dump"
+    (root / "tc" / "bin").mkdir(parents=True)
+    source = root / "dump_env.c"
+    source.write_text(ENV_DUMPER)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "tc" / "bin" / "g++"), str(source)], check=True)
+    with tarfile.open(root / "tc.tar.gz", "w:gz") as tar:
+        tar.add(root / "tc", arcname=".")
+    return (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "/usr/bin/g++"\n'
+            f'archive = "{root / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
+
+
+def parse_env(dump: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+
+
+# A variable the build server passes on (nvcc's TOP) that a client does not send: whether
+# the sandbox sees it tells whether the client filtered its environment.
+CLIENT_ONLY = {"TOP": "/set/by/the/client"}
+
+
+def remote_environment(cluster, toolchain: str, root: Path, launcher: list[str], extra_env: dict[str, str]):
+    """The environment a compile saw on the build server, sent by `launcher` (a prefix in
+    front of `sccache /usr/bin/g++ -c ...`) from a client environment with `extra_env`."""
+    root.mkdir(parents=True)
+    env = client_env(root, cluster.client_conf(root.name, extra=toolchain))
+    source = root / "unit.cpp"
+    source.write_text(f"int unit_{root.name.replace('-', '_')}() {{ return 1; }}\n")  # no cache hit
+    try:
+        compiled = run([*launcher, tool("sccache"), "/usr/bin/g++", "-c", str(source), "-o", str(root / "unit.o")],
+                       env=dict(env, **extra_env), cwd=root)
+        remote = sum(stats(env)["dist_compiles"].values())
+    finally:
+        stop_client(env)
+    assert compiled.returncode == 0, compiled.output
+    assert remote == 1, "the compile did not run on the build server"
+    return parse_env(root / "unit.o")
+
+
+@pytest.fixture(scope="module")
+def remote_env(trusted, dump_toolchain) -> dict[str, str]:
+    """sccache itself, not through compile_env.py (the server's sandbox must hold against
+    any client), for a client whose environment holds a cloud secret and the client token."""
+    return remote_environment(trusted, dump_toolchain, trusted.root / "raw-client", [], {
+        "AWS_SECRET_ACCESS_KEY": CLIENT_SIDE_SECRET, "VFA_DIST_CLIENT_TOKEN": trusted.env["VFA_DIST_CLIENT_TOKEN"],
+        **CLIENT_ONLY})
+
+
+def test_a_remote_compile_sees_no_secret_of_server_or_client(trusted, remote_env):
+    assert "PATH" in remote_env and remote_env["TOP"] == CLIENT_ONLY["TOP"]  # what the server passes came through
+    dumped = json.dumps(remote_env)
+    for what, secret in secrets_of(trusted).items():
+        assert secret not in dumped, f"a remote compile saw the {what}"
+    assert not [name for name in remote_env if name.startswith(("AWS_", "VFA_", "SCCACHE_"))], sorted(remote_env)
+
+
+def test_compile_env_sends_only_what_a_compile_needs(trusted, dump_toolchain):
+    seen = remote_environment(trusted, dump_toolchain, trusted.root / "filtered-client",
+                              [sys.executable, "-E", "-s", "-S", str(COMPILE_ENV)], CLIENT_ONLY)
+    assert "PATH" in seen and "TOP" not in seen, sorted(seen)
+
+
+def test_the_configure_probe_sends_only_what_a_compile_needs(trusted, dump_toolchain):
+    root = trusted.root / "probe-client"
+    env = client_env(root, trusted.client_conf(root.name, extra=dump_toolchain))
+    try:
+        probe = run([sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"), "--cxx", "/usr/bin/g++",
+                     "--work", str(root / "work"), "--out", str(root / "result.json")], env=dict(env, **CLIENT_ONLY))
+    finally:
+        stop_client(env)
+    assert probe.returncode == 0, probe.output
+    assert "C++ compile on a build server" in json.loads((root / "result.json").read_text())["checks"]
+    seen = parse_env(root / "work" / "probe.cpp.o")
+    assert "PATH" in seen and "TOP" not in seen, sorted(seen)
+
+
+def test_the_scheduler_does_not_log_the_token_it_expects(trusted, tmp_path):
+    env = client_env(tmp_path, trusted.client_conf("wrong-token", token="not-the-token"))
+    (tmp_path / "unit.cpp").write_text("int unit() { return 2; }\n")
+    try:  # a compile asks the scheduler for a job (status requests are not checked)
+        run([tool("sccache"), "/usr/bin/g++", "-c", str(tmp_path / "unit.cpp"), "-o", str(tmp_path / "unit.o")],
+            env=env)
+    finally:
+        stop_client(env)
+    log = (trusted.root / "scheduler.log").read_text()
+    assert "Bearer auth failed" in log  # the wrong token did reach it (SCCACHE_LOG=info)
+    assert trusted.env["VFA_DIST_CLIENT_TOKEN"] not in log
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_cluster_files_are_private(trusted, remote_env):
+    root = trusted.root
+    slots = root / "server" / "slots"
+    files = [root / "scheduler.log", root / "server.log", root / "server.token", root / "slots.log",
+             root / "scheduler" / "scheduler.toml", root / "server" / "server.toml", *slots.glob("slot-*")]
+    assert list(slots.glob("slot-*")), "no compile took a slot"
+    assert {str(f.relative_to(root)): oct(mode(f)) for f in files} == {str(f.relative_to(root)): "0o600" for f in files}
+    folders = [root / "scheduler", root / "server", slots]
+    assert {f.name: oct(mode(f)) for f in folders} == {f.name: "0o700" for f in folders}
+
+
+def cluster(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CLUSTER), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_server_refuses_a_token_file_others_can_read_and_the_key(tmp_path):
+    token = tmp_path / "server.token"
+    token.write_text("a.b.c\n")
+    token.chmod(0o644)
+    server = ["server", "--scheduler-url", "http://127.0.0.1:1", "--public-addr", "127.0.0.1:2",
+              "--token-file", str(token), "--dir", str(tmp_path / "server")]
+    loose = cluster(*server, env=clean_env())
+    assert loose.returncode != 0 and "readable by others (mode 644)" in loose.stderr and "chmod 600" in loose.stderr
+    token.chmod(0o600)
+    keyed = cluster(*server, env=clean_env(VFA_DIST_SERVER_KEY=DASH_KEY))
+    assert keyed.returncode != 0 and "must not hold the scheduler's key" in keyed.stderr
+    assert cluster(*server, env=clean_env()).returncode == 0  # renders server.toml
+    assert mode(tmp_path / "server" / "server.toml") == 0o600
+
+
+def load_cluster_module():
+    spec = importlib.util.spec_from_file_location("vfa_dist_cluster", CLUSTER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_command_cluster_py_builds_holds_a_secret(tmp_path, monkeypatch):
+    """Every command line cluster.py runs or execs, and the environments it hands them."""
+    module = load_cluster_module()
+    launched: list[tuple[list[str], dict]] = []
+    real_run = subprocess.run
+
+    def record_run(cmd, *args, **kwargs):
+        launched.append((list(cmd), dict(kwargs.get("env") or os.environ)))
+        return real_run(cmd, *args, **kwargs)
+
+    def record_exec(path, argv, env):
+        launched.append((list(argv), dict(env)))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module.subprocess, "run", record_run)
+    monkeypatch.setattr(module.os, "execve", record_exec)
+    monkeypatch.setattr(module.os, "sched_setaffinity", lambda pid, cpus: None)
+    for name in list(os.environ):
+        if name.startswith(("VFA_", "SCCACHE_", "AWS_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("VFA_DIST_CLIENT_TOKEN", "client-token-value")
+    monkeypatch.setenv("VFA_DIST_SERVER_KEY", DASH_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SERVER_SIDE_SECRET)
+    umask = os.umask(0o022)
+    try:
+        module.main(["secrets", "--out", str(tmp_path / "secrets.env")])
+        minted_key = (tmp_path / "secrets.env").read_text().split("VFA_DIST_SERVER_KEY=")[1].strip()
+        module.main(["scheduler", "--listen", "127.0.0.1:1", "--dir", str(tmp_path / "scheduler")])
+        module.main(["server-token", "--dir", str(tmp_path / "scheduler"), "--public-addr", "127.0.0.1:2",
+                     "--out", str(tmp_path / "server.token")])
+        with pytest.raises(SystemExit):
+            module.main(["scheduler", "--listen", "127.0.0.1:1", "--dir", str(tmp_path / "scheduler"), "--run"])
+        monkeypatch.delenv("VFA_DIST_SERVER_KEY")
+        with pytest.raises(SystemExit):
+            module.main(["server", "--scheduler-url", "http://127.0.0.1:1", "--public-addr", "127.0.0.1:2",
+                         "--token-file", str(tmp_path / "server.token"), "--dir", str(tmp_path / "server"),
+                         "--slots", "1", "--run"])
+    finally:
+        os.umask(umask)
+    secrets = [DASH_KEY, minted_key, "client-token-value", SERVER_SIDE_SECRET,
+               (tmp_path / "server.token").read_text().strip()]
+    assert [argv[1:3] for argv, _ in launched] == [["auth", "generate-jwt-hs256-key"],
+                                                   ["auth", "generate-jwt-hs256-server-token"],
+                                                   ["scheduler", "--config"], ["server", "--config"]]
+    for argv, env in launched:
+        for secret in secrets:
+            assert secret not in " ".join(argv), argv
+            assert secret not in json.dumps(env), (argv, sorted(env))
+
+
+def listening_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_compile_env_passes_what_a_compile_needs_and_nothing_else(tmp_path):
+    with listening_port() as server:  # an sccache server answers: nothing is started
+        env = clean_env(SCCACHE_SERVER_PORT=str(server.getsockname()[1]), AWS_SECRET_ACCESS_KEY=CLIENT_SIDE_SECRET,
+                        VFA_DIST_CLIENT_TOKEN="client-token-value", SCCACHE_REDIS_ENDPOINT="redis://:pw@cache:6379",
+                        NVCC_APPEND_FLAGS="-lineinfo", LC_ALL="C", GITHUB_TOKEN="ghp_x")
+        out = subprocess.run([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV), "/usr/bin/env"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    passed = dict(line.split("=", 1) for line in out.splitlines())
+    assert passed["PATH"] == env["PATH"] and passed["NVCC_APPEND_FLAGS"] == "-lineinfo" and passed["LC_ALL"] == "C"
+    assert passed["SCCACHE_SERVER_PORT"] == env["SCCACHE_SERVER_PORT"]
+    for name in ("AWS_SECRET_ACCESS_KEY", "VFA_DIST_CLIENT_TOKEN", "SCCACHE_REDIS_ENDPOINT", "GITHUB_TOKEN"):
+        assert name not in passed
+
+
+def test_compile_env_starts_the_sccache_server_with_the_full_environment(tmp_path):
+    """The sccache server holds the cache's credentials; only the compile's request is filtered."""
+    fake = tmp_path / "sccache"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --start-server ]; then env > {tmp_path}/server.env; "
+                    f"else env > {tmp_path}/compile.env; fi\n")
+    fake.chmod(0o755)
+    env = clean_env(SCCACHE_SERVER_PORT=str(free_port()), AWS_SECRET_ACCESS_KEY=CLIENT_SIDE_SECRET)
+    subprocess.run([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV), str(fake), "g++", "-c", "x.cpp"], env=env,
+                   check=True)
+    assert CLIENT_SIDE_SECRET in (tmp_path / "server.env").read_text()
+    assert CLIENT_SIDE_SECRET not in (tmp_path / "compile.env").read_text()
+
+
+@pytest.fixture(scope="module")
+def sources(synthetic, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist-trust-sources")
+    knobs = {"VFA_PIN_FILE": str(synthetic.write_pin(root / "pin.json")), "VFA_SOURCE_CACHE": str(root / "cache"),
+             "VFA_PRESET": "minimal"}
+    result = fetch_sources({k: v for k, v in knobs.items() if k != "VFA_PRESET"})
+    assert result.returncode == 0, result.output
+    return knobs
+
+
+def test_a_build_with_a_scheduler_compiles_through_compile_env(trusted, sources, tmp_path):
+    env = client_env(tmp_path, trusted.client_conf("build"))
+    try:
+        result = configure(tmp_path / "build", sources, env=env)
+    finally:
+        stop_client(env)
+    assert result.returncode == 0, result.output[-5000:]
+    ninja = (tmp_path / "build" / "build.ninja").read_text()
+    assert f"-E -s -S {COMPILE_ENV} {tool('sccache')}" in ninja

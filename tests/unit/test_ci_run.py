@@ -1,0 +1,75 @@
+"""CI's CPU step (.ci/run) fails a run that tested nothing: pytest's exit status 5 (nothing
+collected) stands, and --require-cpu-tiers (tests/conftest.py) fails a run in which a CPU
+tier (unit, build, dist, upstream-adapter) ran no test, naming it in pytest's closing line."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# One quick test of each required tier.
+ONE_PER_TIER = ["tests/unit/test_package.py",
+                "tests/build/test_torch_metadata.py::test_does_not_import_torch",
+                "tests/dist/test_versioning.py::test_label_from_the_real_pin_and_torch",
+                "tests/unit/test_upstream_adapter.py::test_kvcache_lse_layout"]
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess:
+    """This repository's pytest, as .ci/run starts it, on a few tests."""
+    return subprocess.run([sys.executable, "-m", "pytest", "--require-cpu-tiers", "-q",
+                           "-p", "no:cacheprovider", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def closing_line(result) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_a_run_of_every_tier_passes():
+    result = pytest_run(*ONE_PER_TIER)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "required tier" not in closing_line(result), result.stdout
+    assert "build (tests/build): 1 ran" in result.stdout
+
+
+def test_a_tier_that_ran_nothing_fails_the_run():
+    result = pytest_run(*ONE_PER_TIER[:2])  # dist and upstream-adapter left out
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.match(r"\d+ passed, 2 required tier\(s\) ran nothing in ", closing_line(result)), result.stdout
+    assert "FAILED dist (tests/dist): 0 ran" in result.stdout
+    assert "FAILED upstream-adapter" in result.stdout and "FAILED build" not in result.stdout
+
+
+def test_a_tier_whose_tests_are_all_deselected_ran_nothing():
+    result = pytest_run(*ONE_PER_TIER, "-k", "not test_label_from_the_real_pin")
+    assert result.returncode == 1 and "FAILED dist" in result.stdout, result.stdout
+
+
+def test_deselecting_everything_fails():
+    result = pytest_run(*ONE_PER_TIER, "-k", "zzz")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.match(r"\d+ deselected, 4 required tier\(s\) ran nothing in ", closing_line(result)), result.stdout
+
+
+def test_ci_run_keeps_pytests_exit_status_and_asks_for_every_tier(tmp_path):
+    """.ci/run itself, with its bootstrap and Python replaced by stand-ins that record the
+    command and exit with pytest's status for "no tests collected"."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci/run", tmp_path / ".ci/run")
+    bootstrap = tmp_path / ".ci/bootstrap"
+    bootstrap.write_text("#!/bin/sh\nexit 0\n")
+    python = tmp_path / ".venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nexit 5\n')
+    for path in (bootstrap, python):
+        path.chmod(0o755)
+    result = subprocess.run([str(tmp_path / ".ci/run"), "-k", "zzz"], capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"]}, timeout=60)
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert (tmp_path / ".venv/bin/args").read_text().split() == [
+        "-m", "pytest", "--require-cpu-tiers", "-k", "zzz"]

@@ -1,0 +1,85 @@
+"""cmake/CudaArchs.cmake's choice of code per module and its check that every listed GPU
+gets code that runs there, in script mode (`cmake -P`, a fraction of a second). The
+whole configure of the reported case: tests/build/test_knobs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support.cmake_runner import Result, clean_env, run, tool
+
+ARCHS = Path(__file__).resolve().parents[2] / "cmake" / "CudaArchs.cmake"
+
+
+def select(tmp_path: Path, arch_list: str, nvcc: str = "13.0", **knobs: str) -> Result:
+    script = tmp_path / "select.cmake"
+    script.write_text(f'include("{ARCHS}")\n'
+                      f'vfa_select_cuda_archs("{nvcc}")\n'
+                      'foreach(part FA2 FA3)\n'
+                      '  message(NOTICE "${part} ok=${VFA_${part}_ARCH_OK} code=${VFA_${part}_GENCODE} '
+                      'reason=${VFA_${part}_ARCH_REASON}")\n'
+                      'endforeach()\n')
+    defines = {"TORCH_CUDA_ARCH_LIST": arch_list, **knobs}
+    return run([tool("cmake"), *[f"-D{k}={v}" for k, v in defines.items()], "-P", str(script)], env=clean_env())
+
+
+def chosen(result: Result) -> dict[str, str]:
+    assert result.returncode == 0, result.output
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in result.output.splitlines()
+            if line.startswith(("FA2 ", "FA3 "))}
+
+
+NO_PTX = ("its compute_80 PTX, which newer GPUs run, is left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON")
+
+
+@pytest.mark.parametrize("arch_list, knobs, bare", [
+    ("10.0", {"VFA_FA2_PTX": "OFF", "VFA_BUILD_FA2": "on"}, "10.0"),  # the reported case
+    ("10.0", {"VFA_FA2_PTX": "OFF"}, "10.0"),                          # FA2 auto: the same
+    ("8.0;10.0;12.0", {"VFA_FA2_PTX": "OFF"}, "10.0, 12.0"),            # 8.0 runs, the others do not
+    ("9.0", {"VFA_FA2_PTX": "OFF", "VFA_BUILD_FA3": "off"}, "9.0"),     # FA3 would have served 9.0
+    ("8.6;9.0", {"VFA_FA2_PTX": "OFF"}, None),                          # 8.6: sm_80 SASS; 9.0: FA3
+])
+def test_a_listed_gpu_nothing_runs_on_stops(tmp_path, arch_list, knobs, bare):
+    result = select(tmp_path, arch_list, **knobs)
+    if bare is None:
+        chosen(result)  # 8.6 gets sm_80 SASS, 9.0 FA3: nothing to refuse
+        return
+    assert result.returncode != 0
+    assert f"TORCH_CUDA_ARCH_LIST='{arch_list}' names {bare}, but nothing this build compiles would run there" \
+        in result.text, result.output
+    assert NO_PTX in result.text
+    if "VFA_BUILD_FA3" in knobs:
+        assert "FA3 runs on 9.0 only, and is not built: VFA_BUILD_FA3=off" in result.text
+        assert "or VFA_FA2_SM90_SASS=ON for 9.0" in result.text
+
+
+def test_fa2_that_runs_on_no_listed_gpu_is_not_built(tmp_path):
+    """9.0 without FA2's PTX or sm_90 SASS: FA3 serves it; FA2's sm_80 SASS would run on
+    nothing listed, so FA2 is ruled out with the reason (auto leaves it out, on stops:
+    CMakeLists.txt's "VFA_BUILD_FA2=on, but <reason>")."""
+    got = chosen(select(tmp_path, "9.0", VFA_FA2_PTX="OFF"))
+    assert got["FA3"].startswith("ok=TRUE code=sm_90a")
+    assert got["FA2"] == (
+        "ok=FALSE code=sm_80 reason=TORCH_CUDA_ARCH_LIST='9.0' names no GPU that FA2's code runs on: FA2 is "
+        f"sm_80 SASS only, which runs on 8.x GPUs; {NO_PTX}, or VFA_FA2_SM90_SASS=ON for 9.0)")
+
+
+def test_without_fa2_a_gpu_fa3_does_not_run_on_is_a_warning(tmp_path):
+    result = select(tmp_path, "9.0;10.0", VFA_BUILD_FA2="off")
+    got = chosen(result)
+    assert got["FA3"].startswith("ok=TRUE")
+    assert "CMake Warning" in result.output
+    assert ("TORCH_CUDA_ARCH_LIST='9.0;10.0' names 10.0, but this wheel will hold nothing that runs there: "
+            "VFA_BUILD_FA2=off, and FA3 runs on 9.0 only.") in result.text
+
+
+@pytest.mark.parametrize("arch_list, knobs, fa2", [
+    ("8.0;9.0;10.0;12.0", {}, "sm_80;compute_80"),             # the PTX serves the newer GPUs
+    ("9.0;10.0", {"VFA_FA2_SM90_SASS": "ON"}, "sm_90;compute_80"),
+    ("8.0;9.0", {"VFA_FA2_SM90_SASS": "ON", "VFA_FA2_PTX": "OFF"}, "sm_80;sm_90"),
+])
+def test_lists_every_gpu_of_which_gets_code_pass(tmp_path, arch_list, knobs, fa2):
+    got = chosen(select(tmp_path, arch_list, **knobs))
+    assert got["FA2"].startswith(f"ok=TRUE code={fa2} reason=")

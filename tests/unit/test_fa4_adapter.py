@@ -1,0 +1,226 @@
+"""FA4's adapter (fa4.py) on a CPU: a fake ``vendored_flash_attn._fa4.cute`` (interface and
+cache_utils) and a fake ``cutlass`` stand in for the staged sources and the DSL; the fake
+``_flash_attn_fwd`` records what it was called with, by name."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, HOPPER
+from vendored_flash_attn import fa4, fa4_cache, fa4_deps
+from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
+
+BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
+HEADS, KV_HEADS, D, PAGE, SEQS = 8, 2, 128, 128, 3
+
+
+class FakeFA4:
+    def __init__(self, tile_n=128):
+        self.calls: list[tuple[tuple, dict]] = []
+        self.tile_n = tile_n
+        self.deps_checked = 0
+        self.assertion = None
+
+    def _flash_attn_fwd(self, q, k, v, **kwargs):
+        self.calls.append(((q, k, v), kwargs))
+        if self.assertion:
+            raise AssertionError(self.assertion)
+        out = kwargs["out"] if kwargs["out"] is not None else torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+        lse = torch.zeros(q.shape[1], q.shape[0]) if kwargs["return_lse"] else None
+        return out, lse, None, None
+
+    def _resolve_causal_local_window(self, causal, left, right):
+        self.window_asked = (causal, left, right)
+        return causal, left is not None and not causal, left, right
+
+    def _tile_size_fwd_sm90(self, head_dim, head_dim_v, causal, local):
+        self.tile_asked = (head_dim, head_dim_v, causal, local)
+        return types.SimpleNamespace(n_block_size=self.tile_n)
+
+
+@pytest.fixture
+def fake(monkeypatch, describe, tmp_path):
+    describe(caps=(HOPPER,))
+    state = FakeFA4()
+    interface = types.ModuleType(f"{fa4.SUBPACKAGE}.interface")
+    for name in ("_flash_attn_fwd", "_resolve_causal_local_window", "_tile_size_fwd_sm90"):
+        # Plain functions, as upstream's: the kernel cache is an attribute of _flash_attn_fwd.
+        setattr(interface, name, lambda *a, _method=getattr(state, name), **kw: _method(*a, **kw))
+    cache_utils = types.ModuleType(f"{fa4.SUBPACKAGE}.cache_utils")
+    cache_utils.JITPersistentCache = type("JITPersistentCache", (), {
+        "EXPORT_FUNCTION_PREFIX": "func", "__init__": lambda self, path: setattr(self, "cache", {})})
+    cache_utils._compute_source_fingerprint = lambda: "0" * 64
+    cutlass = types.ModuleType("cutlass")
+    cutlass.CUDA_VERSION = types.SimpleNamespace(major=12, minor=9)
+    cutlass.cute = types.ModuleType("cutlass.cute")
+    for name, module in ((f"{fa4.SUBPACKAGE}.interface", interface), (f"{fa4.SUBPACKAGE}.cache_utils", cache_utils),
+                         ("cutlass", cutlass), ("cutlass.cute", cutlass.cute)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(fa4, "_loaded", None)
+    monkeypatch.setattr(fa4_cache, "shipped_root", lambda: None)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "fa4-cache"))
+
+    def check():
+        state.deps_checked += 1
+
+    monkeypatch.setattr(fa4_deps, "check", check)
+    state.interface = interface
+    return state
+
+
+def _paged(q_dtype=BF16, kv_dtype=BF16, page=PAGE):
+    q = torch.zeros(SEQS, HEADS, D, dtype=q_dtype)
+    k = torch.zeros(SEQS * 4, page, KV_HEADS, D, dtype=kv_dtype)
+    v = torch.zeros(SEQS * 4, page, KV_HEADS, D, dtype=kv_dtype)
+    return dict(q=q, k=k, v=v, max_seqlen_q=1, cu_seqlens_q=torch.arange(SEQS + 1, dtype=torch.int32),
+                max_seqlen_k=4 * page, seqused_k=torch.full((SEQS,), 300, dtype=torch.int32),
+                block_table=torch.arange(SEQS * 4, dtype=torch.int32).reshape(SEQS, 4))
+
+
+def _descales():
+    return {name: torch.ones(SEQS, KV_HEADS) for name in ("q_descale", "k_descale", "v_descale")}
+
+
+def test_every_argument_of_a_paged_call_reaches_fa4_by_name(fake):
+    call = _paged()
+    out = torch.empty(SEQS, HEADS, D, dtype=BF16)
+    sinks = torch.zeros(HEADS, dtype=BF16)
+    result = fa4.flash_attn_varlen_func(
+        **call, softmax_scale=0.1, causal=True, window_size=[127, 0], softcap=30.0, out=out,
+        return_softmax_lse=True, num_splits=0, s_aux=sinks, **_descales())
+    assert fake.deps_checked == 1
+    (q, k, v), kwargs = fake.calls[-1]
+    assert (q, k, v) == (call["q"], call["k"], call["v"])
+    assert kwargs["page_table"] is call["block_table"]
+    assert kwargs["seqused_k"] is call["seqused_k"]
+    assert kwargs["cu_seqlens_q"] is call["cu_seqlens_q"]
+    assert kwargs["cu_seqlens_k"] is None
+    assert (kwargs["max_seqlen_q"], kwargs["max_seqlen_k"]) == (1, 4 * PAGE)
+    assert kwargs["softmax_scale"] == 0.1
+    assert kwargs["causal"] is True
+    assert kwargs["softcap"] == 30.0
+    assert (kwargs["window_size_left"], kwargs["window_size_right"]) == (127, 0)
+    assert kwargs["learnable_sink"] is sinks
+    assert kwargs["num_splits"] == 0  # vLLM's 0 = upstream's heuristic (< 1)
+    assert kwargs["return_lse"] is True
+    assert kwargs["out"] is out
+    # bf16 data: vLLM's descales are dropped (FA4 asserts None for 16-bit inputs).
+    assert (kwargs["q_descale"], kwargs["k_descale"], kwargs["v_descale"]) == (None, None, None)
+    assert kwargs["fp8_kv_dequant"] is False
+    assert kwargs["_arch"] == 90
+    assert set(kwargs) == {"cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+                           "page_table", "softmax_scale", "causal", "softcap", "window_size_left",
+                           "window_size_right", "learnable_sink", "num_splits", "return_lse", "out",
+                           "q_descale", "k_descale", "v_descale", "fp8_kv_dequant", "_arch"}
+    assert result[0] is out and result[1].shape == (HEADS, SEQS)
+
+
+def test_a_varlen_call_with_defaults(fake, describe):
+    describe(caps=(BLACKWELL,))
+    q = torch.zeros(10, HEADS, 64, dtype=BF16)
+    k = v = torch.zeros(12, KV_HEADS, 64, dtype=BF16)
+    cu_q, cu_k = torch.tensor([0, 4, 10], dtype=torch.int32), torch.tensor([0, 5, 12], dtype=torch.int32)
+    out = fa4.flash_attn_varlen_func(q, k, v, 6, cu_q, 7, cu_seqlens_k=cu_k)
+    _, kwargs = fake.calls[-1]
+    assert isinstance(out, torch.Tensor)  # no LSE asked for: out alone
+    assert kwargs["cu_seqlens_k"] is cu_k and kwargs["page_table"] is None and kwargs["seqused_k"] is None
+    assert (kwargs["window_size_left"], kwargs["window_size_right"]) == (None, None)  # (-1, -1): unbounded
+    assert kwargs["softmax_scale"] == 64 ** -0.5
+    assert kwargs["return_lse"] is False and kwargs["_arch"] == 100
+
+
+def test_fp8_kv_with_a_bf16_q_takes_upstreams_in_kernel_dequant_on_sm90(fake):
+    descales = _descales()
+    fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3), causal=True, **descales)
+    _, kwargs = fake.calls[-1]
+    assert kwargs["fp8_kv_dequant"] is True
+    assert all(kwargs[name] is descales[name] for name in descales)
+    assert fake.tile_asked == (D, D, True, False)
+
+
+def test_fp8_kv_with_a_page_size_other_than_fa4s_tile_is_refused_before_the_kernel(fake):
+    with pytest.raises(fa4.FA4Unsupported, match=r"page size of 128 .* got 64; or FP8 q, k and v with FA3"):
+        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, page=64), **_descales())
+    assert fake.calls == []
+
+
+def test_fp8_q_k_v_on_sm100_passes_the_descales(fake, describe):
+    describe(caps=(BLACKWELL,))
+    descales = _descales()
+    fa4.flash_attn_varlen_func(**_paged(q_dtype=E4M3, kv_dtype=E4M3), **descales)
+    _, kwargs = fake.calls[-1]
+    assert kwargs["fp8_kv_dequant"] is False and kwargs["k_descale"] is descales["k_descale"]
+
+
+def test_sm120_asks_upstream_for_one_split(fake, describe):
+    describe(caps=(BLACKWELL_12,))
+    q = torch.zeros(10, HEADS, D, dtype=BF16)
+    k = v = torch.zeros(10, KV_HEADS, D, dtype=BF16)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    fa4.flash_attn_varlen_func(q, k, v, 10, cu, 10, cu_seqlens_k=cu, num_splits=0)
+    assert fake.calls[-1][1]["num_splits"] == 1
+
+
+REFUSALS = [
+    ("FP8 q needs FA3", HOPPER, lambda: _paged(q_dtype=E4M3, kv_dtype=E4M3), {}),
+    ("ALiBi .* needs FA2", HOPPER, _paged, {"alibi_slopes": torch.zeros(HEADS)}),
+    ("q_v needs FA3", HOPPER, _paged, {"q_v": torch.zeros(SEQS, HEADS, D)}),
+    ("scheduler_metadata is FA3's", HOPPER, _paged, {"scheduler_metadata": torch.zeros(4, dtype=torch.int32)}),
+    ("context parallelism .* needs FA3", HOPPER, _paged, {"cp_world_size": 2}),
+    ("sm80: use FA2", AMPERE, _paged, {}),
+    ("paged KV cache .* on sm120 needs FA2", BLACKWELL_12, _paged, {}),
+    ("FP8 KV with a torch.bfloat16 q is FA4's sm90 path only", BLACKWELL, lambda: _paged(kv_dtype=E4M3), {}),
+    ("takes seqused_k, not cu_seqlens_k", HOPPER, _paged, {"cu_seqlens_k": torch.zeros(SEQS + 1, dtype=torch.int32)}),
+    ("dropout_p must be 0.0", HOPPER, _paged, {"dropout_p": 0.1}),
+]
+
+
+@pytest.mark.parametrize("message, cap, make, extra", REFUSALS, ids=[r[0].split()[0] + str(r[1]) for r in REFUSALS])
+def test_what_fa4_cannot_do_is_refused_before_fa4_is_even_imported(fake, describe, message, cap, make, extra):
+    describe(caps=(cap,))
+    with pytest.raises(fa4.FA4Unsupported, match=message) as refused:
+        fa4.flash_attn_varlen_func(**make(), **extra)
+    assert isinstance(refused.value, FlashAttnInputError)
+    assert fake.deps_checked == 0 and fake.calls == []
+
+
+def test_sinks_in_another_dtype_are_refused(fake):
+    with pytest.raises(TypeError, match=r"s_aux .* must be bfloat16 of shape \(8,\)"):
+        fa4.flash_attn_varlen_func(**_paged(), s_aux=torch.zeros(HEADS))
+    assert fake.calls == []
+
+
+def test_the_dependency_check_comes_before_the_import(fake, monkeypatch):
+    def missing():
+        raise fa4_deps.FA4DependencyError("nvidia-cutlass-dsl 4.7.0 is installed, ==4.6.0.dev0 is required")
+
+    monkeypatch.setattr(fa4_deps, "check", missing)
+    monkeypatch.delitem(sys.modules, f"{fa4.SUBPACKAGE}.interface")  # an import would now fail otherwise
+    with pytest.raises(fa4_deps.FA4DependencyError, match="4.7.0 is installed"):
+        fa4.flash_attn_varlen_func(**_paged())
+    assert fa4._loaded is None
+
+
+def test_fa4_is_loaded_once_with_its_kernel_cache(fake, tmp_path):
+    fa4.flash_attn_varlen_func(**_paged())
+    fa4.flash_attn_varlen_func(**_paged())
+    assert fake.deps_checked == 1
+    layout = fa4._loaded.cache_layout
+    assert layout["flavour"] == "cu12.9"
+    assert layout["kinds"]["fwd"]["user"] == str(tmp_path / "fa4-cache/cu12.9" / ("0" * 64) / "fwd")
+
+
+def test_an_upstream_assertion_becomes_a_clear_error(fake):
+    fake.assertion = "head_dim must be between 8 and 256"
+    with pytest.raises(fa4.FA4Unsupported, match="FA4 refused the call: head_dim must be between 8 and 256"):
+        fa4.flash_attn_varlen_func(**_paged())
+
+
+def test_a_wheel_without_fa4_says_how_to_get_it(fake, monkeypatch):
+    monkeypatch.delitem(sys.modules, f"{fa4.SUBPACKAGE}.interface")
+    with pytest.raises(FlashAttnUnavailableError, match="VFA_BUILD_FA4"):
+        fa4.load()

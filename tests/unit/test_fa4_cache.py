@@ -1,0 +1,157 @@
+"""FA4's two-level AOT kernel cache (fa4_cache) on a CPU, without cutlass: the upstream
+base class is a stand-in with upstream's disk behaviour (cache_utils.py at the pin: a
+lookup opens ``<hash>.lock`` with O_CREAT, an export writes ``<hash>.o`` under a lock)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import types
+from pathlib import Path
+
+import pytest
+
+from vendored_flash_attn import fa4_cache
+
+
+class UpstreamPersistentCache:
+    """cache_utils.JITPersistentCache's behaviour at the pin, minus cutlass."""
+
+    EXPORT_FUNCTION_PREFIX = "func"
+    opened_locks: list[Path] = []
+
+    def __init__(self, cache_path: Path):
+        self.cache = {}
+        cache_path.mkdir(parents=True, exist_ok=True)
+        self.cache_path = cache_path
+
+    def _key_to_hash(self, key) -> str:
+        return hashlib.sha256(pickle.dumps(key)).hexdigest()
+
+    def _lock(self, sha, flags):
+        path = self.cache_path / f"{sha}.lock"
+        UpstreamPersistentCache.opened_locks.append(path)
+        os.close(os.open(path, flags | os.O_CREAT))
+
+    def _try_load_from_storage(self, key) -> bool:
+        sha = self._key_to_hash(key)
+        self._lock(sha, os.O_RDONLY)
+        obj = self.cache_path / f"{sha}.o"
+        if obj.exists():
+            self.cache[key] = ("loaded", obj)
+            return True
+        return False
+
+    def _try_export_to_storage(self, key, fn) -> None:
+        sha = self._key_to_hash(key)
+        self._lock(sha, os.O_WRONLY)
+        (self.cache_path / f"{sha}.o").write_bytes(b"exported " + repr(fn).encode())
+
+
+def _loader(path: Path):
+    return ("shipped", path)
+
+
+CacheClass = fa4_cache.two_level_cache_class(UpstreamPersistentCache, _loader)
+KEY = ("bf16", 128, 128, 4, True)
+FINGERPRINT = "f" * 64
+
+
+def _ship(root: Path, flavour: str, key=KEY, kind: str = "fwd") -> Path:
+    directory = fa4_cache.kernel_dir(root, flavour, FINGERPRINT, kind)
+    directory.mkdir(parents=True)
+    obj = directory / f"{hashlib.sha256(pickle.dumps(key)).hexdigest()}.o"
+    obj.write_bytes(b"precompiled")
+    (obj.with_suffix(".lock")).write_bytes(b"")
+    return obj
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_locks():
+    UpstreamPersistentCache.opened_locks = []
+
+
+def test_a_shipped_kernel_loads_without_locking_or_writing_the_install(tmp_path):
+    shipped_root, user_root = tmp_path / "site", tmp_path / "user"
+    obj = _ship(shipped_root, "cu12.9")
+    before = _tree(shipped_root)
+    cache = CacheClass(obj.parent, fa4_cache.kernel_dir(user_root, "cu12.9", FINGERPRINT, "fwd"))
+    assert KEY in cache
+    assert cache[KEY] == ("shipped", obj)
+    assert UpstreamPersistentCache.opened_locks == []  # a read-only site-packages never sees a lock
+    assert _tree(shipped_root) == before
+
+
+def test_a_kernel_of_another_cuda_flavour_is_never_loaded(tmp_path):
+    """cu12 and cu13 builds of the DSL share upstream's fingerprint and key: the flavour
+    directory keeps a cu13 process away from cu12 kernels (and the other way round)."""
+    _ship(tmp_path / "site", "cu12.9")
+    shipped = fa4_cache.kernel_dir(tmp_path / "site", "cu13.0", FINGERPRINT, "fwd")
+    user = fa4_cache.kernel_dir(tmp_path / "user", "cu13.0", FINGERPRINT, "fwd")
+    cache = CacheClass(shipped if shipped.is_dir() else None, user)
+    assert KEY not in cache
+    assert all(str(p).startswith(str(tmp_path / "user" / "cu13.0")) for p in UpstreamPersistentCache.opened_locks)
+
+
+def test_a_kernel_compiled_at_run_time_goes_to_the_user_cache_only(tmp_path):
+    obj = _ship(tmp_path / "site", "cu12.9")
+    before = _tree(tmp_path / "site")
+    user = fa4_cache.kernel_dir(tmp_path / "user", "cu12.9", FINGERPRINT, "fwd")
+    cache = CacheClass(obj.parent, user)
+    other = ("bf16", 64, 64, 1, False)
+    assert other not in cache
+    cache[other] = "compiled"
+    assert cache[other] == "compiled"
+    exported = list(user.glob("*.o"))
+    assert len(exported) == 1 and exported[0].read_bytes() == b"exported 'compiled'"
+    assert _tree(tmp_path / "site") == before
+    # A new process finds it in the user cache (upstream's locked path).
+    again = CacheClass(obj.parent, user)
+    assert other in again and again[other] == ("loaded", exported[0])
+
+
+def test_clear_never_deletes_shipped_kernels(tmp_path):
+    obj = _ship(tmp_path / "site", "cu12.9")
+    user = fa4_cache.kernel_dir(tmp_path / "user", "cu12.9", FINGERPRINT, "fwd")
+    cache = CacheClass(obj.parent, user)
+    cache[("x",)] = "compiled"
+    cache.clear()
+    assert obj.exists() and list(user.iterdir()) == []
+
+
+def test_an_unwritable_user_cache_warns_and_keeps_kernels_in_memory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.warns(RuntimeWarning, match="FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        cache = CacheClass(None, blocker / "cache")
+    assert KEY not in cache
+    cache[KEY] = "compiled"
+    assert KEY in cache and cache[KEY] == "compiled"
+
+
+def test_user_cache_root_prefers_upstreams_knob_then_xdg_then_home():
+    assert fa4_cache.user_cache_root({"FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/b"}) == Path("/a")
+    assert fa4_cache.user_cache_root({"XDG_CACHE_HOME": "/b"}) == Path("/b/vendored-flash-attn/fa4")
+    assert fa4_cache.user_cache_root({}) == Path(os.path.expanduser("~")) / ".cache/vendored-flash-attn/fa4"
+
+
+def test_install_replaces_the_forward_caches_with_flavour_and_fingerprint_in_the_path(tmp_path):
+    def fwd():
+        pass
+
+    interface = types.SimpleNamespace(_flash_attn_fwd=fwd)  # no combine: skipped
+    cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
+                                        _compute_source_fingerprint=lambda: FINGERPRINT)
+    cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
+    obj = _ship(tmp_path / "site", "cu12.9")
+    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
+                               shipped=tmp_path / "site", user=tmp_path / "user")
+    assert layout["flavour"] == "cu12.9" and layout["fingerprint"] == FINGERPRINT
+    assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent),
+                                       "user": str(tmp_path / "user/cu12.9" / FINGERPRINT / "fwd")}}
+    assert KEY in fwd.compile_cache and fwd.compile_cache[KEY] == ("shipped", obj)

@@ -1,0 +1,83 @@
+"""The staged H200 scripts (tests/gpu/session_h200.sh, slice_h200.sh) on the CPU machine,
+with a stand-in for `pip wheel` and sccache: the defines reach the detached build intact
+(a value with a quote too), and each session lives in a fresh folder under TMPDIR."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def stand_ins(tmp_path):
+    """PYTHON that records `-m pip wheel` arguments (and fails the cluster helper, so the
+    session script's build B ends at once), and a PATH whose sccache does nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    args = tmp_path / "pip-wheel-args.txt"
+    fake_py = bin_dir / "fakepy"
+    fake_py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2 $3" == "-m pip wheel" ]]; then printf '%s\\n' "$@" >> {args}; exit 0; fi
+if [[ "$1 $2" == "-m pip" || "$1" == *cluster.py ]]; then exit 1; fi
+exec {sys.executable} "$@"
+""")
+    (bin_dir / "sccache").write_text("#!/bin/sh\nexit 0\n")
+    for f in (fake_py, bin_dir / "sccache"):
+        f.chmod(0o755)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VFA_", "SCCACHE_"))},
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(fake_py), "TMPDIR": str(tmp),
+           "OUT": str(tmp_path / "out"), "SOURCE_CACHE_FROM": str(cache), "WAIT_S": "60",
+           "SESSION_POINTER": str(tmp_path / "session.ptr"), "SLICE_POINTER": str(tmp_path / "slice.ptr"),
+           "EXTRA_DEFINES": "-Ccmake.define.VFA_NOTE=it's -Ccmake.define.VFA_OTHER=\"x\""}
+    return env, args, tmp
+
+
+def run(script: str, *stage: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "tests/gpu" / script), *stage], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_session_script_passes_defines_intact_and_uses_a_fresh_folder(stand_ins, tmp_path):
+    env, args, tmp = stand_ins
+    result = run("session_h200.sh", "start", env=env)
+    # Build B (the cluster) fails by design here; build A must have run with every define.
+    assert "build A: exit 0" in result.stdout, result.stdout + result.stderr
+    recorded = args.read_text().splitlines()
+    assert "-Ccmake.define.VFA_NOTE=it's" in recorded and '-Ccmake.define.VFA_OTHER="x"' in recorded
+    assert "-Ccmake.define.VFA_FA3_HEAD_DIMS=128,256" in recorded
+    session = Path((tmp_path / "session.ptr").read_text().strip())
+    assert session.parent == tmp and session.name.startswith("vfa-session.")
+    assert any(a.startswith(f"-Cbuild-dir={session}/") for a in recorded)
+    # A second start makes another folder and leaves the first alone.
+    run("session_h200.sh", "start", env=env)
+    second = Path((tmp_path / "session.ptr").read_text().strip())
+    assert second != session and session.is_dir()
+
+
+def test_slice_script_builds_the_named_slice(stand_ins, tmp_path):
+    env, args, tmp = stand_ins
+    result = run("slice_h200.sh", "start", "fa2-hd32-64", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    recorded = args.read_text().splitlines()
+    for define in ("-Ccmake.define.VFA_PRESET=full", "-Ccmake.define.VFA_BUILD_FA3=OFF",
+                   "-Ccmake.define.VFA_FA2_HEAD_DIMS=32,64", "-Ccmake.define.VFA_NOTE=it's"):
+        assert define in recorded
+    session = Path((tmp_path / "slice.ptr").read_text().strip())
+    assert session.parent == tmp and (session / "results/slice.txt").read_text().strip() == "fa2-hd32-64"
+    assert run("slice_h200.sh", "start", "no-such-slice", env=env).returncode != 0
+
+
+def test_later_stages_need_the_start_stage(stand_ins):
+    env, _args, _tmp = stand_ins
+    result = run("slice_h200.sh", "wait", env=env)
+    assert result.returncode != 0 and "run the start stage first" in result.stderr
