@@ -114,8 +114,9 @@ def paged_fa3():
 
 # The metadata arguments vLLM passes, and omissions FA3 may derive the same schedule from:
 # cu_seqlens_q (upstream's test leaves it out), page_size (upstream's test leaves it out
-# for paged calls; a 16-bit causal prefill's tile ignores it at head dims 64, 128 and 256,
-# reads it at 96 and 192), has_softcap for a call without softcap (16-bit tiles ignore it).
+# for paged calls; a 16-bit causal prefill's tile ignores it at head dims 64, 128, 192 and
+# 256, reads it at 96 and for 192 with V head dim 128), has_softcap for a call without
+# softcap (16-bit tiles ignore it).
 ACCEPTED = {
     "as-vllm": {},
     "no-cu_seqlens_q": {"cu_seqlens_q": None},
@@ -141,7 +142,7 @@ def test_metadata_for_the_call_runs_and_is_right(paged_fa3, rng, dtype, variant)
     """Metadata computed for the call (every argument the call has: vLLM's) runs and is
     right; so does metadata omitting an argument wherever FA3 derives the call's schedule
     without it. Where this wheel's head dim makes the omission change the schedule
-    (page_size picks the tile at head dims 96 and 192), that metadata is not for this call:
+    (page_size picks the tile at head dim 96), that metadata is not for this call:
     it is refused before any kernel, naming what differs, and the metadata computed with
     the argument runs and is right. Which case a wheel is in: tests/unit/test_gpu_expectations.py."""
     from vendored_flash_attn import FlashAttnInputError, flash_attn_varlen_func
@@ -231,7 +232,7 @@ def _meaningful(metadata: torch.Tensor, batch: int) -> torch.Tensor:
 # (id, problem kind, changes A, changes B): the runtime derives the same schedule from A and
 # B (checked first); the real metadata must be the same. page_size-causal-prefill is such a
 # pair only where a 16-bit causal prefill's tile ignores the page size (head dims 64, 128,
-# 256; at 96 and 192 page_size picks kBlockN, test_metadata_for_the_call_runs_and_is_right
+# 192, 256; at 96 page_size picks kBlockN, test_metadata_for_the_call_runs_and_is_right
 # checks that refusal).
 EQUIVALENT = [
     ("softcap-16bit", "decode", {}, {"has_softcap": True}),
