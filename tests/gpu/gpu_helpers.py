@@ -68,12 +68,14 @@ def _load_build():
 BUILD = _load_build()
 
 
-def component(version: int):
-    return BUILD.component(version) if BUILD is not None else None
+def component(version: int, build=None):
+    """FA``version`` of ``build`` (default: the installed wheel's build info, ``BUILD``)."""
+    build = BUILD if build is None else build
+    return build.component(version) if build is not None else None
 
 
-def built_dtypes(version: int, candidates: Sequence[str] = SIXTEEN_BIT) -> List[str]:
-    comp = component(version)
+def built_dtypes(version: int, candidates: Sequence[str] = SIXTEEN_BIT, build=None) -> List[str]:
+    comp = component(version, build)
     if comp is None:
         return [candidates[0]]  # placeholder: skipped anyway
     return [d for d in candidates if d in comp.dtypes]
@@ -86,16 +88,52 @@ def unbuilt_dtypes(version: int, candidates: Sequence[str] = SIXTEEN_BIT) -> Lis
     return [d for d in candidates if d not in comp.dtypes]
 
 
-def built_head_dims(version: int) -> List[int]:
-    comp = component(version)
+def built_head_dims(version: int, build=None) -> List[int]:
+    comp = component(version, build)
     if comp is None:
         return [128]
     return sorted(comp.head_dims)
 
 
-def primary_head_dim(version: int) -> int:
-    dims = built_head_dims(version)
+def primary_head_dim(version: int, build=None) -> int:
+    """128 (Llama's head dim) where built, else the smallest built (a slice of `full`)."""
+    dims = built_head_dims(version, build)
     return 128 if 128 in dims else (dims[0] if dims else 128)
+
+
+def smoke_calls(build=None) -> List[Tuple[int, int, str]]:
+    """(version, head dim, dtype) of the smoke check's calls: one per FA version the wheel
+    built, at a head dim and 16-bit dtype that version built (smoke_check.py)."""
+    calls = []
+    for version in (2, 3):
+        comp = component(version, build)
+        if comp is None or not comp.built:
+            continue
+        dtypes = built_dtypes(version, build=build)
+        if not dtypes or not comp.head_dims:
+            continue  # nothing 16-bit to call (the build refuses such a selection anyway)
+        calls.append((version, primary_head_dim(version, build), dtypes[0]))
+    return calls
+
+
+# FA2's sparse kernels exist for head dim 128 only (upstream instantiates no other).
+SPARSE_HEAD_DIM = 128
+
+
+def sparse_refusal_fragments(build=None) -> List[str]:
+    """What the refusal of a sparse call must say on a wheel without usable sparse kernels:
+    the cause this wheel has (the 'sparse' feature left out, or head dim 128 left out of
+    the FA2 selection) and the knob that fixes it. Empty when the wheel has them."""
+    comp = component(2, build)
+    if comp is None:
+        return []
+    if "sparse" not in comp.features:
+        return ["'sparse' kernels", "VFA_FA2_FEATURES=sparse"]
+    if SPARSE_HEAD_DIM not in comp.head_dims:
+        built = ", ".join(str(d) for d in sorted(comp.head_dims)) or "none"
+        return [f"head dim {SPARSE_HEAD_DIM} only", f"FA2 head dims built: {built}",
+                f"{SPARSE_HEAD_DIM} in VFA_FA2_HEAD_DIMS"]
+    return []
 
 
 def has_feature(feature: str) -> bool:

@@ -3,7 +3,7 @@ computes for its paged decode case (get_scheduler_metadata with max_seqlen_q=1, 
 no page_size; the call then pages K/V in blocks of 16 or 32), per head dim. Calls the
 compiled ops directly, so the package's own metadata check plays no part.
 
-    python tests/gpu/metadata_probe.py      (an H200 with a wheel holding FA3 hdim 128 + 256)
+    python tests/gpu/metadata_probe.py      (an H200; every FA3 head dim the wheel built)
 
 Measured 2026-11-30 on the H200 (docs/gpu-results.md): at head dim 128 the op refuses
 that metadata ('scheduler_metadata must have shape (metadata_size)': 9 entries, the
@@ -15,10 +15,12 @@ import importlib
 
 import torch
 
+from vendored_flash_attn.build_info import load_build_info
+
 importlib.import_module("vendored_flash_attn._vendored_fa3_C")  # registers the ops
 ops = torch.ops._vendored_fa3_C
 torch.manual_seed(0)
-for hd in (128, 256):
+for hd in sorted(load_build_info().fa3.head_dims):  # the head dims this wheel's FA3 has
     for bs in (16, 32):
         dt = torch.bfloat16
         kv = [1328, 18, 463]

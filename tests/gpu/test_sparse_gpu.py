@@ -22,12 +22,13 @@ from typing import List
 import pytest
 import torch
 
-from gpu_helpers import (LSE_TOL, OUT_TOL, SIXTEEN_BIT, Rand, check, component, expect_refused,
-                         make_problem, relative_l2, require)
+from gpu_helpers import (LSE_TOL, OUT_TOL, SIXTEEN_BIT, SPARSE_HEAD_DIM, Rand, check, component,
+                         expect_refused, make_problem, relative_l2, require,
+                         sparse_refusal_fragments)
 
 pytestmark = pytest.mark.gpu
 
-HEAD_DIM = 128
+HEAD_DIM = SPARSE_HEAD_DIM
 BLOCK = 64
 
 
@@ -35,7 +36,7 @@ def sparse_skip_reason():
     comp = component(2)
     if comp is None:
         return None  # no build info: conftest skips everything with its reason
-    if "sparse" not in comp.features or HEAD_DIM not in comp.head_dims:
+    if sparse_refusal_fragments():
         return ("this wheel has no FA2 sparse kernels (build with VFA_FA2_FEATURES=sparse and head "
                 "dim 128 in VFA_FA2_HEAD_DIMS)")
     return None
@@ -335,8 +336,12 @@ def test_unbuilt_dtype_is_refused(dtype, rng):
 
 
 def test_refused_without_sparse_kernels(rng):
+    """A wheel without usable sparse kernels refuses the call before any kernel, naming
+    its own cause and fix: the 'sparse' feature left out (VFA_FA2_FEATURES), or head dim
+    128 left out of the FA2 selection (a slice of `full`; VFA_FA2_HEAD_DIMS)."""
     require(2)
-    if not sparse_skip_reason():
+    fragments = sparse_refusal_fragments()
+    if not fragments:
         pytest.skip("this wheel has the sparse kernels (the refusal is tested on CPU in "
                     "tests/unit/test_sparse.py)")
     p = make_problem(rng, dtype="bf16", num_heads=2, num_heads_k=2, head_dim=HEAD_DIM,
@@ -344,8 +349,10 @@ def test_refused_without_sparse_kernels(rng):
     pattern = make_pattern(rng, p.q_lens, p.k_lens, 2, "all-blocks", False)
     from vendored_flash_attn import sparse_attn_func
 
-    expect_refused(lambda: sparse_attn_func(p.q[None], p.k[:70][None], p.v[:70][None],
-                                            **pattern.kwargs()), "VFA_FA2_FEATURES=sparse")
+    message = expect_refused(lambda: sparse_attn_func(p.q[None], p.k[:70][None], p.v[:70][None],
+                                                      **pattern.kwargs()), fragments[0])
+    for fragment in fragments[1:]:
+        assert fragment.lower() in message.lower(), (fragment, message)
 
 
 # --- VFA_DEBUG_CHECKS=1 on the device: bad values refused, the context stays usable ---------

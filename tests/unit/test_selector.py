@@ -255,6 +255,8 @@ def test_a_damaged_build_info_file_is_a_reason_not_an_exception(tmp_path, damage
     site = tmp_path / "site"
     package = Path(selector.__file__).parent
     shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    # The wheel installs the project's declaration beside the package (cmake/BuildInfo.cmake).
+    shutil.copy(package.parents[1] / "cmake" / "knobs.json", site / package.name / "knobs.json")
     text = json.dumps(make_build("minimal").raw)
     damaged = {"truncated": text[: len(text) // 2],
                "not-an-object": "[1, 2]",
