@@ -16,6 +16,10 @@ function(vfa_add_fa2_target)
   if(VFA_FA2_MISSING)
     vfa_write_fa2_stubs(stubs "${CMAKE_BINARY_DIR}/generated")
     list(APPEND sources "${stubs}")
+    # Its error messages name it (__FILE__, in STD_TORCH_CHECK): by a path that is the
+    # same in every build dir, or two builds of one selection differ in their bytes.
+    set_source_files_properties("${stubs}" PROPERTIES COMPILE_OPTIONS
+      "$<$<CXX_COMPILER_ID:GNU,Clang>:-fmacro-prefix-map=${CMAKE_BINARY_DIR}/generated=vendored-flash-attn-generated>")
   endif()
   # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).
   vfa_verified_include_dirs(fa_includes flash_attention csrc/flash_attn csrc/flash_attn/src csrc/common)

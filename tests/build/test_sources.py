@@ -737,6 +737,22 @@ def test_the_quick_start_works_with_a_read_only_source_cache(filled, pin, cache,
     assert sorted(p.name for p in cache.iterdir()) == ["src"], "the configure wrote into the source cache"
 
 
+def test_the_generated_file_compiles_to_the_same_bytes_in_any_build_dir(filled, pin, cache, tmp_path):
+    objects = []
+    for name in ("build-a", "elsewhere/build-b"):
+        build = tmp_path / name
+        result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+        assert result.returncode == 0, result.output
+        entry = next(c for c in compile_commands(build) if "fa2_missing_kernels" in c["file"])
+        args = entry["command"].split()
+        out = args[args.index("-o") + 1]
+        compiled = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
+        assert compiled.returncode == 0, compiled.stderr
+        objects.append((Path(entry["directory"]) / out).read_bytes())
+        assert str(build).encode() not in objects[-1], "the build dir's path is in the compiled stub"
+    assert objects[0] == objects[1]
+
+
 def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path):
     build = tmp_path / "build"
     knobs = defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off")
