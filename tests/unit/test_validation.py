@@ -207,7 +207,7 @@ def test_all_tensors_on_q_device(describe, fake_ops):
 
 
 @pytest.mark.parametrize("caps, version, pattern", [
-    ((AMPERE,), 3, r"fa_version=3 cannot run here: FA3 kernels are built for sm_90a only"),
+    ((AMPERE,), 3, r"fa_version=3 cannot run here: FA3 runs on sm90 only"),
     ((), 2, r"no CUDA GPU is visible"),
     ((), None, r"no usable FlashAttention version: no CUDA GPU is visible"),
 ])
