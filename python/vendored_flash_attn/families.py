@@ -63,6 +63,8 @@ class Family:
     probe: str = ""
     deps_check: str = ""
     install: str = ""
+    # The features its build selects (the choices of features_knob): present only when built.
+    selectable_features: tuple[str, ...] = ()
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -97,6 +99,12 @@ class Family:
             return (f"{self.title} needs compute capability {lowest} or newer; GPU {index} has "
                     f"compute capability {major}.{minor}")
         return None
+
+    def features_missing(self, built_features, needed) -> list[str]:
+        """Of the ``needed`` features, those it cannot run: not declared for it, or selected
+        by its build and left out (``built_features``: the build info's)."""
+        return [f for f in needed if f not in self.features
+                or (f in self.selectable_features and f not in built_features)]
 
     def is_default_on(self, major: int) -> bool:
         return self.default_on is None or major in self.default_on
@@ -153,7 +161,10 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         module=entry.get("module", ""), op_namespace=entry.get("op_namespace", ""),
         forward_op=entry.get("forward_op", ""), subpackage=entry.get("subpackage", ""),
         probe=entry.get("probe", ""), deps_check=entry.get("deps_check", ""),
-        install=entry.get("install", ""), raw=entry)
+        install=entry.get("install", ""),
+        selectable_features=tuple(knobs[entry["features_knob"]].get("choices", ()))
+        if entry.get("features_knob") else (),
+        raw=entry)
 
 
 @dataclass(frozen=True)
@@ -174,10 +185,10 @@ class Registry:
     def versions(self) -> tuple[int, ...]:
         return tuple(f.version for f in self.families)
 
-    def versions_text(self, last: str = "or") -> str:
+    def versions_text(self) -> str:
         """"2, 3 or 4"."""
         words = [str(v) for v in self.versions]
-        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
+        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
     def get(self, version) -> Optional[Family]:
         """The family of ``version`` (an int), None when none is declared."""

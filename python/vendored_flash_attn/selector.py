@@ -133,10 +133,6 @@ def _dtype_key(dtype) -> Optional[str]:
     return dtype_name(dtype) or str(dtype).replace("torch.", "")
 
 
-def _features_missing(comp, features) -> list[str]:
-    return [f for f in features if f not in comp.features]
-
-
 def _serve_problem(family: Family, index, info, dtype, head_size, head_size_v, has_sinks,
                    features=(), usable: bool = False) -> Optional[str]:
     """Why ``family`` cannot serve this request on device ``index``; None when it can.
@@ -149,8 +145,8 @@ def _serve_problem(family: Family, index, info, dtype, head_size, head_size_v, h
         problem = dtype_problem(family.version, comp, dtype)
     if problem is None and head_size is not None and family.head_dims_knob is not None:
         problem = head_size_problem(family.version, comp, head_size, head_size_v, dtype)
-    if problem is None and _features_missing(comp, features):
-        problem = "its kernels lack " + ", ".join(_features_missing(comp, features))
+    if problem is None and family.features_missing(comp.features, features):
+        problem = "it cannot run " + ", ".join(family.features_missing(comp.features, features))
     return problem
 
 
@@ -249,7 +245,7 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
                                    f"different Q/K and V head sizes ({head_size} and {head_size_v}), "
                                    f"and {target.title} has no sinks", tuple(fallbacks))
         if message is None:
-            missing = _features_missing(comp, features)
+            missing = family.features_missing(comp.features, features)
             # The fallback only when it serves the whole call; otherwise the call stays,
             # and the family's refusal names the kernels to build.
             if missing and _serve_problem(target, index, info, dtype, head_size, head_size_v,
