@@ -159,6 +159,12 @@ def _default_family(info, major: int, minor: int, index: int, fall_back) -> tupl
     unusable_built: list[tuple[Family, str]] = []
     picked: Optional[Family] = None
     for family in families.in_default_order():
+        if picked is not None:
+            # After the pick: say why a family that runs here is not the default (FA4 on Hopper).
+            if (family.capability_problem(major, minor, index) is None and family.not_default.get(major)
+                    and version_problem(family.version, index) is None):
+                skipped.append(f"{family.title} is not the default here: {family.not_default[major]}")
+            continue
         if not family.is_default_on(major):
             problem = family.capability_problem(major, minor, index)
             if problem is not None:
@@ -169,7 +175,7 @@ def _default_family(info, major: int, minor: int, index: int, fall_back) -> tupl
         problem = version_problem(family.version, index)
         if problem is None:
             picked = family
-            break
+            continue
         skipped.append(f"{family.title} unusable ({problem})")
         if family.capability_problem(major, minor, index) is None and info.component(family.version).built:
             unusable_built.append((family, problem))
