@@ -54,6 +54,8 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     # FA4's generations are the declaration's (fa4.py reads them from there).
     assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100", 12: "sm120"}
     assert registry[3].generations == {9: "sm90"} and not registry[2].generations
+    for family in registry:  # every declared adapter exists
+        assert callable(family.adapter_function())
 
 
 @pytest.mark.parametrize("edit, message", [
