@@ -12,7 +12,9 @@ import functools
 import json
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
+
+from .families import registry
 
 BUILD_INFO_FILE = "build_info.json"
 SCHEMA_VERSION = 1
@@ -20,7 +22,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class ComponentInfo:
-    """One compiled module (FA2 or FA3) as the build selected it."""
+    """One family's part of the build (its module or subpackage) as the build selected it."""
 
     built: bool
     module: str
@@ -49,38 +51,69 @@ class ComponentInfo:
 
 @dataclass(frozen=True)
 class BuildInfo:
-    """The whole build record. ``raw`` keeps every field for ``info`` output."""
+    """The whole build record. ``raw`` keeps every field for ``info`` output; ``components``
+    holds one ComponentInfo per declared family (families.py), read from the record the
+    family declares (a key of build_info.json, or a file of its own such as FA4's
+    ``_fa4/build_info.json``, given as ``records``)."""
 
     preset: str
-    fa2: ComponentInfo
-    fa3: ComponentInfo
+    components: dict[str, ComponentInfo]
     upstream_commit: str
     upstream_matches_pin: bool
     cutlass_commit: str
     cutlass_matches_pin: bool
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    records: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BuildInfo":
+    def from_dict(cls, data: dict[str, Any], records: Optional[dict[str, Any]] = None) -> "BuildInfo":
+        """``records``: family name -> the content of its own record file (None: absent)."""
         upstream = data.get("upstream", {})
         cutlass = data.get("cutlass", {})
+        records = dict(records or {})
+        components = {}
+        for family in registry():
+            if family.record_key is not None:
+                components[family.name] = ComponentInfo.from_dict(
+                    data.get(family.record_key, {"built": False, "module": family.module}))
+            else:
+                components[family.name] = _packaged_component(family, records.get(family.name))
         return cls(
             preset=str(data.get("preset", "")),
-            fa2=ComponentInfo.from_dict(data.get("fa2", {"built": False, "module": "_vendored_fa2_C"})),
-            fa3=ComponentInfo.from_dict(data.get("fa3", {"built": False, "module": "_vendored_fa3_C"})),
+            components=components,
             upstream_commit=str(upstream.get("commit", "")),
             upstream_matches_pin=bool(upstream.get("matches_pin", False)),
             cutlass_commit=str(cutlass.get("commit", "")),
             cutlass_matches_pin=bool(cutlass.get("matches_pin", False)),
             raw=data,
+            records=records,
         )
 
+    @property
+    def fa2(self) -> ComponentInfo:
+        return self.components["fa2"]
+
+    @property
+    def fa3(self) -> ComponentInfo:
+        return self.components["fa3"]
+
     def component(self, version: int) -> ComponentInfo:
-        if version == 2:
-            return self.fa2
-        if version == 3:
-            return self.fa3
-        raise ValueError(f"FlashAttention version must be 2 or 3, got {version!r}")
+        return self.components[registry()[version].name]
+
+
+def _packaged_component(family, record: Optional[dict[str, Any]]) -> ComponentInfo:
+    """A family shipped as staged sources (FA4): built when its record is in the package.
+    Its kernels are chosen per call by its adapter, so the declaration's dtypes and
+    features stand for what it holds; its archs are those precompiled."""
+    if not isinstance(record, dict):
+        return ComponentInfo(built=False, module=family.subpackage,
+                             reason=f"not in this wheel ({family.build_knob}=off, or the build could not "
+                                    f"stage it; its record {family.record} is absent)")
+    precompile = record.get("precompile") or {}
+    return ComponentInfo(built=True, module=str(record.get("package") or family.probe),
+                         gencode=tuple(str(a) for a in precompile.get("archs") or ()),
+                         dtypes=family.dtypes, features=family.features,
+                         sources=int((record.get("staged") or {}).get("files") or 0))
 
 
 class BuildInfoMissing(RuntimeError):
@@ -105,14 +138,29 @@ def load_build_info() -> BuildInfo:
             "the CMake build. Install the package with `pip install .` (or a built wheel) "
             "instead of importing it from the source tree."
         ) from exc
-    return parse_build_info(text)
+    return parse_build_info(text, _family_records())
+
+
+def _family_records() -> dict[str, Any]:
+    """The build records families keep in files of their own (FA4's ``_fa4/build_info.json``,
+    written by cmake/FA4Package.cmake); absent or unreadable: None (the family is not there)."""
+    records: dict[str, Any] = {}
+    root = resources.files(__package__)
+    for family in registry():
+        if family.record_key is not None:
+            continue
+        try:
+            records[family.name] = json.loads(root.joinpath(*family.record.split("/")).read_bytes())
+        except (OSError, ValueError):
+            records[family.name] = None
+    return records
 
 
 _REINSTALL = ("reinstall the package (pip install --force-reinstall <the wheel>) or rebuild it "
               "(pip install .)")
 
 
-def parse_build_info(text: "str | bytes") -> BuildInfo:
+def parse_build_info(text: "str | bytes", records: Optional[dict[str, Any]] = None) -> BuildInfo:
     """The build record in ``text``; BuildInfoUnreadable (a BuildInfoMissing) when it is not
     one, so a damaged file reads like a missing one to every caller."""
     try:
@@ -132,7 +180,7 @@ def parse_build_info(text: "str | bytes") -> BuildInfo:
             "rebuild the package."
         )
     try:
-        return BuildInfo.from_dict(data)
+        return BuildInfo.from_dict(data, records)
     except (AttributeError, TypeError, ValueError) as exc:  # a field of the wrong type
         raise BuildInfoUnreadable(
             f"{BUILD_INFO_FILE} has a field this package cannot read ({type(exc).__name__}: {exc}): "

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from .build_info import BuildInfo, BuildInfoMissing
 from .environment import current_environment
+from .families import registry
 
 COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason")
 # The mirror knobs are not recorded (a URL may hold credentials), but the URL each source
@@ -31,9 +32,15 @@ def _build_summary(info: BuildInfo) -> dict:
         "preset": info.preset,
         "upstream": raw.get("upstream", {}),
         "cutlass": raw.get("cutlass", {}),
-        "fa2": _component(raw.get("fa2", {"built": False})),
-        "fa3": _component(raw.get("fa3", {"built": False})),
     }
+    # Every declared family, from its own record (FA4's is _fa4/build_info.json).
+    for family in registry():
+        comp = info.components[family.name]
+        summary[family.name] = _component(
+            raw.get(family.record_key, {"built": False}) if family.record_key is not None else {
+                "built": comp.built, "module": comp.module, "gencode": list(comp.gencode),
+                "dtypes": list(comp.dtypes), "features": list(comp.features), "sources": comp.sources,
+                "reason": comp.reason})
     # The knobs (every build knob: value and origin), VFA_* settings that were no knob,
     # and the machine-dependent choices, as build_info.json has them.
     for key in ("torch", "cuda", "compiler", "compiler_cache", "cuda_driver_call", "build", "options",
@@ -63,15 +70,15 @@ def collect() -> dict:
         report["build"] = _build_summary(info)
     except BuildInfoMissing as exc:
         report["build_error"] = str(exc)
-    for version in (2, 3):
-        comp = info.component(version) if info else None
+    for family in registry():
+        comp = info.component(family.version) if info else None
         if comp is not None and not comp.built:
-            report["modules"][f"fa{version}"] = {"built": False, "loads": False,
-                                                 "error": comp.reason or "not built"}
+            report["modules"][family.name] = {"built": False, "loads": False,
+                                              "error": comp.reason or "not built"}
             continue
-        error = env.load_module(version)
-        report["modules"][f"fa{version}"] = {"built": bool(comp and comp.built),
-                                             "loads": error is None, "error": error}
+        error = env.load_module(family.version)
+        report["modules"][family.name] = {"built": bool(comp and comp.built),
+                                          "loads": error is None, "error": error}
     try:
         requested_version()
     except ValueError as exc:
@@ -92,8 +99,8 @@ def collect() -> dict:
                 selection = select_flash_attn_version(device=index)
                 device.update(selected=selection.version, reason=selection.reason,
                               fallbacks=list(selection.fallbacks))
-            for version in (2, 3):
-                device["unsupported"][f"fa{version}"] = version_problem(version, index)
+            for family in registry():
+                device["unsupported"][family.name] = version_problem(family.version, index)
             report["devices"].append(device)
     return report
 
@@ -143,7 +150,7 @@ def render(report: dict) -> str:
             + (f", pin {up['pinned_commit']}" if not up.get("matches_pin") and up.get("pinned_commit") else "") + ")",
             f"  CUTLASS:                  {cut.get('commit', '-')} (matches pin: {_yes(cut.get('matches_pin'))})",
         ]
-        for key in ("fa2", "fa3"):
+        for key in registry().names():
             comp = build[key]
             if not comp.get("built"):
                 lines.append(f"  {key.upper()}: not built" + (f" ({comp['reason']})" if comp.get("reason") else ""))

@@ -43,9 +43,11 @@ def bool_words_text(data: dict[str, Any]) -> str:
 
 
 def head_dims(data: dict[str, Any], version: int) -> tuple[int, ...]:
-    """The head dims FA<version> can be built for, ascending."""
-    knob = {2: "VFA_FA2_HEAD_DIMS", 3: "VFA_FA3_HEAD_DIMS"}[version]
-    return tuple(sorted(int(h) for h in data["knobs"][knob]["choices"]))
+    """The head dims FA<version> can be built for, ascending: the choices of its family's
+    head-dim knob (``families`` in the declaration)."""
+    family = next(f for name, f in data["families"].items()
+                  if isinstance(f, dict) and f.get("version") == version)
+    return tuple(sorted(int(h) for h in data["knobs"][family["head_dims_knob"]]["choices"]))
 
 
 _DECLARATION = load()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional
 
 from .build_info import BuildInfo, BuildInfoMissing, load_build_info
-
-DEFAULT_MODULES = {2: "_vendored_fa2_C", 3: "_vendored_fa3_C"}
+from .families import Family, registry
 
 
 class Environment:
@@ -43,7 +43,9 @@ class Environment:
         return f"{self.device_type}:{index}"
 
     def load_module(self, version: int) -> Optional[str]:
-        """Import the compiled module of ``version``; None when it loaded, else the error."""
+        """Make the family of ``version`` ready to call: import its compiled module, or (a
+        family of staged Python kernels, FA4) find its subpackage and check its dependencies
+        without importing them. None when it is ready, else why not."""
         raise NotImplementedError
 
     def getenv(self, name: str) -> Optional[str]:
@@ -104,15 +106,17 @@ class SystemEnvironment(Environment):
             return self._modules[version]
         with self._lock:
             if version not in self._modules:
-                self._modules[version] = _import_module(version, self._module_name(version))
+                family = registry()[version]
+                self._modules[version] = (_import_module(version, self._module_name(family))
+                                          if family.compiled else _probe_packaged(family))
         return self._modules[version]
 
-    def _module_name(self, version: int) -> str:
+    def _module_name(self, family: Family) -> str:
         try:
-            name = self.build_info().component(version).module
+            name = self.build_info().component(family.version).module
         except BuildInfoMissing:
             name = ""
-        return name or DEFAULT_MODULES[version]
+        return name or family.module
 
     def getenv(self, name: str) -> Optional[str]:
         return _read_environ(name)
@@ -155,6 +159,28 @@ def _import_module(version: int, name: str) -> Optional[str]:
         importlib.import_module(f"{__package__}.{name}")
     except Exception as exc:  # ImportError, OSError, RuntimeError from static init
         return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _probe_packaged(family: Family) -> Optional[str]:
+    # A plain query (is_fa_version_supported, the selector, `info`) must not import the
+    # family's code: for FA4 that is cutlass, seconds long and possibly failing. The
+    # subpackage is found (its parents imported: empty packages), the dependencies are read
+    # from installed metadata; the import itself happens at the first call (the adapter).
+    try:
+        found = importlib.util.find_spec(family.probe) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return (f"{family.probe} is not in this installation ({family.build_knob}=off, or the build "
+                "could not stage it)")
+    try:
+        missing = family.resolve(family.deps_check)()
+    except Exception as exc:  # noqa: BLE001 - a query reports, never raises
+        missing = [str(exc)]
+    if missing:
+        return (f"its dependencies are not installed in the versions the pinned upstream declares: "
+                f"{'; '.join(missing)}. Install them with: {family.install}")
     return None
 
 

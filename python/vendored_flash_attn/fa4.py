@@ -36,10 +36,11 @@ import torch
 from . import fa4_cache, fa4_deps
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
+from .families import registry
 
 SUBPACKAGE = "vendored_flash_attn._fa4.cute"
-# GPU generations (compute capability major) this package declares FA4 for.
-GENERATIONS = {9: "sm90", 10: "sm100", 11: "sm100", 12: "sm120"}
+# GPU generations (compute capability major) FA4 runs on: its family declaration (cmake/knobs.json).
+GENERATIONS = registry().by_name("fa4").generations
 _E4M3 = torch.float8_e4m3fn
 
 

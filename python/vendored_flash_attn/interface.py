@@ -17,7 +17,8 @@ from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .kernels import dtype_name, dtype_problem, head_size_problem
-from .op_schemas import OP_NAMESPACES
+from .families import registry
+from .op_schemas import OP_NAMESPACES  # noqa: F401  (tests/gpu/test_sparse_gpu.py reads it here)
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
 from .scheduler_metadata import op_error, record as record_scheduler_metadata
 from .scheduler_metadata import records as scheduler_metadata_records
@@ -36,15 +37,17 @@ def _component(version: int) -> ComponentInfo:
 
 
 def _ops(version: int):
-    """The op namespace of ``version``; importing the module registers its ops."""
+    """The op namespace of ``version``'s compiled module; importing it registers its ops."""
+    family = registry()[version]
     error = current_environment().load_module(version)
     if error is not None:
-        raise FlashAttnUnavailableError(f"the FA{version} module failed to import: {error}")
-    return getattr(torch.ops, OP_NAMESPACES[version])
+        raise FlashAttnUnavailableError(f"the {family.title} module failed to import: {error}")
+    return getattr(torch.ops, family.op_namespace)
 
 
-# version -> the forward op overload, looked up once: torch.ops attribute lookups
-# cost microseconds on every call.
+# version -> the forward op overload (a compiled family) or the adapter function (a family
+# of Python kernels, FA4), looked up once: torch.ops attribute lookups cost microseconds on
+# every call.
 _forward_ops: dict = {}
 on_environment_change(_forward_ops.clear)
 
@@ -52,7 +55,9 @@ on_environment_change(_forward_ops.clear)
 def _forward_op(version: int):
     op = _forward_ops.get(version)
     if op is None:
-        op = getattr(_ops(version), "varlen_fwd" if version == 2 else "fwd").default
+        family = registry()[version]
+        op = (getattr(_ops(version), family.forward_op).default if family.compiled
+              else family.adapter_function())
         _forward_ops[version] = op
     return op
 
@@ -84,8 +89,10 @@ def _resolve(key: tuple, tensor: torch.Tensor, traits: tuple) -> tuple:
                                head_size=head_size, head_size_v=head_size_v,
                                has_sinks=has_sinks, dtype=dtype,
                                features=tuple(name for bit, name in _NEEDS if needs & bit))
-    hit = _resolved[key] = (version, _component(version), _forward_op(version),
-                            debug_checks_enabled())
+    # A family of Python kernels (FA4) gets comp None: its adapter checks and dispatches the
+    # whole call itself (families.py: "adapter").
+    comp = _component(version) if registry()[version].compiled else None
+    hit = _resolved[key] = (version, comp, _forward_op(version), debug_checks_enabled())
     return hit
 
 
@@ -101,9 +108,10 @@ def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
             raise FlashAttnUnavailableError(f"no usable FlashAttention version: {selection.reason}")
         return selection.version
     # A tensor would compare equal to 3 elementwise, but key _resolved by its id: refused.
-    if isinstance(fa_version, torch.Tensor) or fa_version not in (2, 3):
-        raise FlashAttnInputError(f"fa_version must be 2, 3 or None (let the selector choose), "
-                                  f"got {fa_version!r}")
+    families = registry()
+    if isinstance(fa_version, torch.Tensor) or families.get(fa_version) is None:
+        raise FlashAttnInputError(f"fa_version must be {', '.join(map(str, families.versions))} or None (let the "
+                                  f"selector choose), got {fa_version!r}")
     fa_version = int(fa_version)
     problem = version_problem(fa_version, _device_index(tensor))
     if problem is not None:
@@ -307,6 +315,16 @@ def flash_attn_varlen_func(
     version, comp, op, debug = _resolved.get(key) or _resolve(key, q, (
         alibi_slopes is not None, head_size, head_size_v, s_aux is not None, dtype,
         key[-1] if fa_version is None else 0))
+    if comp is None:
+        # A family whose adapter checks and dispatches the call (FA4): what it cannot run
+        # is refused there, before any kernel, naming the family that can.
+        return op(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
+                  seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, softmax_scale=softmax_scale,
+                  causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                  block_table=block_table, return_softmax_lse=return_softmax_lse, out=out,
+                  scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+                  cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
     if softmax_scale is None:
         softmax_scale = head_size ** (-0.5)
     # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride

@@ -1,11 +1,12 @@
-"""Runtime choice between FA3 and FA2.
+"""Runtime choice of a kernel family (FA2, FA3, FA4: families.py, declared in cmake/knobs.json).
 
-Rules (docs/runtime.md): FA3 by default on compute capability 9.x when this wheel
-built FA3 and its module imports, else FA2 on 8.0+; ``VLLM_FLASH_ATTN_VERSION``
-("2" or "3") overrides; a request FA3 cannot serve (non-Hopper GPU, ALiBi, a head size
-or dtype not built, a feature such as softcap this wheel's FA3 lacks and FA2 has) falls
-back to FA2 with one warning per distinct reason; ``None`` with a reason when nothing
-is usable. Plain queries never raise, except for an invalid ``VLLM_FLASH_ATTN_VERSION``,
+Rules (docs/runtime.md), all read from the family declaration: by default the first
+family of ``default_order`` that is the default on the GPU's generation and is usable
+(FA3 on Hopper when built and loadable, FA4 on Blackwell when installed, FA2 on 8.0+);
+``VLLM_FLASH_ATTN_VERSION`` (one of the declared versions) overrides; a request a family
+cannot serve (a GPU it does not run on, ALiBi, a head size or dtype not built, a feature
+its kernels lack) falls back to its declared fallback with one warning per distinct
+reason; ``None`` with a reason when nothing is usable. Plain queries never raise, except for an invalid ``VLLM_FLASH_ATTN_VERSION``,
 which is a configuration error.
 
 The helpers vLLM's attention backends call (``flash_attn_supports_sinks``,
@@ -25,14 +26,10 @@ from typing import Iterable, Optional
 from .build_info import BuildInfoMissing
 from .environment import current_environment, environment_generation, on_environment_change
 from .errors import FlashAttnFallbackWarning
+from .families import Family, registry
 from .kernels import FEATURE_WORDS, dtype_name, dtype_problem, head_size_problem
 
 ENV_VAR = "VLLM_FLASH_ATTN_VERSION"
-VERSIONS = (2, 3)
-FA4_REASON = "FA4 is not part of vendored-flash-attn, which ships FA2 and FA3 only"
-# FA3 kernel features (build info names) a call can need that FA2 serves as well; FA2
-# has no split-KV beyond one split (validation._check_fa2_only).
-FA2_ALSO_SERVES = frozenset({"paged", "softcap", "local"})
 
 
 @dataclass(frozen=True)
@@ -49,11 +46,12 @@ def requested_version() -> Optional[int]:
     raw = current_environment().getenv(ENV_VAR)
     if raw is None or not raw.strip():
         return None
-    if raw.strip() in ("2", "3"):
+    families = registry()
+    if raw.strip() in tuple(str(v) for v in families.versions):
         return int(raw.strip())
     raise ValueError(
-        f"{ENV_VAR}={raw!r} is not a valid FlashAttention version: set it to 2 or 3, "
-        "or unset it to let the selector choose"
+        f"{ENV_VAR}={raw!r} is not a valid FlashAttention version: set it to "
+        f"{families.versions_text()}, or unset it to let the selector choose"
     )
 
 
@@ -79,26 +77,39 @@ def resolve_device_index(device=None) -> tuple[Optional[int], Optional[str]]:
     return index, None
 
 
+def lowest_capability() -> tuple[int, int]:
+    """The oldest GPU any declared family runs on."""
+    return min(f.min_capability for f in registry())
+
+
+def _capability_problem(major: int, minor: int, index: int) -> Optional[str]:
+    lowest = lowest_capability()
+    if (major, minor) < lowest:
+        return (f"GPU {index} has compute capability {major}.{minor}; FlashAttention needs "
+                f"{lowest[0]}.{lowest[1]} (Ampere) or newer")
+    return None
+
+
 def version_problem(version: int, index: int) -> Optional[str]:
     """Why ``version`` cannot run on device ``index`` at all; None when it can."""
     env = current_environment()
+    family = registry()[version]
     try:
         comp = env.build_info().component(version)
     except BuildInfoMissing as exc:
         return str(exc)
     if not comp.built:
         why = f": {comp.reason}" if comp.reason else ""
-        return f"this wheel was built without FA{version}{why}"
+        return f"this wheel was built without {family.title}{why}"
     major, minor = env.capability(index)
-    if major < 8:
-        return (f"GPU {index} has compute capability {major}.{minor}; FlashAttention needs 8.0 "
-                "(Ampere) or newer")
-    if version == 3 and major != 9:
-        return (f"FA3 kernels are built for sm_90a only (Hopper, compute capability 9.x); "
-                f"GPU {index} has compute capability {major}.{minor}")
+    problem = _capability_problem(major, minor, index) or family.capability_problem(major, minor, index)
+    if problem is not None:
+        return problem
     error = env.load_module(version)
     if error is not None:
-        return f"the FA{version} module {comp.module or ''} failed to import: {error}".replace("  ", " ")
+        if family.compiled:
+            return f"the {family.title} module {comp.module or ''} failed to import: {error}".replace("  ", " ")
+        return f"{family.title} ({family.probe}) cannot be used: {error}"
     return None
 
 
@@ -122,16 +133,70 @@ def _dtype_key(dtype) -> Optional[str]:
     return dtype_name(dtype) or str(dtype).replace("torch.", "")
 
 
-def _fa2_problem(index, info, dtype, head_size, head_size_v, has_sinks) -> Optional[str]:
-    """Why FA2 cannot serve this request on device ``index``; None when it can."""
-    if has_sinks:
+def _serve_problem(family: Family, index, info, dtype, head_size, head_size_v, has_sinks,
+                   features=(), usable: bool = False) -> Optional[str]:
+    """Why ``family`` cannot serve this request on device ``index``; None when it can.
+    ``usable``: version_problem said None already (each question probes the machine once)."""
+    if has_sinks and "sinks" not in family.features:
         return "attention sinks (s_aux) need FA3"
-    problem = version_problem(2, index)
+    problem = None if usable else version_problem(family.version, index)
+    comp = info.component(family.version)
     if problem is None and dtype is not None:
-        problem = dtype_problem(2, info.fa2, dtype)
-    if problem is None and head_size is not None:
-        problem = head_size_problem(2, info.fa2, head_size, head_size_v, dtype)
+        problem = dtype_problem(family.version, comp, dtype)
+    if problem is None and head_size is not None and family.head_dims_knob is not None:
+        problem = head_size_problem(family.version, comp, head_size, head_size_v, dtype)
+    if problem is None and family.features_missing(comp.features, features):
+        problem = "it cannot run " + ", ".join(family.features_missing(comp.features, features))
     return problem
+
+
+def _default_family(info, major: int, minor: int, index: int, fall_back) -> tuple[Family, str, bool]:
+    """The first family of the declared default order that is the default on this GPU
+    generation and usable; the reason says why those before it were passed over and why a
+    family that runs here is not the default (FA4 on Hopper)."""
+    families = registry()
+    skipped: list[str] = []
+    unusable_built: list[tuple[Family, str]] = []
+    picked: Optional[Family] = None
+    for family in families.in_default_order():
+        if picked is not None:
+            # After the pick: say why a family that runs here is not the default (FA4 on Hopper).
+            if (family.capability_problem(major, minor, index) is None and family.not_default.get(major)
+                    and version_problem(family.version, index) is None):
+                skipped.append(f"{family.title} is not the default here: {family.not_default[major]}")
+            continue
+        if not family.is_default_on(major):
+            problem = family.capability_problem(major, minor, index)
+            if problem is not None:
+                skipped.append(f"{family.title} unusable ({problem})")
+            elif family.not_default.get(major):
+                skipped.append(f"{family.title} is not the default here: {family.not_default[major]}")
+            continue
+        problem = version_problem(family.version, index)
+        if problem is None:
+            picked = family
+            continue
+        skipped.append(f"{family.title} unusable ({problem})")
+        if family.capability_problem(major, minor, index) is None and info.component(family.version).built:
+            unusable_built.append((family, problem))
+    usable = picked is not None
+    if picked is None:  # nothing usable: the last family's refusal is the answer's
+        picked = families.in_default_order()[-1]
+        for family in reversed(families.in_default_order()):
+            if family.is_default_on(major) and family.capability_problem(major, minor, index) is None:
+                picked = family
+                break
+    for family, problem in unusable_built:
+        if family is not picked:
+            # Built for this GPU but failing (a module that does not import, FA4 without its
+            # dependencies): worth a warning that names the cause.
+            fall_back(f"{family.title} is built but unusable on GPU {index}: {problem}; using {picked.title}")
+    generation = " (Hopper)" if major == 9 else ""
+    reason = f"default for compute capability {major}.{minor}{generation}: {picked.title} is built and loads"
+    notes = [s for s in skipped if not s.startswith(f"{picked.title} ")]
+    if notes:
+        reason += "; " + "; ".join(notes)
+    return picked, reason, usable
 
 
 @functools.lru_cache(maxsize=512)
@@ -144,64 +209,69 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
     except BuildInfoMissing as exc:
         return Selection(None, str(exc))
     major, minor = env.capability(index)
-    if major < 8:
-        return Selection(None, f"GPU {index} has compute capability {major}.{minor}; "
-                               "FlashAttention needs 8.0 (Ampere) or newer")
+    problem = _capability_problem(major, minor, index)
+    if problem is not None:
+        return Selection(None, problem)
+    families = registry()
     fallbacks: list[str] = []
-    fa3_problem = version_problem(3, index)
 
     def fall_back(message: str) -> None:
         fallbacks.append(message)
         _warn_once(message)
 
     if override is not None:
-        version, reason = override, f"{ENV_VAR}={override}"
-        if version == 3 and fa3_problem:
-            fall_back(f"{ENV_VAR}=3 asks for FA3, but {fa3_problem}; using FA2")
-            version = 2
-    elif fa3_problem is None:
-        version, reason = 3, f"default for compute capability {major}.{minor} (Hopper): FA3 is built and loads"
+        family, reason = families[override], f"{ENV_VAR}={override}"
+        problem = version_problem(override, index)
+        usable = problem is None
+        if problem and family.fallback:
+            target = families.by_name(family.fallback)
+            fall_back(f"{ENV_VAR}={override} asks for {family.title}, but {problem}; using {target.title}")
+            family, usable = target, False
     else:
-        version, reason = 2, f"default for compute capability {major}.{minor}: FA3 unusable ({fa3_problem})"
-        if major == 9 and info.fa3.built:
-            # Hopper with FA3 in the wheel that fails to import: worth a warning.
-            fall_back(f"FA3 is built but unusable on GPU {index}: {fa3_problem}; using FA2")
+        family, reason, usable = _default_family(info, major, minor, index, fall_back)
 
-    if version == 3 and requires_alibi:
-        fall_back("ALiBi is not supported by FA3; using FA2")
-        version = 2
-    if version == 3:
-        problem = None
-        if dtype is not None:
-            problem = dtype_problem(3, info.fa3, dtype)
-        if problem is None and head_size is not None:
-            problem = head_size_problem(3, info.fa3, head_size, head_size_v, dtype)
+    # The request itself: what the picked family cannot serve goes to its fallback (once).
+    if family.fallback is not None:
+        target = families.by_name(family.fallback)
+        comp = info.component(family.version)
+        message = None
+        if requires_alibi and "alibi" not in family.features:
+            message = f"ALiBi is not supported by {family.title}; using {target.title}"
+        else:
+            problem = None
+            if dtype is not None:
+                problem = dtype_problem(family.version, comp, dtype)
+            if problem is None and head_size is not None and family.head_dims_knob is not None:
+                problem = head_size_problem(family.version, comp, head_size, head_size_v, dtype)
+            if problem is not None:
+                message = f"{family.title} cannot serve this model: {problem}; using {target.title}"
+        if message is None and (has_sinks and "sinks" in family.features and head_size is not None
+                                and head_size_v is not None and head_size_v != head_size):
+            return Selection(None, f"{family.title} does not support attention sinks (s_aux) with "
+                                   f"different Q/K and V head sizes ({head_size} and {head_size_v}), "
+                                   f"and {target.title} has no sinks", tuple(fallbacks))
+        if message is None:
+            missing = family.features_missing(comp.features, features)
+            # The fallback only when it serves the whole call; otherwise the call stays,
+            # and the family's refusal names the kernels to build.
+            if missing and _serve_problem(target, index, info, dtype, head_size, head_size_v,
+                                          has_sinks, features) is None:
+                words = ", ".join(f"{FEATURE_WORDS.get(f, f)} ('{f}')" for f in missing)
+                message = (f"this wheel's {family.title} was built without the kernels for {words}; "
+                           f"using {target.title} for these calls (rebuild with VFA_PRESET=full to run "
+                           f"them on {family.title})")
+        if message is not None:
+            fall_back(message)
+            family, usable = target, False
+    if family.fallback is None:
+        problem = _serve_problem(family, index, info, dtype, head_size, head_size_v, has_sinks,
+                                 usable=usable)
         if problem is not None:
-            fall_back(f"FA3 cannot serve this model: {problem}; using FA2")
-            version = 2
-    if (version == 3 and has_sinks and head_size is not None and head_size_v is not None
-            and head_size_v != head_size):
-        return Selection(None, "FA3 does not support attention sinks (s_aux) with different Q/K "
-                               f"and V head sizes ({head_size} and {head_size_v}), and FA2 has no "
-                               "sinks", tuple(fallbacks))
-    if version == 3:
-        missing = [f for f in features if f not in info.fa3.features]
-        # FA2 instead only when it serves the whole call; otherwise the call stays on FA3,
-        # whose refusal names the kernels to build.
-        if missing and set(features) <= FA2_ALSO_SERVES and _fa2_problem(
-                index, info, dtype, head_size, head_size_v, has_sinks) is None:
-            words = ", ".join(f"{FEATURE_WORDS.get(f, f)} ('{f}')" for f in missing)
-            fall_back(f"this wheel's FA3 was built without the kernels for {words}; using FA2 "
-                      "for these calls (rebuild with VFA_PRESET=full to run them on FA3)")
-            version = 2
-    if version == 2:
-        problem = _fa2_problem(index, info, dtype, head_size, head_size_v, has_sinks)
-        if problem is not None:
-            if has_sinks:
+            if has_sinks and "sinks" not in family.features:
                 return Selection(None, "attention sinks (s_aux) need FA3, which is not usable here",
                                  tuple(fallbacks))
-            return Selection(None, f"FA2 cannot be used: {problem}", tuple(fallbacks))
-    return Selection(version, reason, tuple(fallbacks))
+            return Selection(None, f"{family.title} cannot be used: {problem}", tuple(fallbacks))
+    return Selection(family.version, reason, tuple(fallbacks))
 
 
 def select_flash_attn_version(
@@ -247,7 +317,8 @@ def get_flash_attn_version(
     device=None,
     features: Iterable[str] = (),
 ) -> Optional[int]:
-    """2, 3, or None when nothing usable (see ``flash_attn_version_reason``). Positional
+    """A declared version (2, 3, 4), or None when nothing usable (see
+    ``flash_attn_version_reason``). Positional
     arguments as vLLM's fa_utils.get_flash_attn_version takes them."""
     return select_flash_attn_version(requires_alibi, head_size, head_size_v, has_sinks,
                                      requires_local_attention, dtype=dtype, device=device,
@@ -273,10 +344,7 @@ def flash_attn_version_reason(
 
 def fa_version_unsupported_reason(fa_version: int, device=None) -> Optional[str]:
     """Why ``fa_version`` cannot run on ``device``; None when it can."""
-    if fa_version == 4:  # vLLM probes FA4 on Hopper and Blackwell; answer, don't fail
-        return FA4_REASON
-    if fa_version not in VERSIONS:
-        raise ValueError(f"FlashAttention version must be 2 or 3, got {fa_version!r}")
+    registry()[fa_version]  # ValueError naming the declared versions
     index, problem = resolve_device_index(device)
     if problem is not None:
         return problem
@@ -288,11 +356,12 @@ def is_fa_version_supported(fa_version: int, device=None) -> bool:
 
 
 def flash_attn_supports_fp8(device=None) -> bool:
-    """True when the selector picks FA3 on ``device`` and the wheel has its e4m3 kernels."""
+    """True when the family the selector picks on ``device`` takes FP8 q, k and v (FA3) and
+    the wheel has its e4m3 kernels."""
     selection = select_flash_attn_version(device=device)
-    if selection.version != 3:
+    if selection.version is None or "fp8" not in registry()[selection.version].features:
         return False
-    return "e4m3" in current_environment().build_info().fa3.dtypes
+    return "e4m3" in current_environment().build_info().component(selection.version).dtypes
 
 
 def flash_attn_supports_quant_query_input(device=None) -> bool:
@@ -302,8 +371,9 @@ def flash_attn_supports_quant_query_input(device=None) -> bool:
 
 
 def flash_attn_supports_sinks(device=None) -> bool:
-    """True when calls with attention sinks (``s_aux``) run here: the selector picks FA3."""
-    return select_flash_attn_version(has_sinks=True, device=device).version == 3
+    """True when calls with attention sinks (``s_aux``) run here: the selector picks a family
+    with sinks (FA3; FA4)."""
+    return select_flash_attn_version(has_sinks=True, device=device).version is not None
 
 
 # The shapes vLLM's FlashAttention MLA backend hands to FA3 (head size, V head size):

@@ -6,7 +6,7 @@
     python -m vendored_flash_attn.wheel_check abi3 WHEEL
     python -m vendored_flash_attn.wheel_check cxx-runtime WHEEL
     python -m vendored_flash_attn.wheel_check build-info WHEEL [--pin PIN] [--cuda-major N] [--arch-list L]
-                                                               [--preset P] [--require fa2,fa3]
+                                                               [--preset P] [--require fa2,fa3,fa4]
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
 
 * size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
@@ -50,9 +50,20 @@ from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from .families import registry
+
+
+def components() -> tuple[str, ...]:
+    """The declared families (cmake/knobs.json "families"): fa2, fa3, fa4, ..."""
+    return registry().names()
+
+
+def compiled_components() -> tuple[str, ...]:
+    """The families whose record is a key of build_info.json (compiled modules)."""
+    return tuple(f.name for f in registry() if f.record_key is not None)
+
 PACKAGE = "vendored_flash_attn"
 BUILD_INFO = f"{PACKAGE}/build_info.json"
-COMPONENTS = ("fa2", "fa3")
 DEFAULT_MAX_MB = 400.0
 ENV_MAX_MB = "VFA_WHEEL_MAX_MB"
 MB = 1024 * 1024
@@ -265,13 +276,25 @@ class Expectations:
     cuda_major: Optional[int] = None
     arch_list: Optional[str] = None      # TORCH_CUDA_ARCH_LIST as given to the build
     preset: Optional[str] = None
-    require: tuple[str, ...] = ()        # components that must be built: fa2, fa3
+    require: tuple[str, ...] = ()        # families that must be built: fa2, fa3, fa4
 
 
 def built_modules(info: dict[str, Any]) -> dict[str, str]:
     """Component -> compiled module name, for each component the build info says was built."""
-    return {comp: str(info[comp].get("module") or "") for comp in COMPONENTS
+    return {comp: str(info[comp].get("module") or "") for comp in compiled_components()
             if isinstance(info.get(comp), dict) and info[comp].get("built")}
+
+
+def packaged_families(names: Iterable[str]) -> dict[str, list[str]]:
+    """Family -> the declared artefacts a wheel lacks, for each family of staged Python
+    kernels (FA4) whose build record the wheel holds: such a wheel must hold all of them."""
+    present = set(names)
+    found = {}
+    for family in registry():
+        if family.record_key is not None or f"{PACKAGE}/{family.record}" not in present:
+            continue
+        found[family.name] = [f"{PACKAGE}/{a}" for a in family.artefacts if f"{PACKAGE}/{a}" not in present]
+    return found
 
 
 def _module_name(member: str) -> str:
@@ -308,13 +331,15 @@ def compare_build_info(info: dict[str, Any], expect: Expectations, version: Opti
     if expect.preset is not None and info.get("preset") != expect.preset:
         problems.append(f"preset {info.get('preset')!r}, expected {expect.preset!r}")
     for comp in expect.require:
+        if comp not in compiled_components():
+            continue  # a packaged family: check_build_info looks for its record and artefacts
         if not info.get(comp, {}).get("built"):
             problems.append(f"{comp} was not built: {info.get(comp, {}).get('reason') or 'no reason given'}")
     if not built_modules(info):
         # A wheel without kernels installs and imports, and every call refuses: never a release.
         reasons = "; ".join(f"{comp}: {info.get(comp, {}).get('reason') or 'no reason given'}"
-                            for comp in COMPONENTS)
-        problems.append(f"neither fa2 nor fa3 was built ({reasons})")
+                            for comp in compiled_components())
+        problems.append(f"neither {' nor '.join(compiled_components())} was built ({reasons})")
     if version is not None:
         problems += _compare_version(info, version)
     return problems
@@ -357,6 +382,15 @@ def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
     present = {_module_name(m) for m in compiled_members(names)}
     missing = [f"{comp} was built (build info) but {wheel.name} has no {module or '(unnamed)'} module"
                for comp, module in built_modules(info).items() if module not in present]
+    packaged = packaged_families(names)
+    for comp, lacking in packaged.items():
+        missing += [f"{comp} is in the wheel (its build record) but {wheel.name} has no {member}"
+                    for member in lacking]
+    for comp in expect.require:
+        family = registry().by_name(comp)
+        if family.record_key is None and comp not in packaged:
+            missing.append(f"{comp} was required but {wheel.name} has no {PACKAGE}/{family.record} "
+                           f"({family.build_knob}=off, or the build could not stage it)")
     return _build_info_result(info, expect, version, missing)
 
 
@@ -409,8 +443,8 @@ def check_installed(expect: Expectations) -> list[CheckResult]:
 def _expectations(args: argparse.Namespace) -> Expectations:
     require = tuple(c for c in re.split(r"[ ,]+", args.require or "") if c)
     for comp in require:
-        if comp not in COMPONENTS:
-            raise SystemExit(f"--require: {comp!r} is not fa2 or fa3")
+        if comp not in components():
+            raise SystemExit(f"--require: {comp!r} is not one of {', '.join(components())}")
     return Expectations(pin=args.pin, cuda_major=args.cuda_major, arch_list=args.arch_list,
                         preset=args.preset, require=require)
 
@@ -420,7 +454,7 @@ def _add_expectations(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-major", type=int, help="CUDA major the build must have used (torch and nvcc)")
     p.add_argument("--arch-list", help="TORCH_CUDA_ARCH_LIST the build must have used")
     p.add_argument("--preset", help="kernel preset the build must have used (full, minimal)")
-    p.add_argument("--require", help="components that must be built, e.g. fa2,fa3")
+    p.add_argument("--require", help="families that must be built, e.g. fa2,fa3,fa4")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -228,6 +228,9 @@ def install_like_pip(tmp: Path, wheel: Path) -> Path:
     zipfile.ZipFile(wheel).extractall(site)
     for source in (PROJECT / "python/vendored_flash_attn").glob("*.py"):
         (site / "vendored_flash_attn" / source.name).write_bytes(source.read_bytes())
+    # The declaration the package reads (the families wheel_check lists), installed beside
+    # it as a CMake-built wheel has it.
+    (site / "vendored_flash_attn" / "knobs.json").write_bytes((PROJECT / "cmake/knobs.json").read_bytes())
     return site
 
 

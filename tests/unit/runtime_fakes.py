@@ -38,9 +38,17 @@ MINIMAL = {
 }
 
 
-def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None = None, **more) -> BuildInfo:
+# FA4's own build record (_fa4/build_info.json, cmake/FA4Package.cmake): FA4 is in the wheel.
+FA4_RECORD = {"schema": 1, "package": "vendored_flash_attn._fa4.cute",
+              "precompile": {"mode": "auto", "state": "on", "archs": ["sm_90a"], "runs": []},
+              "staged": {"files": 54, "bytes": 2118779, "rewritten": 33}}
+
+
+def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None = None,
+               fa4: dict | None = None, **more) -> BuildInfo:
     """A BuildInfo like CMake writes; ``fa2``/``fa3`` override fields of the preset,
-    ``more`` adds top-level fields (options, unknown_settings, ...)."""
+    ``fa4`` is FA4's record (None: FA4 not in the wheel), ``more`` adds top-level fields
+    (options, unknown_settings, ...)."""
     base = {"full": FULL, "minimal": MINIMAL}[preset]
     data = {
         "schema": 1, "preset": preset,
@@ -53,7 +61,7 @@ def make_build(preset: str = "full", fa2: dict | None = None, fa3: dict | None =
         "compiler_cache": {"launcher": "sccache", "enabled": True},
         **more,
     }
-    return BuildInfo.from_dict(data)
+    return BuildInfo.from_dict(data, {"fa4": fa4})
 
 
 HOPPER, AMPERE, ADA, BLACKWELL, BLACKWELL_12, TURING = (9, 0), (8, 0), (8, 9), (10, 0), (12, 0), (7, 5)

@@ -39,7 +39,8 @@ def test_json_report(describe, capsys):
     assert report["environment"]["VLLM_FLASH_ATTN_VERSION"] == "2"
     [device] = report["devices"]
     assert device["selected"] == 2 and device["reason"] == "VLLM_FLASH_ATTN_VERSION=2"
-    assert device["unsupported"] == {"fa2": None, "fa3": None}
+    assert device["unsupported"]["fa2"] is None and device["unsupported"]["fa3"] is None
+    assert "built without FA4" in device["unsupported"]["fa4"]  # every declared family is listed
 
 
 def test_no_gpu_and_bad_env_is_reported_not_raised(describe, capsys):

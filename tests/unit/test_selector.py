@@ -25,13 +25,13 @@ CASES = [
     ("hopper-default", HOPPER, None, "full", {}, {}, 3, "default for compute capability 9.0", None),
     ("hopper-minimal", HOPPER, None, "minimal", {}, {}, 3, "FA3 is built and loads", None),
     ("ampere-default", AMPERE, None, "full", {}, {}, 2, "default for compute capability 8.0", None),
-    ("ada-default", ADA, None, "full", {}, {}, 2, "sm_90a only", None),
+    ("ada-default", ADA, None, "full", {}, {}, 2, "runs on sm90 only", None),
     ("blackwell-default", BLACKWELL, None, "full", {}, {}, 2, "compute capability 10.0", None),
     ("blackwell12-default", BLACKWELL_12, None, "full", {}, {}, 2, "compute capability 12.0", None),
     ("env-2-on-hopper", HOPPER, "2", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=2", None),
     ("env-3-on-hopper", HOPPER, "3", "full", {}, {}, 3, "VLLM_FLASH_ATTN_VERSION=3", None),
     ("env-empty-is-unset", HOPPER, " ", "full", {}, {}, 3, "default", None),
-    ("env-3-on-ampere", AMPERE, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "sm_90a only"),
+    ("env-3-on-ampere", AMPERE, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "runs on sm90 only"),
     ("env-3-on-ada", ADA, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "compute capability 8.9"),
     ("env-3-on-blackwell", BLACKWELL, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "10.0"),
     ("env-3-on-blackwell12", BLACKWELL_12, "3", "full", {}, {}, 2, "VLLM_FLASH_ATTN_VERSION=3", "12.0"),
@@ -113,7 +113,7 @@ def test_one_warning_per_distinct_reason(describe):
     assert len(_fallback_warnings(record)) == 1
 
 
-@pytest.mark.parametrize("value", ["4", "1", "fa3", "3.0", "v2", "2,3", "-1"])
+@pytest.mark.parametrize("value", ["5", "1", "fa3", "3.0", "v2", "2,3", "-1"])
 def test_invalid_env_value_raises_without_gpu(describe, value):
     describe(caps=(), env={"VLLM_FLASH_ATTN_VERSION": value})
     with pytest.raises(ValueError, match="VLLM_FLASH_ATTN_VERSION"):
@@ -126,7 +126,7 @@ def test_invalid_env_value_raises_on_this_machine(monkeypatch):
     # The real probe, on the CPU-only test machine.
     set_environment(SystemEnvironment())
     monkeypatch.setenv("VLLM_FLASH_ATTN_VERSION", "three")
-    with pytest.raises(ValueError, match="VLLM_FLASH_ATTN_VERSION='three'.*set it to 2 or 3"):
+    with pytest.raises(ValueError, match="VLLM_FLASH_ATTN_VERSION='three'.*set it to 2, 3 or 4"):
         selector.get_flash_attn_version()
     monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION")
     if not torch.cuda.is_available():
@@ -150,11 +150,11 @@ def test_supported_and_reason(describe):
     assert selector.is_fa_version_supported(2)
     assert selector.fa_version_unsupported_reason(2) is None
     assert not selector.is_fa_version_supported(3)
-    assert "sm_90a only" in selector.fa_version_unsupported_reason(3)
+    assert "runs on sm90 only" in selector.fa_version_unsupported_reason(3)
     # vLLM probes FA4 on newer GPUs: an answer, not an error.
     assert not selector.is_fa_version_supported(4)
     assert "FA4" in selector.fa_version_unsupported_reason(4)
-    with pytest.raises(ValueError, match="must be 2 or 3"):
+    with pytest.raises(ValueError, match="must be 2, 3 or 4"):
         selector.is_fa_version_supported(1)
 
 

@@ -167,10 +167,10 @@ CASES = [
      r"softcap must be >= 0"),
     ("window-size-length", 3, "full", varlen_call(), _with(window_size=[1, 2, 3]), FlashAttnInputError,
      r"window_size must be \(left, right\)"),
-    ("fa_version-4", 4, "full", varlen_call(), None, FlashAttnInputError,
-     r"fa_version must be 2, 3 or None"),
+    ("fa_version-5", 5, "full", varlen_call(), None, FlashAttnInputError,
+     r"fa_version must be 2, 3, 4 or None"),
     ("fa_version-tensor", torch.tensor(3), "full", varlen_call(), None, FlashAttnInputError,
-     r"fa_version must be 2, 3 or None"),
+     r"fa_version must be 2, 3, 4 or None"),
     ("k-not-a-tensor", 2, "full", varlen_call(), _with(k=[1, 2]), FlashAttnTypeError,
      r"k must be a torch.Tensor, got list"),
 ]
@@ -207,7 +207,7 @@ def test_all_tensors_on_q_device(describe, fake_ops):
 
 
 @pytest.mark.parametrize("caps, version, pattern", [
-    ((AMPERE,), 3, r"fa_version=3 cannot run here: FA3 kernels are built for sm_90a only"),
+    ((AMPERE,), 3, r"fa_version=3 cannot run here: FA3 runs on sm90 only"),
     ((), 2, r"no CUDA GPU is visible"),
     ((), None, r"no usable FlashAttention version: no CUDA GPU is visible"),
 ])

@@ -1,0 +1,245 @@
+"""The kernel families, declared once (cmake/knobs.json "families", families.py): the
+selector, is_fa_version_supported, `info`, the build info and wheel_check read the
+declaration; FA4 is a family like the others (selector, dispatch to its adapter, refusals
+before any kernel, nothing of it imported by a plain query)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import vendored_flash_attn as vfa
+from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, FA4_RECORD, HOPPER, make_build
+from test_fa4_adapter import _paged, fake  # noqa: F401  (fake: the FA4 sources stand-in fixture)
+from vendored_flash_attn import cli, declaration, families, fa4, selector, wheel_check
+from vendored_flash_attn.environment import set_environment
+from vendored_flash_attn.errors import FlashAttnInputError
+
+PROJECT = Path(__file__).resolve().parents[2]
+WITH_FA4 = make_build("full", fa4=FA4_RECORD)
+DEPS_MISSING = ('its dependencies are not installed in the versions the pinned upstream declares: '
+                'nvidia-cutlass-dsl is not installed (nvidia-cutlass-dsl==4.6.0.dev0 is required). '
+                'Install them with: pip install "vendored-flash-attn[fa4]"')
+
+
+def _select(describe, caps, build=WITH_FA4, env=None, errors=None, **request):
+    describe(caps=() if caps is None else (caps,), build=build, env=env or {}, module_errors=errors or {})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        selection = selector.select_flash_attn_version(**request)
+    return selection, [str(w.message) for w in record]
+
+
+# --- the declaration --------------------------------------------------------------------
+
+def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions():
+    data = declaration.load()
+    registry = families.parse(data)
+    assert registry.names() == ("fa2", "fa3", "fa4")
+    assert registry.versions == (2, 3, 4)
+    # One rule in one place: VLLM_FLASH_ATTN_VERSION's choices are the families' versions.
+    assert data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"] == [str(v) for v in registry.versions]
+    fa4_family = registry[4]
+    assert not fa4_family.compiled and fa4_family.probe == fa4.SUBPACKAGE
+    assert fa4_family.adapter == "vendored_flash_attn.fa4:flash_attn_varlen_func"
+    assert fa4_family.adapter_function() is fa4.flash_attn_varlen_func
+    # FA4's generations are the declaration's (fa4.py reads them from there).
+    assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100", 12: "sm120"}
+    assert registry[3].generations == {9: "sm90"} and not registry[2].generations
+    for family in registry:  # every declared adapter exists
+        assert callable(family.adapter_function())
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s["fa4"].update(version=3), "version twice"),
+    (lambda s: s["fa4"].pop("adapter"), "missing fields ['adapter']"),
+    (lambda s: s["fa4"].update(made="wasm"), "made 'wasm'"),
+    (lambda s: s["fa4"].update(build_knob="VFA_BUILD_FA9"), "VFA_BUILD_FA9 is not a knob"),
+    (lambda s: s.update(default_order=["fa3", "fa2"]), "every family once"),
+])
+def test_a_malformed_family_is_refused(edit, message):
+    data = declaration.load()
+    edit(data["families"])
+    with pytest.raises(families.FamilyDeclarationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        families.parse(data)
+
+
+# --- adding a family is a declaration and an adapter -------------------------------------
+
+FA5_ADAPTER = "fake_fa5_adapter"
+
+
+@pytest.fixture
+def fa5(monkeypatch, describe):
+    """A copy of the declaration with a fake FA5 (Python kernels, sm100 only) and its fake
+    adapter module; no package code is changed."""
+    data = declaration.load()
+    data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"].append("5")
+    data["families"]["fa5"] = {
+        "version": 5, "made": "cute_dsl", "build_knob": "VFA_BUILD_FA4",
+        "subpackage": "vendored_flash_attn._fa5", "probe": "vendored_flash_attn._fa5.kernels",
+        "deps_check": f"{FA5_ADAPTER}:problems", "install": "pip install fa5",
+        "capabilities": {"min": "10.0", "generations": {"10": "sm100"}},
+        "dtypes": ["bf16"], "head_dims_knob": None, "dtypes_knob": None, "features_knob": None,
+        "features": ["varlen"], "default_on": [], "fallback": "fa2",
+        "adapter": f"{FA5_ADAPTER}:flash_attn_varlen_func",
+        "record": "_fa5/build_info.json", "artefacts": ["_fa5/kernels/__init__.py", "_fa5/build_info.json"]}
+    data["families"]["default_order"].append("fa5")
+    calls = []
+    adapter = types.ModuleType(FA5_ADAPTER)
+    adapter.problems = lambda: []
+    adapter.flash_attn_varlen_func = lambda q, k, v, *args, **kwargs: calls.append((q, kwargs)) or "fa5 out"
+    monkeypatch.setitem(sys.modules, FA5_ADAPTER, adapter)
+    previous = families.set_registry(families.parse(data))
+    build = make_build("full", fa4=FA4_RECORD).raw
+    from vendored_flash_attn.build_info import BuildInfo
+
+    info = BuildInfo.from_dict(build, {"fa4": FA4_RECORD, "fa5": {"schema": 1, "package": "x"}})
+    machine = describe(caps=(BLACKWELL,), build=info, env={"VLLM_FLASH_ATTN_VERSION": "5"})
+    yield types.SimpleNamespace(calls=calls, machine=machine, data=data)
+    families.set_registry(previous)
+    set_environment(None)
+
+
+def test_a_family_added_to_the_declaration_is_picked_up_everywhere(fa5):
+    assert selector.get_flash_attn_version() == 5
+    assert selector.is_fa_version_supported(5)
+    report = cli.collect()
+    assert "fa5" in report["modules"] and report["modules"]["fa5"]["built"] is True
+    assert "fa5" in report["build"] and "FA5" in cli.render(report)
+    assert "fa5" in wheel_check.components()
+    # wheel_check expects its declared artefacts once its record is in a wheel.
+    lacking = wheel_check.packaged_families(["vendored_flash_attn/_fa5/build_info.json"])
+    assert lacking == {"fa5": ["vendored_flash_attn/_fa5/kernels/__init__.py"]}
+    # A call goes to its adapter.
+    q = torch.zeros(3, 8, 128, dtype=torch.bfloat16)
+    assert vfa.flash_attn_varlen_func(q, q, q, 1, torch.arange(4, dtype=torch.int32), 1,
+                                      cu_seqlens_k=torch.arange(4, dtype=torch.int32)) == "fa5 out"
+    assert fa5.calls and fa5.calls[-1][0] is q
+
+
+# --- the selector with FA4 ----------------------------------------------------------------
+
+def test_hopper_default_stays_fa3_and_says_why_not_fa4(describe):
+    selection, warned = _select(describe, HOPPER)
+    assert selection.version == 3, selection
+    assert "FA4 is not the default here" in selection.reason
+    assert "no run of the kernels benchmark has shown FA4 at least as fast" in selection.reason
+    assert not warned
+
+
+def test_env_4_on_hopper_picks_fa4_when_packaged_and_installed(describe):
+    selection, warned = _select(describe, HOPPER, env={"VLLM_FLASH_ATTN_VERSION": "4"})
+    assert selection.version == 4 and selection.reason == "VLLM_FLASH_ATTN_VERSION=4"
+    assert not warned
+
+
+def test_env_4_without_the_extra_falls_back_naming_the_install_command(describe):
+    selection, warned = _select(describe, HOPPER, env={"VLLM_FLASH_ATTN_VERSION": "4"},
+                                errors={4: DEPS_MISSING})
+    assert selection.version == 2
+    assert 'pip install "vendored-flash-attn[fa4]"' in selection.fallbacks[0]
+    assert any("vendored-flash-attn[fa4]" in w for w in warned)
+    assert 'pip install "vendored-flash-attn[fa4]"' in selector.fa_version_unsupported_reason(4)
+    assert not selector.is_fa_version_supported(4)
+
+
+def test_env_4_in_a_wheel_without_fa4(describe):
+    selection, warned = _select(describe, HOPPER, build=make_build("full"), env={"VLLM_FLASH_ATTN_VERSION": "4"})
+    assert selection.version == 2 and "built without FA4" in selection.fallbacks[0]
+
+
+@pytest.mark.parametrize("caps", [BLACKWELL, BLACKWELL_12])
+def test_blackwell_default_is_fa4_when_installed_else_fa2(describe, caps):
+    selection, warned = _select(describe, caps)
+    assert selection.version == 4, selection
+    assert f"compute capability {caps[0]}.{caps[1]}: FA4 is built and loads" in selection.reason
+    assert "FA3 unusable (FA3 runs on sm90 only" in selection.reason
+    selection, warned = _select(describe, caps, build=make_build("full"))
+    assert selection.version == 2 and "FA4 unusable" in selection.reason
+    selection, warned = _select(describe, caps, errors={4: DEPS_MISSING})
+    assert selection.version == 2
+    assert any("FA4 is built but unusable" in w and "vendored-flash-attn[fa4]" in w for w in warned)
+
+
+def test_ampere_and_no_gpu(describe):
+    assert _select(describe, AMPERE)[0].version == 2
+    assert "FA4 runs on sm90, sm100, sm120 only" in selector.fa_version_unsupported_reason(4)
+    selection, _ = _select(describe, None)
+    assert selection.version is None and "no CUDA GPU" in selection.reason
+    assert "no CUDA GPU" in selector.fa_version_unsupported_reason(4)
+
+
+def test_info_says_why_fa4_on_blackwell(describe, capsys):
+    describe(caps=(BLACKWELL,), build=WITH_FA4)
+    report = cli.collect()
+    assert report["devices"][0]["selected"] == 4
+    text = cli.render(report)
+    assert "FA4 is built and loads" in text and "FA3 runs on sm90 only" in text
+    assert report["build"]["fa4"]["built"] is True and report["build"]["fa4"]["gencode"] == ["sm_90a"]
+
+
+# --- dispatch and refusals -----------------------------------------------------------------
+
+def test_fa_version_4_dispatches_to_the_fa4_adapter(fake, describe):  # noqa: F811
+    describe(caps=(HOPPER,), build=WITH_FA4)
+    call = _paged()
+    out = vfa.flash_attn_varlen_func(**call, causal=True, fa_version=4)
+    (q, k, v), kwargs = fake.calls[-1]
+    assert q is call["q"] and kwargs["page_table"] is call["block_table"] and kwargs["causal"] is True
+    assert out.shape == (3, 8, 128)
+
+
+def test_default_on_blackwell_dispatches_to_fa4(fake, describe):  # noqa: F811
+    describe(caps=(BLACKWELL,), build=WITH_FA4)
+    vfa.flash_attn_varlen_func(**_paged())
+    assert fake.calls[-1][1]["_arch"] == 100
+
+
+@pytest.mark.parametrize("change, names", [
+    ({"alibi_slopes": torch.zeros(8)}, "FA2"),
+    ({"q_v": torch.zeros(3, 8, 128)}, "FA3"),
+    ({"cp_world_size": 2}, "FA3"),
+])
+def test_what_fa4_cannot_do_is_refused_before_any_kernel(fake, describe, change, names):  # noqa: F811
+    describe(caps=(HOPPER,), build=WITH_FA4)
+    with pytest.raises(FlashAttnInputError, match=names):
+        vfa.flash_attn_varlen_func(**_paged(), fa_version=4, **change)
+    assert fake.calls == [] and fake.deps_checked == 0
+
+
+# --- lazy: a plain query imports no FA4 code ----------------------------------------------
+
+def test_a_plain_query_imports_neither_cutlass_nor_the_fa4_sources(tmp_path):
+    # A staged _fa4 whose sources and whose cutlass blow up when imported: the probe finds
+    # the subpackage without importing it, and reads the dependencies from metadata.
+    (tmp_path / "_fa4" / "cute").mkdir(parents=True)
+    (tmp_path / "_fa4" / "__init__.py").write_text("")
+    (tmp_path / "_fa4" / "cute" / "__init__.py").write_text("raise SystemExit('FA4 sources imported')\n")
+    (tmp_path / "cutlass").mkdir()
+    (tmp_path / "cutlass" / "__init__.py").write_text("raise SystemExit('cutlass imported')\n")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import vendored_flash_attn
+        assert not [m for m in sys.modules if m.startswith(("cutlass", "vendored_flash_attn._fa4", "torch"))]
+        vendored_flash_attn.__path__.append({str(tmp_path)!r})
+        from vendored_flash_attn.environment import SystemEnvironment
+        answer = SystemEnvironment().load_module(4)
+        vendored_flash_attn.is_fa_version_supported(4)
+        loaded = [m for m in sys.modules if m.startswith("cutlass") or m.startswith("vendored_flash_attn._fa4.")]
+        print(repr(answer), loaded)
+        assert not loaded, loaded
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=PROJECT, env={"PYTHONPATH": str(PROJECT / "python"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "not in this installation" not in result.stdout  # the subpackage was found
