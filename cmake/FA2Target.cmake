@@ -14,19 +14,21 @@ function(vfa_add_fa2_target)
     list(APPEND sources "${root}/${rel}")
   endforeach()
   if(VFA_FA2_MISSING)
-    vfa_write_fa2_stubs(stubs "${VFA_GENERATED_DIR}")
+    vfa_write_fa2_stubs(stubs "${CMAKE_BINARY_DIR}/generated")
     list(APPEND sources "${stubs}")
+    # Its error messages name it (__FILE__, in STD_TORCH_CHECK): by a path that is the
+    # same in every build dir, or two builds of one selection differ in their bytes.
+    set_source_files_properties("${stubs}" PROPERTIES COMPILE_OPTIONS
+      "$<$<CXX_COMPILER_ID:GNU,Clang>:-fmacro-prefix-map=${CMAKE_BINARY_DIR}/generated=vendored-flash-attn-generated>")
   endif()
+  # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).
+  vfa_verified_include_dirs(fa_includes flash_attention csrc/flash_attn csrc/flash_attn/src csrc/common)
+  vfa_verified_include_dirs(cutlass_includes cutlass include)
   vfa_add_torch_extension(_vendored_fa2_C
     SOURCES ${sources}
     GENCODE ${VFA_FA2_GENCODE}
     DEFINES ${VFA_FA2_DEFINES}
-    INCLUDE_DIRS
-      "${root}/csrc"
-      "${root}/csrc/flash_attn"
-      "${root}/csrc/flash_attn/src"
-      "${root}/csrc/common"
-      "${VFA_cutlass_SOURCE_DIR}/include")
+    INCLUDE_DIRS ${fa_includes} ${cutlass_includes})
   list(LENGTH VFA_FA2_INSTANTIATIONS n)
   set(VFA_FA2_SOURCE_COUNT ${n} PARENT_SCOPE)
   set(VFA_FA2_INSTANTIATIONS "${VFA_FA2_INSTANTIATIONS}" PARENT_SCOPE)

@@ -15,15 +15,14 @@ function(vfa_add_fa3_target)
   foreach(rel IN LISTS VFA_FA3_INSTANTIATIONS)
     list(APPEND sources "${root}/${rel}")
   endforeach()
+  # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).
+  vfa_verified_include_dirs(fa_includes flash_attention hopper csrc/common)
+  vfa_verified_include_dirs(cutlass_includes cutlass include)
   vfa_add_torch_extension(_vendored_fa3_C
     SOURCES ${sources}
     GENCODE ${VFA_FA3_GENCODE}
     DEFINES ${VFA_FA3_DEFINES}
-    INCLUDE_DIRS
-      "${root}/csrc"
-      "${root}/hopper"
-      "${root}/csrc/common"
-      "${VFA_cutlass_SOURCE_DIR}/include")
+    INCLUDE_DIRS ${fa_includes} ${cutlass_includes})
   list(LENGTH VFA_FA3_INSTANTIATIONS n)
   set(VFA_FA3_SOURCE_COUNT ${n} PARENT_SCOPE)
   set(VFA_FA3_INSTANTIATIONS "${VFA_FA3_INSTANTIATIONS}" PARENT_SCOPE)

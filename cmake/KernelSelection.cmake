@@ -230,9 +230,41 @@ function(vfa_fa2_selection head_dims dtypes features)
   set(VFA_FA2_DEFINES ${VFA_FA2_BASE_DEFINES} PARENT_SCOPE)
 endfunction()
 
+# Writes <text> to <path> unless it holds exactly that already (so an unchanged
+# file keeps its time and is not compiled again): every configure compares, so
+# a file edited or cut short since the last one is written anew, never reused
+# on the strength of its name. Through a temporary file read back before it is
+# renamed into place: a write cut short (a full disk) stops here instead of
+# leaving half a file.
+#   vfa_write_generated_file(/build/generated/x.cpp "int x;\n")  ->  /build/generated/x.cpp
+function(vfa_write_generated_file path text)
+  if(EXISTS "${path}")
+    file(READ "${path}" current)
+    if(current STREQUAL text)
+      return()
+    endif()
+  endif()
+  get_filename_component(dir "${path}" DIRECTORY)
+  file(MAKE_DIRECTORY "${dir}")
+  string(RANDOM LENGTH 8 suffix)
+  set(tmp "${path}.tmp-${suffix}")
+  file(WRITE "${tmp}" "${text}")
+  file(READ "${tmp}" written)
+  if(NOT written STREQUAL text)
+    file(REMOVE "${tmp}")
+    message(FATAL_ERROR "Could not write '${path}' completely (is the disk under '${dir}' full?). "
+      "Free some space in the build dir's filesystem and configure again.")
+  endif()
+  file(RENAME "${tmp}" "${path}")
+endfunction()
+
 # Writes the C++ definitions of the FA2 kernels left out to a content-addressed
-# file under <dir> (a stable path, so compiler-cache hits survive new build
-# dirs and checkouts) and returns its path in <out_var>.
+# file under <dir>, the build dir's generated/ folder, and returns its path in
+# <out_var>. In the build dir, not the shared source cache: a read-only cache
+# works, and no file there is compiled that only its name vouches for. The cost:
+# this one C++ unit misses the compiler cache in a new build dir (sccache keys
+# on its absolute path; SCCACHE_BASEDIRS=<build dir> makes it hit, README).
+#   vfa_write_fa2_stubs(stubs /build/generated)  ->  /build/generated/fa2_missing_kernels_6403d678242dd8c5.cpp
 function(vfa_write_fa2_stubs out_var dir)
   set(body "")
   foreach(record IN LISTS VFA_FA2_MISSING)
@@ -281,12 +313,7 @@ ${body}}  // namespace FLASH_NAMESPACE
   string(MD5 digest "${text}")
   string(SUBSTRING "${digest}" 0 16 digest)
   set(path "${dir}/fa2_missing_kernels_${digest}.cpp")
-  if(NOT EXISTS "${path}")
-    file(MAKE_DIRECTORY "${dir}")
-    string(RANDOM LENGTH 8 tmp_suffix)
-    file(WRITE "${path}.${tmp_suffix}" "${text}")
-    file(RENAME "${path}.${tmp_suffix}" "${path}")
-  endif()
+  vfa_write_generated_file("${path}" "${text}")
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
 

@@ -19,13 +19,20 @@
 #
 # Content, not only the commit: "matches_pin" means that every file under the
 # pin's `paths` (what the build compiles) hashes to the pinned commit's tree.
-# The check hashes the work tree into a throwaway index (never the checkout's
-# own index, whose stat cache an edit that keeps size and mtime would fool)
-# and compares it with the commit's trees. It costs 0.2-0.35 s for both
-# repositories on a loaded 2-core machine (README), so it runs on every
+# The check hashes the work tree's bytes (no filter, no end-of-line conversion)
+# into a throwaway index, with a git that reads no configuration (nothing the
+# checkout's repository or the user configures runs or changes the hashes;
+# never the checkout's own index, whose stat cache an edit that keeps size and
+# mtime would fool), and compares it with the commit's trees. It costs 0.1-0.35 s
+# for both repositories on a loaded 2-core machine (README), so it runs on every
 # configure, never cached: a cache keyed on file stats would let such an edit
-# through.
-# It trusts the checkout's object store (replace refs are ignored).
+# through. It trusts the checkout's object store (replace refs are ignored).
+# The compile sees only verified folders (vfa_verified_include_dirs), and what
+# the build generates lives in the build dir, never in the shared cache.
+#
+# Credentials: a mirror URL's user, password and query are scrubbed from every
+# message, the cache's marker and the build info (cmake/url_secrets.py, the
+# project's one scrubber); in a -D they are refused (printed on pip's RUN: line).
 #
 # A failure of one repository does not hide the other: both are resolved,
 # then one message says what each needs.
@@ -61,7 +68,13 @@ set(VFA_SHOWN_PATHS 5)
 set(VFA_GIT_LOCATION_ENV GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY
     GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_NAMESPACE)
 
-# --- knobs -----------------------------------------------------------------
+# The parts, by concern (each function says its inputs, its output and an example).
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamPin.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamVerify.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamLock.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamFetch.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamReport.cmake)
 
 # Reads the network and lock knobs into the caller's scope.
 #   vfa_read_source_knobs()  ->  VFA_FETCH_TIMEOUT=600, VFA_FETCH_STALL_TIMEOUT=60, ...
@@ -85,683 +98,63 @@ function(vfa_absolute_path out_var path)
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
 
-# A mirror as git is to be given it. A URL (scheme://...) or an scp-like address
-# (host:path, no '/' before the ':') stays as it is; anything else is a local
-# path, taken from the project directory like the path knobs (git would take it
-# from the folder it runs in: the shell's for the first contact, the temporary
-# checkout's for the fetch).
-#   vfa_mirror_url(url "../mirrors/fa.git")           ->  <project>/../mirrors/fa.git
-#   vfa_mirror_url(url "git@git.example:fa.git")      ->  git@git.example:fa.git (as given)
-#   vfa_mirror_url(url "https://git.example/fa.git")  ->  https://git.example/fa.git (as given)
-function(vfa_mirror_url out_var mirror)
-  if(NOT mirror MATCHES "^[A-Za-z][A-Za-z0-9+.-]*://" AND NOT mirror MATCHES "^[^/]+:")
-    vfa_absolute_path(mirror "${mirror}")
-  endif()
-  set(${out_var} "${mirror}" PARENT_SCOPE)
-endfunction()
-
-# A URL as it may be shown and recorded: without the user and password a
-# mirror URL may carry (https://user:token@host/...), which would otherwise
-# end up in logs, the cache's marker and the wheel's build info.
-#   vfa_shown_url(out "https://ci:s3cret@git.example/fa.git")  ->  https://git.example/fa.git
-function(vfa_shown_url out_var url)
-  string(REGEX REPLACE "^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@" "\\1" url "${url}")
-  set(${out_var} "${url}" PARENT_SCOPE)
-endfunction()
-
-# --- the pin -----------------------------------------------------------------
-
-# Reads the pin file into VFA_PIN_<component>_{URL,COMMIT,TAG,VERSION,PATHS,REQUIRED_FILES};
-# stops on anything malformed, naming the file and the key.
-function(vfa_read_pin pin_file)
-  set(bump_doc "vendor/flash-attention/README.md describes the format")
-  if(NOT EXISTS "${pin_file}")
-    message(FATAL_ERROR "The pin file '${pin_file}' does not exist (VFA_PIN_FILE).")
-  endif()
-  file(READ "${pin_file}" json)
-  string(JSON kind ERROR_VARIABLE err TYPE "${json}")
-  if(err OR NOT kind STREQUAL "OBJECT")
-    message(FATAL_ERROR "The pin file '${pin_file}' is not a JSON object: ${err}. Fix its syntax (${bump_doc}).")
-  endif()
-  foreach(component IN LISTS VFA_COMPONENTS)
-    foreach(key url commit tag version paths required_files)
-      string(JSON kind ERROR_VARIABLE err TYPE "${json}" ${component} ${key})
-      set(where "The pin file '${pin_file}': ${component}.${key}")
-      if(err)
-        if(key STREQUAL "tag" OR key STREQUAL "version")
-          set(kind "NULL")
-        else()
-          message(FATAL_ERROR "${where} is missing (${bump_doc}).")
-        endif()
-      endif()
-      string(TOUPPER "${key}" upper_key)
-      set(value "")
-      if(key STREQUAL "paths" OR key STREQUAL "required_files")
-        if(NOT kind STREQUAL "ARRAY")
-          message(FATAL_ERROR "${where} must be a list of relative paths, got a ${kind} (${bump_doc}).")
-        endif()
-        string(JSON count LENGTH "${json}" ${component} ${key})
-        if(count EQUAL 0 AND key STREQUAL "paths")
-          message(FATAL_ERROR "${where} is empty: it must list the folders the build compiles.")
-        endif()
-        if(count GREATER 0)
-          math(EXPR last "${count} - 1")
-          foreach(i RANGE ${last})
-            string(JSON item_kind TYPE "${json}" ${component} ${key} ${i})
-            string(JSON item GET "${json}" ${component} ${key} ${i})
-            # Plain relative paths only: no options, pathspec magic or '..'.
-            if(NOT item_kind STREQUAL "STRING" OR NOT item MATCHES "^[A-Za-z0-9_][A-Za-z0-9_./-]*$"
-               OR item MATCHES "(^|/)\\.\\.(/|$)")
-              message(FATAL_ERROR "${where}[${i}] must be a relative path inside the repository "
-                "(letters, digits, '_', '.', '-', '/'), got ${item_kind} '${item}'.")
-            endif()
-            list(APPEND value "${item}")
-          endforeach()
-        endif()
-      elseif(NOT kind STREQUAL "NULL")
-        if(NOT kind STREQUAL "STRING")
-          message(FATAL_ERROR "${where} must be a string, got a ${kind} (${bump_doc}).")
-        endif()
-        string(JSON value GET "${json}" ${component} ${key})
-      endif()
-      set(VFA_PIN_${component}_${upper_key} "${value}" PARENT_SCOPE)
-      set(${key} "${value}")
-    endforeach()
-    string(LENGTH "${commit}" length)
-    if(NOT length EQUAL 40 OR NOT commit MATCHES "^[0-9a-f]+$")
-      message(FATAL_ERROR
-        "The pin file '${pin_file}': ${component}.commit must be a full 40-character "
-        "commit hash in lower case (a pin names an immutable commit), got '${commit}' "
-        "(${length} characters).")
-    endif()
-    if(url STREQUAL "")
-      message(FATAL_ERROR "The pin file '${pin_file}': ${component}.url is empty.")
-    endif()
-  endforeach()
-endfunction()
-
-# --- helpers -------------------------------------------------------------------
-
+# The default source cache: $XDG_CACHE_HOME/vendored-flash-attn, else
+# $HOME/.cache/vendored-flash-attn. A relative XDG_CACHE_HOME is ignored, as the
+# XDG spec says (it would put checkouts wherever cmake runs); a relative HOME
+# gives no default.
+#   vfa_default_source_cache(dir)  ->  /home/me/.cache/vendored-flash-attn
 function(vfa_default_source_cache out_var)
-  if(DEFINED ENV{XDG_CACHE_HOME} AND NOT "$ENV{XDG_CACHE_HOME}" STREQUAL "")
-    set(root "$ENV{XDG_CACHE_HOME}")
-  elseif(DEFINED ENV{HOME} AND NOT "$ENV{HOME}" STREQUAL "")
-    set(root "$ENV{HOME}/.cache")
+  set(root "")
+  set(xdg "$ENV{XDG_CACHE_HOME}")
+  if(NOT xdg STREQUAL "" AND IS_ABSOLUTE "${xdg}")
+    set(root "${xdg}")
   else()
+    if(NOT xdg STREQUAL "")
+      message(WARNING "XDG_CACHE_HOME='${xdg}' is not an absolute path, so it is ignored (the XDG "
+        "base directory spec says so) and the source cache defaults to \$HOME/.cache. Set "
+        "XDG_CACHE_HOME to an absolute path, or VFA_SOURCE_CACHE.")
+    endif()
+    if(IS_ABSOLUTE "$ENV{HOME}")
+      set(root "$ENV{HOME}/.cache")
+    endif()
+  endif()
+  if(root STREQUAL "")
     message(FATAL_ERROR
-      "Neither XDG_CACHE_HOME nor HOME is set, so there is no default source cache. "
-      "Set VFA_SOURCE_CACHE to a folder that stays put between builds.")
+      "Neither XDG_CACHE_HOME nor HOME is an absolute path (HOME='$ENV{HOME}'), so there is no "
+      "default source cache. Set VFA_SOURCE_CACHE to a folder that stays put between builds.")
   endif()
   set(${out_var} "${root}/vendored-flash-attn" PARENT_SCOPE)
 endfunction()
 
-# Runs git, stopped after VFA_FETCH_TIMEOUT seconds, an http(s) transfer also
-# when it stays below 1 KB/s for VFA_FETCH_STALL_TIMEOUT seconds (no effect on
-# local commands); on failure stores the error text in <err_var>.
-#   vfa_git(head err -C /src rev-parse HEAD)  ->  head=617264c1..., err=""
-function(vfa_git result_var err_var)
-  execute_process(
-    COMMAND "${GIT_EXECUTABLE}" -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${VFA_FETCH_STALL_TIMEOUT}
-            ${ARGN}
-    RESULT_VARIABLE rc
-    OUTPUT_VARIABLE out
-    ERROR_VARIABLE err
-    OUTPUT_STRIP_TRAILING_WHITESPACE
-    ERROR_STRIP_TRAILING_WHITESPACE
-    TIMEOUT ${VFA_FETCH_TIMEOUT})
-  if(rc EQUAL 0)
-    set(${result_var} "${out}" PARENT_SCOPE)
-    set(${err_var} "" PARENT_SCOPE)
+# "" unless the URL knob <name> was given as a CMake definition (-D, or pip's
+# -C cmake.define.) and carries credentials; then why that is refused and what
+# to do instead. A definition is printed on scikit-build-core's "RUN:" line
+# (pip -v, CI logs) and shown by `ps` while CMake runs; the environment is
+# neither. Its value is scrubbed everywhere this project prints or records it.
+#   vfa_refuse_credentials_in_a_definition(err FLASH_ATTN_MIRROR)  with
+#   -DFLASH_ATTN_MIRROR=https://ci:s3cret@git.example/fa.git  ->  "FLASH_ATTN_MIRROR was given ..."
+function(vfa_refuse_credentials_in_a_definition out_var name)
+  set(${out_var} "" PARENT_SCOPE)
+  vfa_option_origin(origin ${name})
+  if(NOT origin STREQUAL "cmake")
     return()
   endif()
-  set(${result_var} "" PARENT_SCOPE)
-  if(NOT rc MATCHES "^[0-9]+$")
-    # "Process terminated due to timeout": a server that accepts and never answers.
-    string(CONCAT err "git did not finish within VFA_FETCH_TIMEOUT=${VFA_FETCH_TIMEOUT} s (${rc}); "
-      "a server that accepts connections but does not answer looks like this. "
-      "Raise VFA_FETCH_TIMEOUT for a slow but working link. ${err}")
-  elseif(err MATCHES "Operation too slow|curl 28")
-    string(CONCAT err "${err}\n(the transfer stayed below 1 KB/s for "
-      "VFA_FETCH_STALL_TIMEOUT=${VFA_FETCH_STALL_TIMEOUT} s; raise it for a slow but working link)")
-  elseif("${err}" STREQUAL "")
-    set(err "git exited with '${rc}'")
+  vfa_url_secrets(secrets secrets "${${name}}")
+  if(NOT secrets)
+    return()
   endif()
-  set(${err_var} "${err}" PARENT_SCOPE)
-endfunction()
-
-function(vfa_find_git)
-  if(NOT GIT_EXECUTABLE)
-    find_package(Git QUIET)
-  endif()
-  set(GIT_EXECUTABLE "${GIT_EXECUTABLE}" PARENT_SCOPE)
-endfunction()
-
-# Which files of the pin's required list are missing under <dir>.
-#   vfa_missing_files(missing /src/fa flash_attention)  ->  hopper/flash_api.cpp (or "")
-function(vfa_missing_files out_var dir component)
-  set(missing "")
-  foreach(rel IN LISTS VFA_PIN_${component}_REQUIRED_FILES)
-    if(NOT EXISTS "${dir}/${rel}")
-      list(APPEND missing "${rel}")
-    endif()
-  endforeach()
-  set(${out_var} "${missing}" PARENT_SCOPE)
-endfunction()
-
-# "" when the checkout of the pinned commit in <dir> has every file the pin
-# requires of <component>, else what is wrong. The commit itself lacks them, so
-# the pin is wrong, not the checkout: the text names the pin file to fix.
-#   vfa_pin_commit_lacks_files(problem cutlass /cache/src/cutlass-62750a2b75c8)
-#     ->  "cutlass commit 62750a2b... lacks files the build needs (include/cutlass/gemm/gemm.h).
-#          The pin and the build disagree: check cutlass.commit and cutlass.required_files
-#          in the pin file '<VFA_PIN_FILE>'."
-function(vfa_pin_commit_lacks_files out_var component dir)
-  vfa_missing_files(missing "${dir}" ${component})
-  set(text "")
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT text "${component} commit ${VFA_PIN_${component}_COMMIT} lacks files the build needs "
-      "(${missing}). The pin and the build disagree: check ${component}.commit and "
-      "${component}.required_files in the pin file '${VFA_PIN_FILE}'.")
-  endif()
+  string(REPLACE ";" " and " secrets "${secrets}")
+  vfa_shown_url(shown "${${name}}")
+  string(CONCAT text "${name} was given as a CMake definition (-D, or pip's -C cmake.define.) "
+    "with ${secrets} in its URL. A definition is printed on scikit-build-core's RUN: line "
+    "(pip -v, CI logs) and shown to every local user by `ps`, so it is refused: treat that "
+    "credential as exposed. Give ${name}=${shown} and let git supply the credentials "
+    "(a credential helper: git config --global credential.helper <helper>, or your CI's), or "
+    "set ${name} with the credentials in the environment instead (${name}=... pip wheel .): the "
+    "environment is not printed, and the URL is scrubbed from every log, the source cache and "
+    "the build info. README: Where the upstream comes from.")
   set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
-
-# The first VFA_SHOWN_PATHS items of a list, and how many more.
-#   vfa_few(text a b c d e f g)  ->  "a, b, c, d, e and 2 more"
-function(vfa_few out_var)
-  set(items ${ARGN})
-  list(LENGTH items n)
-  if(n GREATER VFA_SHOWN_PATHS)
-    list(SUBLIST items 0 ${VFA_SHOWN_PATHS} shown)
-    math(EXPR rest "${n} - ${VFA_SHOWN_PATHS}")
-    string(JOIN ", " text ${shown})
-    set(text "${text} and ${rest} more")
-  else()
-    string(JOIN ", " text ${items})
-  endif()
-  set(${out_var} "${text}" PARENT_SCOPE)
-endfunction()
-
-# Compares the files under the pin's paths in <dir> with the trees of <commit>.
-# Sets <out_var> to "" when they are equal, else to a text such as
-# "1 file changed (hopper/flash_api.cpp); 141 files missing (include/cutlass/gemm/..., and 136 more)",
-# or <err_var> when git cannot tell (no such commit, not a checkout).
-# Hashes every file into a throwaway index (nothing is written into <dir>), so
-# an edit that keeps size and mtime is seen; the executable bit is ignored.
-#   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
-function(vfa_compare_with_commit out_var err_var dir commit component)
-  set(paths ${VFA_PIN_${component}_PATHS})
-  if(DEFINED ENV{TMPDIR} AND IS_DIRECTORY "$ENV{TMPDIR}")
-    set(tmp "$ENV{TMPDIR}")
-  else()
-    set(tmp "/tmp")
-  endif()
-  string(RANDOM LENGTH 12 suffix)
-  set(index "${tmp}/vfa-content-${suffix}.index")
-  set(ENV{GIT_INDEX_FILE} "${index}")
-  set(ENV{GIT_NO_LAZY_FETCH} 1)
-  # No repository setting may change what is hashed or seen: no fsmonitor, no
-  # untracked cache, no replace refs, pin paths taken literally.
-  # The checkout's own .git, never one found above it.
-  set(git "${GIT_EXECUTABLE}" --no-replace-objects --literal-pathspecs -c "safe.directory=${dir}"
-      -c core.fsmonitor=false -c core.untrackedCache=false -C "${dir}" "--git-dir=${dir}/.git"
-      "--work-tree=${dir}")
-  # Every file under the paths (none is tracked in the empty index, so all
-  # are "others", ignored ones included), then their hashes into the index.
-  # Through a file: an execute_process pipe costs ~40 ms more here.
-  execute_process(
-    COMMAND ${git} ls-files -z --others -- ${paths}
-    OUTPUT_FILE "${index}.files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
-    TIMEOUT ${VFA_FETCH_TIMEOUT})
-  if(rc EQUAL 0)
-    execute_process(
-      COMMAND ${git} update-index -z --add --info-only --stdin
-      INPUT_FILE "${index}.files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
-      TIMEOUT ${VFA_FETCH_TIMEOUT})
-  endif()
-  set(raw "")
-  if(rc EQUAL 0)
-    execute_process(
-      COMMAND ${git} diff-index --cached --raw --no-renames "${commit}" -- ${paths}
-      RESULT_VARIABLE rc OUTPUT_VARIABLE raw ERROR_VARIABLE hash_err
-      OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE
-      TIMEOUT ${VFA_FETCH_TIMEOUT})
-  endif()
-  unset(ENV{GIT_INDEX_FILE})
-  unset(ENV{GIT_NO_LAZY_FETCH})
-  file(REMOVE "${index}" "${index}.lock" "${index}.files")
-  if(NOT rc EQUAL 0)
-    if(hash_err STREQUAL "")
-      set(hash_err "git exited with '${rc}'")
-    endif()
-    set(${out_var} "" PARENT_SCOPE)
-    set(${err_var} "git could not compare its files with commit ${commit}: ${hash_err}" PARENT_SCOPE)
-    return()
-  endif()
-
-  set(changed "")
-  set(missing "")
-  set(added "")
-  string(REPLACE ";" "\\;" raw "${raw}")
-  string(REPLACE "\n" ";" lines "${raw}")
-  foreach(line IN LISTS lines)
-    # :<old mode> <new mode> <old blob> <new blob> <status>\t<path>
-    if(NOT line MATCHES "^:([0-7]+) ([0-7]+) ([0-9a-f]+) ([0-9a-f]+) ([A-Z])[0-9]*\t(.*)$")
-      continue()
-    endif()
-    set(old_mode "${CMAKE_MATCH_1}")
-    set(new_mode "${CMAKE_MATCH_2}")
-    set(same_blob FALSE)
-    if(CMAKE_MATCH_3 STREQUAL CMAKE_MATCH_4)
-      set(same_blob TRUE)
-    endif()
-    set(status "${CMAKE_MATCH_5}")
-    set(path "${CMAKE_MATCH_6}")
-    if(status STREQUAL "D")
-      list(APPEND missing "${path}")
-    elseif(status STREQUAL "A")
-      list(APPEND added "${path}")
-    elseif(same_blob AND old_mode MATCHES "^1006|^1007" AND new_mode MATCHES "^1006|^1007")
-      # Only the executable bit: a copy that lost it compiles the same.
-    else()
-      list(APPEND changed "${path}")
-    endif()
-  endforeach()
-  set(parts "")
-  foreach(kind changed missing added)
-    if(${kind})
-      list(LENGTH ${kind} n)
-      vfa_few(few ${${kind}})
-      set(files "files")
-      if(n EQUAL 1)
-        set(files "file")
-      endif()
-      list(APPEND parts "${n} ${files} ${kind} (${few})")
-    endif()
-  endforeach()
-  string(JOIN "; " text ${parts})
-  set(${out_var} "${text}" PARENT_SCOPE)
-  set(${err_var} "" PARENT_SCOPE)
-endfunction()
-
-# --- one explicit source directory -----------------------------------------
-
-# Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.
-# Never refuses a readable tree: another commit, a dirty tree or one git
-# cannot verify builds with a loud warning, and the build info says so.
-# <err_var>: why <dir> cannot be used at all (missing, or lacking required files).
-#   vfa_use_source_dir(flash_attention /src/fa FLASH_ATTN_SRC_DIR err)  ->  with an edited
-#   hopper/flash_api.cpp: VFA_flash_attention_MATCHES_PIN=FALSE, _DIRTY=TRUE, a warning
-function(vfa_use_source_dir component dir src_var err_var)
-  set(pinned "${VFA_PIN_${component}_COMMIT}")
-  if(NOT IS_DIRECTORY "${dir}")
-    string(CONCAT message
-      "${src_var} points to '${dir}', which does not exist (a relative path is taken from "
-      "the project directory). Point it at a checkout of "
-      "${VFA_PIN_${component}_URL} at commit ${pinned}, or unset it to fetch the pin.")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  vfa_missing_files(missing "${dir}" ${component})
-  if(missing)
-    string(REPLACE ";" ", " missing "${missing}")
-    string(CONCAT message
-      "${src_var}='${dir}' is not a complete ${component} source tree: missing ${missing}. "
-      "It may be a half-fetched checkout, a sparse checkout without those folders, or the "
-      "wrong folder. Point it at a full checkout of commit ${pinned}.")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-
-  set(commit "unknown")
-  set(verified FALSE)
-  set(dirty "")
-  set(why "")
-  vfa_find_git()
-  if(NOT EXISTS "${dir}/.git")
-    set(why "it is not a git checkout (no .git), so its content cannot be verified against the pin")
-  elseif(NOT GIT_EXECUTABLE)
-    set(why "git was not found, so its content cannot be verified against the pin")
-  else()
-    # safe.directory: a checkout copied from another user is still readable.
-    vfa_git(head err -c "safe.directory=${dir}" -C "${dir}" rev-parse --verify "HEAD^{commit}")
-    if(err)
-      set(why "git cannot read its HEAD (${err}), so its content cannot be verified against the pin")
-    else()
-      set(commit "${head}")
-      vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
-      if(err)
-        set(why "${err}")
-      else()
-        set(verified TRUE)
-        if(diff)
-          set(dirty TRUE)
-          set(why "its files differ from its commit ${commit}: ${diff}")
-        else()
-          set(dirty FALSE)
-        endif()
-      endif()
-    endif()
-  endif()
-  if(commit STREQUAL "unknown" AND EXISTS "${dir}/${VFA_SOURCE_MARKER}")
-    # A copied cache entry: its marker says which commit was fetched (not verified).
-    file(READ "${dir}/${VFA_SOURCE_MARKER}" marker)
-    string(JSON marked ERROR_VARIABLE marker_err GET "${marker}" commit)
-    if(NOT marker_err)
-      set(commit "${marked}")
-    endif()
-  endif()
-
-  set(matches FALSE)
-  if(verified AND NOT dirty AND commit STREQUAL pinned)
-    set(matches TRUE)
-  endif()
-  if(NOT matches)
-    set(problems "")
-    if(NOT commit STREQUAL pinned)
-      string(APPEND problems " is at commit ${commit}, but the pin names ${pinned}.\n")
-    endif()
-    if(why)
-      string(APPEND problems " ${why}.\n")
-    endif()
-    message(WARNING
-      "\n"
-      "==========================================================================\n"
-      " ${src_var}='${dir}'\n"
-      "${problems}"
-      " Building it anyway; the build info records matches_pin=false.\n"
-      " Wheels for release must be built from the pinned commit, unmodified.\n"
-      "==========================================================================")
-  endif()
-  set(VFA_${component}_SOURCE_DIR "${dir}" PARENT_SCOPE)
-  set(VFA_${component}_COMMIT "${commit}" PARENT_SCOPE)
-  set(VFA_${component}_MATCHES_PIN ${matches} PARENT_SCOPE)
-  set(VFA_${component}_VERIFIED ${verified} PARENT_SCOPE)
-  set(VFA_${component}_DIRTY "${dirty}" PARENT_SCOPE)
-  set(VFA_${component}_ORIGIN "source_dir" PARENT_SCOPE)
-  set(VFA_${component}_URL "" PARENT_SCOPE)
-endfunction()
-
-# --- the source cache ------------------------------------------------------------
-
-# Checks a cache entry: its marker names the pinned commit and its content
-# equals that commit's tree. Sets <url_var> to the URL it was fetched from,
-# or <err_var> to why it is refused and how to fix it. Reads only.
-#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url err)
-#     ->  url=https://github.com/NVIDIA/cutlass.git, err="" (or "The cached cutlass
-#         checkout '...' does not hold commit ...: 1 file changed (...). ... Remove that folder ...")
-function(vfa_check_cached component dest url_var err_var)
-  set(commit "${VFA_PIN_${component}_COMMIT}")
-  set(fix "Remove that folder (rm -rf '${dest}') and build again; it will be fetched anew.")
-  set(marker_file "${dest}/${VFA_SOURCE_MARKER}")
-  if(NOT EXISTS "${marker_file}")
-    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: it has no "
-      "${VFA_SOURCE_MARKER} marker, so it was never completely fetched (an interrupted fetch "
-      "of an older version, or a folder made by hand). ${fix}")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  file(READ "${marker_file}" marker)
-  string(JSON marked ERROR_VARIABLE json_err GET "${marker}" commit)
-  string(JSON url ERROR_VARIABLE json_err2 GET "${marker}" url)
-  if(json_err OR json_err2)
-    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: its marker "
-      "'${marker_file}' is not the JSON a fetch writes (${json_err}${json_err2}). ${fix}")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  if(NOT marked STREQUAL commit)
-    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: its marker says "
-      "commit ${marked}, not ${commit}. ${fix}")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  if(NOT EXISTS "${dest}/.git")
-    set(${err_var} "The cached ${component} checkout '${dest}' has no .git, so it cannot be verified. ${fix}"
-        PARENT_SCOPE)
-    return()
-  endif()
-  vfa_find_git()
-  if(NOT GIT_EXECUTABLE)
-    string(CONCAT message "git is needed to verify the cached ${component} checkout '${dest}' but was "
-      "not found. Install git, or set ${VFA_${component}_PREFIX}_SRC_DIR to that folder "
-      "(it then builds unverified, with matches_pin=false).")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  vfa_compare_with_commit(diff err "${dest}" "${commit}" ${component})
-  if(err)
-    set(${err_var} "The cached ${component} checkout '${dest}' is not usable: ${err}. ${fix}" PARENT_SCOPE)
-    return()
-  endif()
-  if(diff)
-    string(CONCAT message "The cached ${component} checkout '${dest}' does not hold commit ${commit} "
-      "unmodified: ${diff}. Something edited it after the fetch. ${fix}")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  # Unmodified, but the pin asks for files its commit does not have.
-  vfa_pin_commit_lacks_files(problem ${component} "${dest}")
-  if(problem)
-    set(${err_var} "${problem}" PARENT_SCOPE)
-    return()
-  endif()
-  vfa_shown_url(url "${url}")
-  set(${url_var} "${url}" PARENT_SCOPE)
-endfunction()
-
-# Fetches the pinned commit of <component> from <url> into <dest>, under the
-# entry's lock, in a private temporary folder renamed into place only once
-# verified, so <dest> is never half-written. Stale temporary folders of the
-# same entry (from a fetch that was killed) are removed first. Sets <err_var>
-# on failure, with what to do.
-#   vfa_fetch_into_cache(cutlass https://github.com/NVIDIA/cutlass.git /cache/src/cutlass-62750a2b75c8 err)
-function(vfa_fetch_into_cache component url dest err_var)
-  set(commit "${VFA_PIN_${component}_COMMIT}")
-  set(prefix ${VFA_${component}_PREFIX})
-  vfa_shown_url(shown "${url}")
-  get_filename_component(parent "${dest}" DIRECTORY)
-  get_filename_component(name "${dest}" NAME)
-  vfa_find_git()
-  if(NOT GIT_EXECUTABLE)
-    string(CONCAT message "git is needed to fetch ${component} but was not found. Install git, or set "
-      "${prefix}_SRC_DIR to a checkout of commit ${commit}.")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  # The cache must be writable to fetch into it (checked before the lock,
-  # whose creation would fail with a less helpful message).
-  set(lock_file "${parent}/.${name}.lock")
-  set(holder_file "${parent}/.${name}.holder")
-  execute_process(COMMAND "${CMAKE_COMMAND}" -E make_directory "${parent}"
-                  RESULT_VARIABLE rc ERROR_VARIABLE touch_err ERROR_STRIP_TRAILING_WHITESPACE)
-  if(rc EQUAL 0)
-    execute_process(COMMAND "${CMAKE_COMMAND}" -E touch "${lock_file}"
-                    RESULT_VARIABLE rc ERROR_VARIABLE touch_err ERROR_STRIP_TRAILING_WHITESPACE)
-  endif()
-  if(NOT rc EQUAL 0)
-    string(CONCAT message "The source cache '${parent}' is not writable (${touch_err}), so ${component} "
-      "cannot be fetched into it. Set VFA_SOURCE_CACHE to a writable folder, or ${prefix}_SRC_DIR "
-      "to a checkout of commit ${commit}.")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-
-  # Builds running side by side share the cache: one fetches, the others wait,
-  # saying for whom, and not forever. The holder is written to a sidecar file:
-  # writing the lock file itself would release the lock.
-  set(holder "another build (it did not say who)")
-  file(LOCK "${lock_file}" GUARD FUNCTION TIMEOUT 0 RESULT_VARIABLE lock_result)
-  if(NOT lock_result STREQUAL "0")
-    if(EXISTS "${holder_file}")
-      file(READ "${holder_file}" holder)
-      string(STRIP "${holder}" holder)
-    endif()
-    message(STATUS "vendored-flash-attn: waiting up to ${VFA_SOURCE_LOCK_TIMEOUT} s "
-      "(VFA_SOURCE_LOCK_TIMEOUT) for '${lock_file}', held by ${holder}")
-    file(LOCK "${lock_file}" GUARD FUNCTION TIMEOUT ${VFA_SOURCE_LOCK_TIMEOUT} RESULT_VARIABLE lock_result)
-  endif()
-  if(NOT lock_result STREQUAL "0")
-    string(CONCAT message "Gave up after VFA_SOURCE_LOCK_TIMEOUT=${VFA_SOURCE_LOCK_TIMEOUT} s waiting for "
-      "the lock '${lock_file}' (${lock_result}), held by ${holder}. If that process still runs, "
-      "let it finish or stop it; a lock is released when its process exits (on a network "
-      "filesystem the lock of a dead host can stay: then delete '${lock_file}'). Raise "
-      "VFA_SOURCE_LOCK_TIMEOUT to wait longer.")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  # Another build may have fetched it while this one waited.
-  if(EXISTS "${dest}")
-    vfa_check_cached(${component} "${dest}" cached_url err)
-    set(${err_var} "${err}" PARENT_SCOPE)
-    return()
-  endif()
-  execute_process(COMMAND sh -c "echo $PPID" OUTPUT_VARIABLE pid OUTPUT_STRIP_TRAILING_WHITESPACE)
-  cmake_host_system_information(RESULT host QUERY HOSTNAME)
-  string(TIMESTAMP now "%Y-%m-%dT%H:%M:%SZ" UTC)
-  file(WRITE "${holder_file}"
-    "pid ${pid} on host ${host} since ${now} (fetching ${component} ${commit} from ${shown})\n")
-  file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
-  foreach(folder IN LISTS stale)
-    message(STATUS "vendored-flash-attn: removing '${folder}', left by a fetch that did not finish")
-    file(REMOVE_RECURSE "${folder}")
-  endforeach()
-
-  string(RANDOM LENGTH 8 suffix)
-  set(tmp "${dest}.partial-${suffix}")
-  message(STATUS "vendored-flash-attn: fetching ${component} ${commit} from ${shown}")
-  vfa_checkout_pinned(${component} "${url}" "${tmp}" err)
-  if(NOT err)
-    file(RENAME "${tmp}" "${dest}" RESULT rename_result)
-    if(NOT rename_result STREQUAL "0")
-      set(err "Could not move the ${component} checkout into '${dest}': ${rename_result}")
-    endif()
-  endif()
-  if(err)
-    file(REMOVE_RECURSE "${tmp}")
-    set(${err_var} "${err}" PARENT_SCOPE)
-  endif()
-endfunction()
-
-# Inside vfa_checkout_pinned: fail with the text in `failure`.
-macro(vfa_checkout_failed)
-  set(${err_var} "${failure}" PARENT_SCOPE)
-  return()
-endmacro()
-
-# A sparse checkout of the pinned commit of <component> from <url> in <dir>,
-# verified (HEAD, tag, required files, content) and marked complete.
-function(vfa_checkout_pinned component url dir err_var)
-  set(commit "${VFA_PIN_${component}_COMMIT}")
-  set(tag "${VFA_PIN_${component}_TAG}")
-  set(prefix ${VFA_${component}_PREFIX})
-  vfa_shown_url(shown "${url}")
-  string(CONCAT offline_hint
-    "If this machine cannot reach ${shown}, point ${prefix}_MIRROR at a mirror "
-    "that has the commit, or ${prefix}_SRC_DIR at a local checkout of it.")
-
-  # A server that accepts connections and never answers is caught here, in
-  # the stall time and for every protocol: https and ssh hang in their
-  # handshake, where git's low-speed limit does not apply yet. Other errors
-  # are left to the fetch, which says more.
-  set(limit ${VFA_FETCH_STALL_TIMEOUT})
-  set(knob VFA_FETCH_STALL_TIMEOUT)
-  if(VFA_FETCH_TIMEOUT LESS limit)
-    set(limit ${VFA_FETCH_TIMEOUT})
-    set(knob VFA_FETCH_TIMEOUT)
-  endif()
-  execute_process(
-    COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
-            ls-remote "${url}" HEAD
-    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE probe_err TIMEOUT ${limit})
-  if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
-    string(CONCAT failure "${shown} accepted the connection but did not answer within "
-      "${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}")
-    vfa_checkout_failed()
-  endif()
-
-  vfa_git(ignored err init -q "${dir}")
-  if(err)
-    string(CONCAT failure "Could not create '${dir}' for the ${component} checkout: ${err}")
-    vfa_checkout_failed()
-  endif()
-  vfa_git(ignored err -C "${dir}" remote add origin "${url}")
-  # Only the folders the build compiles: CUTLASS is large, and the upstream
-  # repository carries big assets the build never reads.
-  vfa_git(ignored err -C "${dir}" sparse-checkout set ${VFA_PIN_${component}_PATHS})
-  if(err)
-    string(CONCAT failure "git sparse-checkout failed in '${dir}': ${err}. git 2.25 or newer is needed.")
-    vfa_checkout_failed()
-  endif()
-  set(fetch_args -c protocol.version=2 -C "${dir}" fetch --quiet --no-tags --filter=blob:none)
-
-  if(tag)
-    vfa_git(ignored err ${fetch_args} --depth 1 origin "+refs/tags/${tag}:refs/tags/${tag}")
-    if(err)
-      string(CONCAT failure "Could not fetch tag '${tag}' of ${component} from ${shown}:\n${err}\n${offline_hint}")
-      vfa_checkout_failed()
-    endif()
-    vfa_git(tagged err -C "${dir}" rev-parse "refs/tags/${tag}^{commit}")
-    if(NOT tagged STREQUAL commit)
-      string(CONCAT failure
-        "Tag '${tag}' of ${component} at ${shown} now points at ${tagged}, but the pin "
-        "names ${commit}. A moved tag is a supply-chain event, so the build stops here. "
-        "Find out why the tag moved; then either drop the tag from the pin and keep the "
-        "commit, or review the new commit and bump the pin (vendor/flash-attention/README.md).")
-      vfa_checkout_failed()
-    endif()
-  else()
-    vfa_git(ignored err ${fetch_args} --depth 1 origin "${commit}")
-    if(err)
-      # Some servers refuse fetching an unadvertised commit; fall back to the
-      # branches and tags and look for it there. A timeout is not retried.
-      set(err2 "${err}")
-      set(err3 "")
-      if(NOT err MATCHES "VFA_FETCH_TIMEOUT|VFA_FETCH_STALL_TIMEOUT")
-        vfa_git(ignored err2 ${fetch_args} --tags origin "+refs/heads/*:refs/remotes/origin/*")
-        vfa_git(ignored err3 -C "${dir}" cat-file -e "${commit}^{commit}")
-      endif()
-      if(err2)
-        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n${err}\n${offline_hint}")
-        vfa_checkout_failed()
-      elseif(err3)
-        string(CONCAT failure "Could not fetch ${component} commit ${commit} from ${shown}:\n"
-          "the repository does not contain that commit\n${offline_hint}")
-        vfa_checkout_failed()
-      endif()
-    endif()
-  endif()
-
-  # In a partial clone the checkout downloads the blobs: a network step too.
-  vfa_git(ignored err -C "${dir}" -c advice.detachedHead=false checkout -q --detach "${commit}")
-  vfa_git(head err2 -C "${dir}" rev-parse HEAD)
-  if(err OR NOT head STREQUAL commit)
-    string(CONCAT failure "Could not check out ${component} commit ${commit} from ${shown}: "
-      "${err}${err2}\n${offline_hint}")
-    vfa_checkout_failed()
-  endif()
-  vfa_pin_commit_lacks_files(failure ${component} "${dir}")
-  if(failure)
-    vfa_checkout_failed()
-  endif()
-  # What the next configure checks must hold now (a git filter that does not
-  # round-trip would otherwise get the entry refused ever after).
-  vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
-  if(err OR diff)
-    string(CONCAT failure "The fresh ${component} checkout in '${dir}' does not hash back to "
-      "commit ${commit} (${err}${diff}); a git filter or core.autocrlf setting may rewrite files "
-      "on checkout.")
-    vfa_checkout_failed()
-  endif()
-  # No credentials stay in the cache: nothing reads this remote again.
-  vfa_git(ignored err -C "${dir}" remote set-url origin "${shown}")
-  file(WRITE "${dir}/${VFA_SOURCE_MARKER}"
-    "{\"name\": \"${component}\", \"commit\": \"${commit}\", \"tag\": \"${tag}\", \"url\": \"${shown}\"}\n")
-  set(${err_var} "" PARENT_SCOPE)
-endfunction()
-
-# --- resolution ----------------------------------------------------------------
 
 # Sets, for <component>, in the caller's scope:
 #   VFA_<component>_SOURCE_DIR, _COMMIT, _MATCHES_PIN, _VERIFIED, _DIRTY, _ORIGIN, _URL
@@ -808,7 +201,13 @@ function(vfa_resolve_source component)
     set(url "${VFA_PIN_${component}_URL}")
   else()
     vfa_mirror_url(url "${${prefix}_MIRROR}")
+    vfa_refuse_credentials_in_a_definition(err ${prefix}_MIRROR)
+    if(err)
+      set(VFA_${component}_ERROR "${err}" PARENT_SCOPE)
+      return()
+    endif()
   endif()
+  set_property(GLOBAL APPEND PROPERTY VFA_SOURCE_URLS "${url}")
 
   # Check first, lock only to fetch: a complete cache on a read-only path works.
   set(err "")
@@ -851,7 +250,7 @@ macro(vfa_resolve_upstream_sources)
 
   # Git runs for these repositories only, never prompts, and never sees
   # environment that points it elsewhere; restored afterwards.
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
     set(_vfa_saved_${_vfa_name} "$ENV{${_vfa_name}}")
     set(_vfa_had_${_vfa_name} FALSE)
     if(DEFINED ENV{${_vfa_name}})
@@ -860,6 +259,7 @@ macro(vfa_resolve_upstream_sources)
     unset(ENV{${_vfa_name}})
   endforeach()
   set(ENV{GIT_TERMINAL_PROMPT} 0)
+  set(ENV{GIT_ATTR_NOSYSTEM} 1)
 
   set(_vfa_failed FALSE)
   foreach(_vfa_component IN LISTS VFA_COMPONENTS)
@@ -876,7 +276,7 @@ macro(vfa_resolve_upstream_sources)
     vfa_report_source_failures()
   endif()
   vfa_check_cutlass_matches_submodule()
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
     if(_vfa_had_${_vfa_name})
       set(ENV{${_vfa_name}} "${_vfa_saved_${_vfa_name}}")
     else()
@@ -884,37 +284,3 @@ macro(vfa_resolve_upstream_sources)
     endif()
   endforeach()
 endmacro()
-
-# One message for every component: the failures with their fixes, and where
-# the others stand, so one attempt tells all that is needed.
-function(vfa_report_source_failures)
-  set(text "vendored-flash-attn could not get every upstream source.")
-  foreach(component IN LISTS VFA_COMPONENTS)
-    string(APPEND text "\n${component} (commit ${VFA_PIN_${component}_COMMIT}): ")
-    if(VFA_${component}_ERROR)
-      string(APPEND text "FAILED. ${VFA_${component}_ERROR}")
-    else()
-      string(APPEND text "ok (${VFA_${component}_ORIGIN}: ${VFA_${component}_SOURCE_DIR}); nothing to do.")
-    endif()
-  endforeach()
-  message(FATAL_ERROR "${text}")
-endfunction()
-
-# flash-attention records the CUTLASS it was developed against as a submodule.
-# When both pins disagree, say so: the bump was likely half done.
-function(vfa_check_cutlass_matches_submodule)
-  if(NOT VFA_flash_attention_ORIGIN STREQUAL "source_dir" AND EXISTS "${VFA_flash_attention_SOURCE_DIR}/.git")
-    vfa_find_git()
-    vfa_git(line err -c "safe.directory=${VFA_flash_attention_SOURCE_DIR}" -C "${VFA_flash_attention_SOURCE_DIR}"
-            ls-tree HEAD csrc/cutlass)
-    if(NOT err AND line MATCHES "commit ([0-9a-f]+)")
-      set(submodule "${CMAKE_MATCH_1}")
-      if(NOT submodule STREQUAL VFA_PIN_cutlass_COMMIT)
-        message(WARNING
-          "flash-attention ${VFA_flash_attention_COMMIT} pins CUTLASS ${submodule} as its "
-          "csrc/cutlass submodule, but the pin file names CUTLASS ${VFA_PIN_cutlass_COMMIT}. "
-          "Bump both together (vendor/flash-attention/README.md).")
-      endif()
-    endif()
-  endif()
-endfunction()

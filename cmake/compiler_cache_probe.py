@@ -33,14 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
 from compile_env import client_env  # noqa: E402  (what a compile sent to build servers may carry)
@@ -75,15 +76,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def without_secrets(text: str) -> str:
-    """URLs without user:password@ and query strings (tokens)."""
-    def clean(match: re.Match) -> str:
-        parts = urlsplit(match.group(0))
-        host = parts.netloc.rsplit("@", 1)[-1]
-        return urlunsplit((parts.scheme, host, parts.path, "", ""))
-    return re.sub(r"[a-z][a-z0-9+.-]*://[^\s,\"']+", clean, text)
 
 
 def backend_of(location: str) -> str:

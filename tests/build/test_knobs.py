@@ -64,9 +64,11 @@ def test_build_info_records_every_knob_as_normalised(tmp_path, sources):
     any case; an empty FA3 selection leaves FA3 out (VFA_BUILD_FA3=auto)."""
     env = clean_env(VFA_FA2_PTX="no", VFA_FA2_SM90_SASS="Yes", TORCH_CUDA_ARCH_LIST="9.0",
                     VFA_PRESTE="minimal", VFA_ALLOW_UNKNOWN_SETTINGS="yes", VFA_DEBUG_CHECKS="1",
-                    VFA_TORCH_VERSION="2.14.1")
+                    VFA_TORCH_VERSION="2.14.1",
+                    # Credentials in the environment (in a -D they are refused: tests/build/test_sources.py).
+                    FLASH_ATTN_MIRROR="https://user:token@mirror.example/fa.git")
     build, result = configured(tmp_path, sources, env=env, VFA_PRESET="minimal", VFA_FA3_HEAD_DIMS="none",
-                               VFA_FA2_HEAD_DIMS="256 , 128", FLASH_ATTN_MIRROR="https://user:token@mirror.example/fa.git")
+                               VFA_FA2_HEAD_DIMS="256 , 128")
     assert result.returncode == 0, result.output
     info = build_info(build)
     options = info["options"]
@@ -79,7 +81,7 @@ def test_build_info_records_every_knob_as_normalised(tmp_path, sources):
     assert info["fa2"]["gencode"] == ["sm_90"] and info["fa2"]["head_dims"] == [128, 256]
     # Paths of the build machine and URLs (credentials!) stay out of the wheel.
     assert options["VFA_PIN_FILE"] == {"value": "(not recorded)", "origin": "cmake"}
-    assert options["FLASH_ATTN_MIRROR"] == {"value": "(not recorded)", "origin": "cmake"}
+    assert options["FLASH_ATTN_MIRROR"] == {"value": "(not recorded)", "origin": "env:FLASH_ATTN_MIRROR"}
     assert options["FLASH_ATTN_SRC_DIR"] == {"value": "", "origin": "default"}
     assert "token" not in json.dumps(info) and str(tmp_path) not in json.dumps(options)
     # The typo (allowed with VFA_ALLOW_UNKNOWN_SETTINGS) is in the build info too; knobs of

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import PROJECT, build_info, clean_env, configure, fetch_sources, fetch_sources_command, run
+from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, configure_command,
+                                  fetch_sources, fetch_sources_command, run)
 from support.git_http_server import silent_server, stalling_git_server
 
 
@@ -425,10 +429,20 @@ def test_a_transfer_that_stalls_midway_stops_at_the_first_timeout(synthetic, pin
     assert not list((cache / "src").glob("flash-attention-*"))
 
 
-def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin, cache):
+# A password with '@' in it, and a query string: both once survived a scrubber.
+# (curl refuses a raw '@' in a password it is to use; git users write %40.)
+SECRET_URL_FORMS = {"password": "http://ci:s3cret-token@{host}/flash-attention",
+                    "password-encoded-at": "http://ci:s3cret%40-token@{host}/flash-attention",
+                    "password-with-at": "http://ci:s3cret@-token@{host}/flash-attention",
+                    "query": "http://{host}/flash-attention?token=s3cret-token"}
+
+
+@pytest.mark.parametrize("form", ["password", "password-encoded-at"])
+def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin, cache, form):
     with stalling_git_server(synthetic.root, answer=1000) as base:
-        secret_url = base.replace("http://", "http://ci:s3cret-token@") + "flash-attention"
-        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=secret_url), timeout=120)
+        secret_url = SECRET_URL_FORMS[form].format(host=base.split("//")[1].rstrip("/"))
+        # In the environment: a -D value would be refused (below).
+        result = fetch_sources(defines(pin, cache), env=clean_env(FLASH_ATTN_MIRROR=secret_url), timeout=120)
     assert result.returncode == 0, result.output
     fa = result.sources()["flash_attention"]
     assert fa["matches_pin"] is True and fa["url"] == base + "flash-attention"
@@ -436,6 +450,57 @@ def test_mirror_credentials_stay_out_of_logs_cache_and_build_info(synthetic, pin
     leaks = [p for p in cache.rglob("*") if p.is_file() and b"s3cret-token" in p.read_bytes()]
     assert "s3cret-token" not in result.output and leaks == []
     assert json.loads((entry / ".vfa-source.json").read_text())["url"] == base + "flash-attention"
+    assert "s3cret" not in result.output
+
+
+def test_credentials_in_a_failing_mirrors_url_stay_out_of_the_message(pin, cache):
+    # git repeats the URL it could not reach in its error; the query string too.
+    result = fetch_sources(defines(pin, cache), env=clean_env(
+        FLASH_ATTN_MIRROR="file:///nonexistent/fa.git?token=s3cret-token",
+        CUTLASS_MIRROR="https://ci:s3cret@-token@127.0.0.1:9/cutlass.git"))
+    assert result.returncode != 0
+    assert "s3cret" not in result.output
+    assert "file:///nonexistent/fa.git" in result.text and "https://127.0.0.1:9/cutlass.git" in result.text
+
+
+@pytest.mark.parametrize("form", sorted(SECRET_URL_FORMS))
+def test_credentials_in_a_cmake_definition_are_refused(pin, cache, form):
+    secret_url = SECRET_URL_FORMS[form].format(host="git.example")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=secret_url))
+    assert result.returncode != 0
+    assert "FLASH_ATTN_MIRROR was given as a CMake definition" in result.text
+    assert "credential helper" in result.text and "in the environment" in result.text
+    assert "s3cret" not in result.output.replace(secret_url, "")  # only cmake's own echo, if any
+    assert not (cache / "src").exists() or not list((cache / "src").glob("flash-attention-*"))
+
+
+def test_an_interrupt_during_a_fetch_stops_and_says_so(synthetic, pin, cache):
+    with stalling_git_server(synthetic.root, answer=2) as base:
+        command = fetch_sources_command(defines(pin, cache, FLASH_ATTN_MIRROR=base + "flash-attention",
+                                                VFA_FETCH_STALL_TIMEOUT="120"))
+        # Its own process group, as a shell gives a job: Ctrl-C reaches every process in it. With
+        # SIGINT ignored, as a script's background job or a CI runner's step has it: then CMake
+        # lives on (a CMake that does not ignore it just dies), while git, whose signals CMake
+        # resets, ends, and CMake read that as a timeout and went on to the next repository.
+        proc = subprocess.Popen(["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command], env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not list(cache.glob("src/flash-attention-*.partial-*")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2)  # past the first contact, into the fetch the server never answers
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = " ".join(output.split())
+    assert proc.returncode != 0
+    assert "interrupted (User interrupt) while running git" in text and "stopped here" in text
+    assert "VFA_FETCH_TIMEOUT" not in text and "does not answer" not in text
+    assert not list(cache.glob("src/cutlass-*")), "it went on to fetch the next repository"
 
 
 def test_timeouts_must_be_whole_seconds(pin, cache):
@@ -542,6 +607,208 @@ def test_a_dirty_source_dir_is_recorded_in_the_build_info(synthetic, relative_co
                         "verified": True, "origin": "source_dir"}
     cutlass = relative_configure["info"]["cutlass"]
     assert cutlass == {**cutlass, "matches_pin": True, "dirty": False, "verified": True, "origin": "cache"}
+
+
+# --- verifying runs nothing of the verified repository ------------------------------
+
+
+def _with_clean_filter(repo, marker):
+    """A repository whose own config names a clean filter (a command) for every file,
+    as a checkout from someone else could: git runs it whenever it hashes a file
+    the way `git add` does."""
+    subprocess.run(["git", "-C", str(repo), "config", "filter.planted.clean", f"touch '{marker}'; cat"], check=True)
+    (repo / ".gitattributes").write_text("* filter=planted\n")
+    # Under the pin's paths too: a .gitattributes there applies to the files beside it.
+    (repo / "hopper/.gitattributes").write_text("* filter=planted\n")
+    return repo
+
+
+def test_verifying_a_source_dir_runs_none_of_its_configured_commands(synthetic, pin, cache, tmp_path):
+    src = _with_clean_filter(_clone(synthetic, tmp_path / "fa", synthetic.fa_commit), tmp_path / "ran")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src)))
+    assert result.returncode == 0, result.output
+    assert not (tmp_path / "ran").exists(), "the verification ran the repository's clean filter"
+    # The planted hopper/.gitattributes is a file the commit does not have: seen, not run.
+    assert "1 file added (hopper/.gitattributes)" in result.text
+    assert result.sources()["flash_attention"]["dirty"] is True
+
+
+def test_verifying_a_cache_entry_runs_none_of_its_configured_commands(filled, synthetic, pin, cache, tmp_path):
+    _with_clean_filter(_entry(cache, "flash-attention", synthetic.fa_commit), tmp_path / "ran")
+    (_entry(cache, "flash-attention", synthetic.fa_commit) / "hopper/.gitattributes").unlink()
+    result = fetch_sources(defines(pin, cache))
+    assert not (tmp_path / "ran").exists(), "the verification ran the repository's clean filter"
+    assert result.returncode == 0, result.output
+    assert result.sources()["flash_attention"]["matches_pin"] is True
+
+
+# --- what the compile can see -----------------------------------------------------------
+
+
+def _compile_only(command: str) -> subprocess.CompletedProcess:
+    """A C++ unit's compile command from compile_commands.json, checked for syntax only."""
+    args = command.split()
+    out = args.index("-o")
+    del args[out:out + 2]
+    return subprocess.run([*args, "-fsyntax-only"], capture_output=True, text=True)
+
+
+def test_files_outside_the_verified_paths_are_not_on_the_include_path(filled, synthetic, pin, cache, tmp_path):
+    # A header planted in a cache entry beside the verified folders: csrc/ is not
+    # under the pin's paths, so the content check does not look there. Were csrc/ on
+    # the include path, it would shadow CUTLASS's header of the same name.
+    fa = _entry(cache, "flash-attention", synthetic.fa_commit)
+    for planted in ("csrc/cutlass/numeric_types.h", "csrc/cute/tensor.hpp"):
+        (fa / planted).parent.mkdir(parents=True, exist_ok=True)
+        (fa / planted).write_text('#error "a planted header was compiled"\n')
+    build = tmp_path / "build"
+    result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+    assert result.returncode == 0, result.output
+    fa2_api = next(c["command"] for c in compile_commands(build) if c["file"].endswith("csrc/flash_attn/flash_api.cpp"))
+    compiled = _compile_only(fa2_api)
+    assert "planted" not in compiled.stderr and compiled.returncode == 0, compiled.stderr
+    verified = [fa / p for p in json.loads(pin.read_text())["flash_attention"]["paths"]]
+    verified += [_entry(cache, "cutlass", synthetic.cutlass_commit) / "include"]
+    for entry in compile_commands(build):
+        for include in re.findall(r"(?:^|\s)-I(\S+)", entry["command"]):
+            inside = Path(include)
+            if str(inside).startswith(str(cache)):
+                assert any(inside == v or v in inside.parents for v in verified), (
+                    f"{inside} is on the include path but not under the pin's paths")
+
+
+def test_an_include_dir_outside_the_pins_paths_is_refused(synthetic, pin, cache, tmp_path):
+    # A pin that no longer verifies csrc/common, which FA2 and FA3 include from.
+    data = json.loads(pin.read_text())
+    data["flash_attention"]["paths"].remove("csrc/common")
+    data["flash_attention"]["required_files"] = [
+        f for f in data["flash_attention"]["required_files"] if not f.startswith("csrc/common/")]
+    pin.write_text(json.dumps(data))
+    src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
+    result = configure(tmp_path / "build", defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src), VFA_PRESET="minimal",
+                                                   VFA_COMPILER_CACHE="off"))
+    assert result.returncode != 0
+    paths = ", ".join(data["flash_attention"]["paths"])
+    assert (f"the include directory '{src}/csrc/common' is not under flash_attention.paths "
+            f"({paths}) of the pin file '{pin}'") in result.text
+
+
+# --- the user's git settings do not change what a fetch writes ----------------------------
+
+
+def test_the_users_git_settings_do_not_change_what_a_fetch_writes(synthetic, pin, cache, tmp_path):
+    home = tmp_path / "home"
+    (home / "templates/hooks").mkdir(parents=True)
+    hook = home / "templates/hooks/post-checkout"
+    hook.write_text(f"#!/bin/sh\ntouch '{tmp_path / 'hook-ran'}'\n")
+    hook.chmod(0o755)
+    (home / "attributes").write_text("*.h text eol=crlf\n")
+    (home / ".gitconfig").write_text(
+        "[core]\n\tautocrlf = true\n\tattributesFile = " + str(home / "attributes") + "\n"
+        "[init]\n\ttemplateDir = " + str(home / "templates") + "\n")
+    fetched = fetch_sources(defines(pin, cache), env=clean_env(HOME=str(home), XDG_CONFIG_HOME=str(home)))
+    assert fetched.returncode == 0, fetched.output
+    assert fetched.sources()["flash_attention"]["matches_pin"] is True
+    crlf = [p for p in cache.rglob("*") if p.is_file() and ".git" not in p.parts and b"\r\n" in p.read_bytes()]
+    assert crlf == [], f"CRLF written: {crlf[:3]}"
+    assert not (tmp_path / "hook-ran").exists(), "a hook of the user's git template ran"
+    # Every other user of the cache sees it as fetched: unmodified.
+    again = fetch_sources(defines(pin, cache), env=clean_env(HOME=str(tmp_path)))
+    assert again.returncode == 0, again.output
+    assert {s["origin"] for s in again.sources().values()} == {"cache"}
+
+
+# --- generated files live in the build dir --------------------------------------------------
+
+
+def _stub(build):
+    (stub,) = [c["file"] for c in compile_commands(build) if "fa2_missing_kernels" in c["file"]]
+    return Path(stub)
+
+
+def test_the_quick_start_works_with_a_read_only_source_cache(filled, pin, cache, tmp_path):
+    for lock in (cache / "src").glob(".*.lock"):
+        lock.unlink()
+    build = tmp_path / "build"
+    command = configure_command(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+    result = _read_only(cache, command, clean_env())
+    assert result.returncode == 0, result.output
+    assert _stub(build).parent == build / "generated"
+    assert sorted(p.name for p in cache.iterdir()) == ["src"], "the configure wrote into the source cache"
+
+
+def test_the_generated_file_compiles_to_the_same_bytes_in_any_build_dir(filled, pin, cache, tmp_path):
+    objects = []
+    for name in ("build-a", "elsewhere/build-b"):
+        build = tmp_path / name
+        result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
+        assert result.returncode == 0, result.output
+        entry = next(c for c in compile_commands(build) if "fa2_missing_kernels" in c["file"])
+        args = entry["command"].split()
+        out = args[args.index("-o") + 1]
+        compiled = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
+        assert compiled.returncode == 0, compiled.stderr
+        objects.append((Path(entry["directory"]) / out).read_bytes())
+        assert str(build).encode() not in objects[-1], "the build dir's path is in the compiled stub"
+    assert objects[0] == objects[1]
+
+
+def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path):
+    build = tmp_path / "build"
+    knobs = defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off")
+    result = configure(build, knobs)
+    assert result.returncode == 0, result.output
+    stub = _stub(build)
+    written = stub.read_text()
+    stub.write_text(written[: len(written) // 2])  # cut short, as by a full disk
+    again = configure(build, knobs)  # what every pip build of this build dir runs first
+    assert again.returncode == 0, again.output
+    assert _stub(build) == stub and stub.read_text() == written
+
+
+# --- messages that name the right cause --------------------------------------------------
+
+
+def test_a_source_dir_that_is_a_file_says_so(pin, cache, tmp_path):
+    (tmp_path / "flash-attention.tar").write_text("not a folder")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_SRC_DIR=str(tmp_path / "flash-attention.tar")))
+    assert result.returncode != 0
+    assert f"FLASH_ATTN_SRC_DIR points to '{tmp_path / 'flash-attention.tar'}', which is a file, not a folder" in result.text
+    assert "does not exist" not in result.text
+
+
+def test_a_relative_xdg_cache_home_is_ignored_and_nothing_is_written_where_cmake_runs(synthetic, pin, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = fetch_sources({"VFA_PIN_FILE": str(pin)}, cwd=elsewhere,
+                           env=clean_env(XDG_CACHE_HOME="relative-cache", HOME=str(home)))
+    assert result.returncode == 0, result.output
+    assert "XDG_CACHE_HOME='relative-cache' is not an absolute path" in result.text
+    fa = result.sources()["flash_attention"]
+    assert fa["source_dir"].startswith(str(home / ".cache/vendored-flash-attn/src/")) and fa["matches_pin"] is True
+    assert not list(elsewhere.iterdir())
+
+
+def _with_a_full_disk(folder, size, cmd, env):
+    """Runs cmd with <folder> on a tmpfs of <size>, in a private mount namespace."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.fail("cannot mount a small filesystem here: no unshare -rm (user and mount namespaces)")
+    folder.mkdir(parents=True, exist_ok=True)
+    script = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    return run(["unshare", "-rm", "sh", "-c", script, str(folder), *cmd], env=env)
+
+
+@pytest.mark.parametrize("size", ["64k", "256k"])  # full during the fetch, and during the checkout
+def test_a_disk_that_fills_during_a_fetch_is_named_as_the_cause(pin, cache, size):
+    result = _with_a_full_disk(cache, size, fetch_sources_command(defines(pin, cache)), clean_env())
+    assert result.returncode != 0
+    assert f"git could not write into '{cache / 'src'}'" in result.text
+    assert "this machine's disk, not the network" in result.text
+    assert "Free space there, or set VFA_SOURCE_CACHE to a folder with room" in result.text
+    assert "point FLASH_ATTN_MIRROR" not in result.text and "point CUTLASS_MIRROR" not in result.text
+    assert "more lines" in result.text or result.text.count("unable to write file") <= 5
 
 
 def test_a_too_old_cmake_is_told_which_cmake_to_use():

@@ -77,12 +77,16 @@ def fetch_sources(defines: dict[str, str], env: dict[str, str] | None = None, cw
     return run(fetch_sources_command(defines), env=env, cwd=cwd, timeout=timeout)
 
 
+def configure_command(build_dir: Path, defines: dict[str, str], source_dir: Path = PROJECT) -> list[str]:
+    """The `cmake -S -B` command configure() runs, also for tests that wrap it."""
+    args = [f"-D{k}={v}" for k, v in defines.items()]
+    return [tool("cmake"), "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}", f"-DPython_EXECUTABLE={sys.executable}", *args]
+
+
 def configure(build_dir: Path, defines: dict[str, str], env: dict[str, str] | None = None,
               source_dir: Path = PROJECT, cwd: Path | None = None) -> Result:
-    args = [f"-D{k}={v}" for k, v in defines.items()]
-    return run([tool("cmake"), "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
-                f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}", f"-DPython_EXECUTABLE={sys.executable}", *args],
-               env=env, cwd=cwd)
+    return run(configure_command(build_dir, defines, source_dir), env=env, cwd=cwd)
 
 
 def configured(tmp_path: Path, sources: dict, env: dict[str, str] | None = None, **knobs: str):

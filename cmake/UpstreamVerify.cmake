@@ -1,0 +1,347 @@
+# Verifying a source tree: every file under the pin's `paths` must hash to the
+# pinned commit's tree (vfa_compare_with_commit), for a cache entry (refused
+# when it differs) and a local source directory (built with a loud warning);
+# and the compile may only see verified folders (vfa_verified_include_dirs).
+# Part of cmake/UpstreamSources.cmake, which includes it.
+
+include_guard(GLOBAL)
+
+# The first VFA_SHOWN_PATHS items of a list, and how many more.
+#   vfa_few(text a b c d e f g)  ->  "a, b, c, d, e and 2 more"
+function(vfa_few out_var)
+  set(items ${ARGN})
+  list(LENGTH items n)
+  if(n GREATER VFA_SHOWN_PATHS)
+    list(SUBLIST items 0 ${VFA_SHOWN_PATHS} shown)
+    math(EXPR rest "${n} - ${VFA_SHOWN_PATHS}")
+    string(JOIN ", " text ${shown})
+    set(text "${text} and ${rest} more")
+  else()
+    string(JOIN ", " text ${items})
+  endif()
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
+# Compares the files under the pin's paths in <dir> with the trees of <commit>.
+# Sets <out_var> to "" when they are equal, else to a text such as
+# "1 file changed (hopper/flash_api.cpp); 141 files missing (include/cutlass/gemm/..., and 136 more)",
+# or <err_var> when git cannot tell (no such commit, not a checkout).
+# Every file's bytes are hashed as they are (git hash-object --no-filters: no
+# filter, no end-of-line or encoding conversion), by a git that reads no
+# configuration (vfa_begin_isolated_git), into a throwaway index; nothing is written
+# into <dir>, and nothing <dir>'s repository configures runs. An edit that keeps
+# size and mtime is seen; the executable bit is ignored. The only git run with
+# <dir>'s own config is `rev-parse`, which reads refs and runs no configured command.
+#   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
+function(vfa_compare_with_commit out_var err_var dir commit component)
+  set(paths ${VFA_PIN_${component}_PATHS})
+  # Where the checkout keeps its objects: .git/objects, or for a worktree or a
+  # submodule (a .git file) where git says.
+  if(IS_DIRECTORY "${dir}/.git")
+    set(objects "${dir}/.git/objects")
+  else()
+    vfa_git(common err -c "safe.directory=${dir}" -C "${dir}" rev-parse --git-common-dir)
+    if(err)
+      set(${out_var} "" PARENT_SCOPE)
+      set(${err_var} "git could not compare its files with commit ${commit}: ${err}" PARENT_SCOPE)
+      return()
+    endif()
+    get_filename_component(objects "${common}/objects" ABSOLUTE BASE_DIR "${dir}")
+  endif()
+  vfa_scratch_dir(scratch vfa-verify)
+  vfa_begin_isolated_git("${scratch}" "${dir}" "${objects}")
+  set(git "${GIT_EXECUTABLE}")
+  # Every file under the paths (none is tracked in the empty index, so all are
+  # "others", ignored ones included), C-quoted one a line as hash-object and
+  # update-index read them back; their hashes; both into the index.
+  # Through files: an execute_process pipe costs ~40 ms more here.
+  execute_process(COMMAND ${git} ls-files --others -- ${paths} WORKING_DIRECTORY "${dir}"
+    OUTPUT_FILE "${scratch}/files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
+    TIMEOUT ${VFA_FETCH_TIMEOUT})
+  if(rc EQUAL 0)
+    execute_process(COMMAND ${git} hash-object --no-filters --stdin-paths WORKING_DIRECTORY "${dir}"
+      INPUT_FILE "${scratch}/files" OUTPUT_FILE "${scratch}/hashes"
+      RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+  endif()
+  if(rc EQUAL 0)
+    # "100644 <hash>\t<path>": the mode does not matter (only the executable bit
+    # would differ, and that is ignored below).
+    execute_process(
+      COMMAND awk "NR == FNR { hash[FNR] = $0; next } { print \"100644 \" hash[FNR] \"\\t\" $0 }"
+              "${scratch}/hashes" "${scratch}/files"
+      COMMAND ${git} update-index --index-info WORKING_DIRECTORY "${dir}"
+      RESULTS_VARIABLE rcs ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+    set(rc 0)
+    foreach(one IN LISTS rcs)
+      if(NOT one EQUAL 0)
+        set(rc "${one}")
+      endif()
+    endforeach()
+  endif()
+  set(raw "")
+  if(rc EQUAL 0)
+    execute_process(
+      COMMAND ${git} diff-index --cached --raw --no-renames "${commit}" -- ${paths} WORKING_DIRECTORY "${dir}"
+      RESULT_VARIABLE rc OUTPUT_VARIABLE raw ERROR_VARIABLE hash_err
+      OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE
+      TIMEOUT ${VFA_FETCH_TIMEOUT})
+  endif()
+  vfa_end_isolated_git()
+  file(REMOVE_RECURSE "${scratch}")
+  vfa_stop_if_interrupted("${rc}" "checking the files of '${dir}'")
+  if(NOT rc EQUAL 0)
+    if(hash_err STREQUAL "")
+      set(hash_err "git exited with '${rc}'")
+    endif()
+    set(${out_var} "" PARENT_SCOPE)
+    set(${err_var} "git could not compare its files with commit ${commit}: ${hash_err}" PARENT_SCOPE)
+    return()
+  endif()
+
+  set(changed "")
+  set(missing "")
+  set(added "")
+  string(REPLACE ";" "\\;" raw "${raw}")
+  string(REPLACE "\n" ";" lines "${raw}")
+  foreach(line IN LISTS lines)
+    # :<old mode> <new mode> <old blob> <new blob> <status>\t<path>
+    if(NOT line MATCHES "^:([0-7]+) ([0-7]+) ([0-9a-f]+) ([0-9a-f]+) ([A-Z])[0-9]*\t(.*)$")
+      continue()
+    endif()
+    set(old_mode "${CMAKE_MATCH_1}")
+    set(new_mode "${CMAKE_MATCH_2}")
+    set(same_blob FALSE)
+    if(CMAKE_MATCH_3 STREQUAL CMAKE_MATCH_4)
+      set(same_blob TRUE)
+    endif()
+    set(status "${CMAKE_MATCH_5}")
+    set(path "${CMAKE_MATCH_6}")
+    if(status STREQUAL "D")
+      list(APPEND missing "${path}")
+    elseif(status STREQUAL "A")
+      list(APPEND added "${path}")
+    elseif(same_blob AND old_mode MATCHES "^1006|^1007" AND new_mode MATCHES "^1006|^1007")
+      # Only the executable bit: a copy that lost it compiles the same.
+    else()
+      list(APPEND changed "${path}")
+    endif()
+  endforeach()
+  set(parts "")
+  foreach(kind changed missing added)
+    if(${kind})
+      list(LENGTH ${kind} n)
+      vfa_few(few ${${kind}})
+      set(files "files")
+      if(n EQUAL 1)
+        set(files "file")
+      endif()
+      list(APPEND parts "${n} ${files} ${kind} (${few})")
+    endif()
+  endforeach()
+  string(JOIN "; " text ${parts})
+  set(${out_var} "${text}" PARENT_SCOPE)
+  set(${err_var} "" PARENT_SCOPE)
+endfunction()
+
+# The absolute include directories <rel_dirs> of <component>'s resolved source
+# tree, each checked to lie under a folder of the pin's `paths`, the only
+# folders whose every file is verified: a folder above them (csrc/) could hold
+# files no check has seen, which would shadow a header of the same name found
+# later on the include path (csrc/cutlass/numeric_types.h before CUTLASS's).
+# Stops, naming the folder and the pin file, when one is not.
+#   vfa_verified_include_dirs(dirs flash_attention csrc/flash_attn/src hopper)
+#     ->  /cache/src/flash-attention-617264c1c795/csrc/flash_attn/src;/cache/.../hopper
+#   vfa_verified_include_dirs(dirs flash_attention csrc)  ->  FATAL_ERROR "... the include
+#     directory '/cache/.../csrc' is not under flash_attention.paths (csrc/flash_attn, ...) ..."
+function(vfa_verified_include_dirs out_var component)
+  set(root "${VFA_${component}_SOURCE_DIR}")
+  set(dirs "")
+  foreach(rel IN LISTS ARGN)
+    set(verified FALSE)
+    foreach(path IN LISTS VFA_PIN_${component}_PATHS)
+      string(FIND "${rel}/" "${path}/" at)
+      if(at EQUAL 0)
+        set(verified TRUE)
+      endif()
+    endforeach()
+    if(NOT verified)
+      string(REPLACE ";" ", " paths "${VFA_PIN_${component}_PATHS}")
+      message(FATAL_ERROR
+        "The build would compile files nobody verified: the include directory '${root}/${rel}' "
+        "is not under ${component}.paths (${paths}) of the pin file '${VFA_PIN_FILE}', whose every "
+        "file is checked against the pinned commit. Add '${rel}' (or a folder above it) to "
+        "${component}.paths (vendor/flash-attention/README.md).")
+    endif()
+    list(APPEND dirs "${root}/${rel}")
+  endforeach()
+  set(${out_var} "${dirs}" PARENT_SCOPE)
+endfunction()
+
+# Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.
+# Never refuses a readable tree: another commit, a dirty tree or one git
+# cannot verify builds with a loud warning, and the build info says so.
+# <err_var>: why <dir> cannot be used at all (missing, or lacking required files).
+#   vfa_use_source_dir(flash_attention /src/fa FLASH_ATTN_SRC_DIR err)  ->  with an edited
+#   hopper/flash_api.cpp: VFA_flash_attention_MATCHES_PIN=FALSE, _DIRTY=TRUE, a warning
+function(vfa_use_source_dir component dir src_var err_var)
+  set(pinned "${VFA_PIN_${component}_COMMIT}")
+  if(EXISTS "${dir}" AND NOT IS_DIRECTORY "${dir}")
+    string(CONCAT message
+      "${src_var} points to '${dir}', which is a file, not a folder. Point it at the top folder of a "
+      "checkout of ${VFA_PIN_${component}_URL} at commit ${pinned} (an archive must be unpacked "
+      "first), or unset it to fetch the pin.")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  elseif(NOT IS_DIRECTORY "${dir}")
+    string(CONCAT message
+      "${src_var} points to '${dir}', which does not exist (a relative path is taken from "
+      "the project directory). Point it at a checkout of "
+      "${VFA_PIN_${component}_URL} at commit ${pinned}, or unset it to fetch the pin.")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  vfa_missing_files(missing "${dir}" ${component})
+  if(missing)
+    string(REPLACE ";" ", " missing "${missing}")
+    string(CONCAT message
+      "${src_var}='${dir}' is not a complete ${component} source tree: missing ${missing}. "
+      "It may be a half-fetched checkout, a sparse checkout without those folders, or the "
+      "wrong folder. Point it at a full checkout of commit ${pinned}.")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+
+  set(commit "unknown")
+  set(verified FALSE)
+  set(dirty "")
+  set(why "")
+  vfa_find_git()
+  if(NOT EXISTS "${dir}/.git")
+    set(why "it is not a git checkout (no .git), so its content cannot be verified against the pin")
+  elseif(NOT GIT_EXECUTABLE)
+    set(why "git was not found, so its content cannot be verified against the pin")
+  else()
+    # safe.directory: a checkout copied from another user is still readable.
+    vfa_git(head err -c "safe.directory=${dir}" -C "${dir}" rev-parse --verify "HEAD^{commit}")
+    if(err)
+      set(why "git cannot read its HEAD (${err}), so its content cannot be verified against the pin")
+    else()
+      set(commit "${head}")
+      vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
+      if(err)
+        set(why "${err}")
+      else()
+        set(verified TRUE)
+        if(diff)
+          set(dirty TRUE)
+          set(why "its files differ from its commit ${commit}: ${diff}")
+        else()
+          set(dirty FALSE)
+        endif()
+      endif()
+    endif()
+  endif()
+  if(commit STREQUAL "unknown" AND EXISTS "${dir}/${VFA_SOURCE_MARKER}")
+    # A copied cache entry: its marker says which commit was fetched (not verified).
+    file(READ "${dir}/${VFA_SOURCE_MARKER}" marker)
+    string(JSON marked ERROR_VARIABLE marker_err GET "${marker}" commit)
+    if(NOT marker_err)
+      set(commit "${marked}")
+    endif()
+  endif()
+
+  set(matches FALSE)
+  if(verified AND NOT dirty AND commit STREQUAL pinned)
+    set(matches TRUE)
+  endif()
+  if(NOT matches)
+    set(problems "")
+    if(NOT commit STREQUAL pinned)
+      string(APPEND problems " is at commit ${commit}, but the pin names ${pinned}.\n")
+    endif()
+    if(why)
+      string(APPEND problems " ${why}.\n")
+    endif()
+    message(WARNING
+      "\n"
+      "==========================================================================\n"
+      " ${src_var}='${dir}'\n"
+      "${problems}"
+      " Building it anyway; the build info records matches_pin=false.\n"
+      " Wheels for release must be built from the pinned commit, unmodified.\n"
+      "==========================================================================")
+  endif()
+  set(VFA_${component}_SOURCE_DIR "${dir}" PARENT_SCOPE)
+  set(VFA_${component}_COMMIT "${commit}" PARENT_SCOPE)
+  set(VFA_${component}_MATCHES_PIN ${matches} PARENT_SCOPE)
+  set(VFA_${component}_VERIFIED ${verified} PARENT_SCOPE)
+  set(VFA_${component}_DIRTY "${dirty}" PARENT_SCOPE)
+  set(VFA_${component}_ORIGIN "source_dir" PARENT_SCOPE)
+  set(VFA_${component}_URL "" PARENT_SCOPE)
+endfunction()
+
+# Checks a cache entry: its marker names the pinned commit and its content
+# equals that commit's tree. Sets <url_var> to the URL it was fetched from,
+# or <err_var> to why it is refused and how to fix it. Reads only.
+#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url err)
+#     ->  url=https://github.com/NVIDIA/cutlass.git, err="" (or "The cached cutlass
+#         checkout '...' does not hold commit ...: 1 file changed (...). ... Remove that folder ...")
+function(vfa_check_cached component dest url_var err_var)
+  set(commit "${VFA_PIN_${component}_COMMIT}")
+  set(fix "Remove that folder (rm -rf '${dest}') and build again; it will be fetched anew.")
+  set(marker_file "${dest}/${VFA_SOURCE_MARKER}")
+  if(NOT EXISTS "${marker_file}")
+    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: it has no "
+      "${VFA_SOURCE_MARKER} marker, so it was never completely fetched (an interrupted fetch "
+      "of an older version, or a folder made by hand). ${fix}")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  file(READ "${marker_file}" marker)
+  string(JSON marked ERROR_VARIABLE json_err GET "${marker}" commit)
+  string(JSON url ERROR_VARIABLE json_err2 GET "${marker}" url)
+  if(json_err OR json_err2)
+    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: its marker "
+      "'${marker_file}' is not the JSON a fetch writes (${json_err}${json_err2}). ${fix}")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  if(NOT marked STREQUAL commit)
+    string(CONCAT message "The cached ${component} checkout '${dest}' is not usable: its marker says "
+      "commit ${marked}, not ${commit}. ${fix}")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  if(NOT EXISTS "${dest}/.git")
+    set(${err_var} "The cached ${component} checkout '${dest}' has no .git, so it cannot be verified. ${fix}"
+        PARENT_SCOPE)
+    return()
+  endif()
+  vfa_find_git()
+  if(NOT GIT_EXECUTABLE)
+    string(CONCAT message "git is needed to verify the cached ${component} checkout '${dest}' but was "
+      "not found. Install git, or set ${VFA_${component}_PREFIX}_SRC_DIR to that folder "
+      "(it then builds unverified, with matches_pin=false).")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  vfa_compare_with_commit(diff err "${dest}" "${commit}" ${component})
+  if(err)
+    set(${err_var} "The cached ${component} checkout '${dest}' is not usable: ${err}. ${fix}" PARENT_SCOPE)
+    return()
+  endif()
+  if(diff)
+    string(CONCAT message "The cached ${component} checkout '${dest}' does not hold commit ${commit} "
+      "unmodified: ${diff}. Something edited it after the fetch. ${fix}")
+    set(${err_var} "${message}" PARENT_SCOPE)
+    return()
+  endif()
+  # Unmodified, but the pin asks for files its commit does not have.
+  vfa_pin_commit_lacks_files(problem ${component} "${dest}")
+  if(problem)
+    set(${err_var} "${problem}" PARENT_SCOPE)
+    return()
+  endif()
+  vfa_shown_url(url "${url}")
+  set(${url_var} "${url}" PARENT_SCOPE)
+endfunction()
