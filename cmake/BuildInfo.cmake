@@ -231,6 +231,24 @@ function(vfa_write_if_different path text)
   file(REMOVE "${path}.tmp")
 endfunction()
 
+# A source record of vfa_json_source as the wheel holds it: a fetch into the cache reads
+# as "cache" and the URL is the pin's (which mirror filled the cache, and whether it was
+# warm, are this machine's readings). Any record in the wheel that names a source
+# (FA4's too: cmake/FA4Package.cmake) goes through here.
+#   vfa_json_source(s flash_attention)       # {"origin": "fetched", "url": "file:///mirror", ...}
+#   vfa_wheel_source(s "${s}" flash_attention)  # {"origin": "cache", "url": "<pin URL>", ...}
+function(vfa_wheel_source out_var source component)
+  string(JSON origin GET "${source}" origin)
+  if(origin STREQUAL "fetched")
+    string(JSON source SET "${source}" origin "\"cache\"")
+  endif()
+  if(NOT origin STREQUAL "source_dir")
+    vfa_json_string(url "${VFA_PIN_${component}_URL}")
+    string(JSON source SET "${source}" url "${url}")
+  endif()
+  set(${out_var} "${source}" PARENT_SCOPE)
+endfunction()
+
 # The wheel's record: <json> (the build dir's) without the readings of this machine
 # and this moment (the list at the top of this file).
 function(vfa_wheel_build_info out_var json)
@@ -241,14 +259,9 @@ function(vfa_wheel_build_info out_var json)
   foreach(pair "upstream;flash_attention" "cutlass;cutlass")
     list(GET pair 0 key)
     list(GET pair 1 component)
-    string(JSON origin GET "${json}" ${key} origin)
-    if(origin STREQUAL "fetched")
-      string(JSON json SET "${json}" ${key} origin "\"cache\"")
-    endif()
-    if(NOT origin STREQUAL "source_dir")
-      vfa_json_string(url "${VFA_PIN_${component}_URL}")
-      string(JSON json SET "${json}" ${key} url "${url}")
-    endif()
+    string(JSON source GET "${json}" ${key})
+    vfa_wheel_source(source "${source}" ${component})
+    string(JSON json SET "${json}" ${key} "${source}")
   endforeach()
   vfa_declared_knobs(names build)
   foreach(name IN LISTS names)

@@ -87,7 +87,9 @@ function(vfa_add_fa4_package)
 
   # What configure knows, for FA4's build record (written by the stage step).
   set(facts "{}")
+  # FA4's record ships in the wheel: the wheel's form of the source record.
   vfa_json_source(sources flash_attention)
+  vfa_wheel_source(sources "${sources}" flash_attention)
   string(JSON facts SET "${facts}" sources "${sources}")
   vfa_json_string(mode "${VFA_FA4_PRECOMPILE}")
   vfa_json_string(state "${precompile_state}")
