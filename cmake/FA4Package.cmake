@@ -103,7 +103,11 @@ function(vfa_add_fa4_package)
 
   set(stage "${CMAKE_CURRENT_BINARY_DIR}/fa4")
   set(package "${stage}/vendored_flash_attn/_fa4")
-  file(GLOB_RECURSE inputs CONFIGURE_DEPENDS "${cute}/*.py" "${cute}/pyproject.toml" "${cute}/LICENSE"
+  # No CONFIGURE_DEPENDS: it makes every `ninja -n` (the progress monitor's dry run,
+  # cmake/build_monitor.py) stop at "Re-running CMake" and plan no unit. The files are
+  # those of the verified source tree, re-listed and content-checked on every configure;
+  # an edit to one of them re-stages through DEPENDS.
+  file(GLOB_RECURSE inputs "${cute}/*.py" "${cute}/pyproject.toml" "${cute}/LICENSE"
        "${cute}/AUTHORS" "${cute}/README.md")
   set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_deps.py"
       "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
