@@ -408,7 +408,7 @@ def launcher_settings(settings_path: Path) -> dict:
 def probe(args) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    build_dir = Path(args.build_dir)
+    build_dir = Path(args.build_dir or args.work)
     env = dict(os.environ)
     result: dict = {"ok": False, "failure": None, "message": "", "note": "", "restarted": None,
                     "conf_problem": ""}
@@ -635,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda", default="", help="nvcc, probed on build servers when a scheduler is configured")
     p.add_argument("--cuda-flag", action="append", default=[], help="an nvcc flag (-ccbin ...), repeatable")
     p.add_argument("--work", required=True)
-    p.add_argument("--build-dir", required=True, help="where the launcher's settings go (vfa-sccache.json)")
+    p.add_argument("--build-dir", help="where the launcher's settings go (vfa-sccache.json; default: --work)")
     p.add_argument("--out", required=True)
     s = sub.add_parser("stats")
     s.add_argument("--sccache", required=True)
