@@ -51,12 +51,14 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
