@@ -162,7 +162,9 @@ function(vfa_write_build_info)
   vfa_json_string(dist_state "${VFA_DIST_STATE}")
   vfa_json_string(scheduler "${VFA_DIST_SCHEDULER}")
   vfa_json_bool(distributed "${VFA_DIST_REMOTE_JOBS}")
-  set(dist "{\"distributed\": ${distributed}, \"state\": ${dist_state}, \"scheduler\": ${scheduler}, \"server_cpus\": ${VFA_DIST_CPUS}, \"remote_jobs\": ${VFA_DIST_REMOTE_JOBS}}")
+  # used, build: what the build did with the cluster, set at its end (compiler_cache_probe.py
+  # stats); null until then.
+  set(dist "{\"distributed\": ${distributed}, \"state\": ${dist_state}, \"scheduler\": ${scheduler}, \"server_cpus\": ${VFA_DIST_CPUS}, \"remote_jobs\": ${VFA_DIST_REMOTE_JOBS}, \"used\": null, \"build\": null}")
   string(JSON json SET "${json}" compiler_cache
     "{\"enabled\": ${enabled}, \"launcher\": ${launcher}, \"note\": ${note}, \"backend\": ${backend}, \"location\": ${location}, \"rw_mode\": ${rw_mode}, \"dist\": ${dist}}")
 

@@ -14,26 +14,38 @@
 # environment; both compiles must succeed and the second must be a cache hit (a
 # read-only cache, SCCACHE_*_RW_MODE=READ_ONLY, passes when nothing fails to
 # read). That catches an unwritable SCCACHE_DIR (the server starts, every compile
-# fails), a backend that does not answer (the server does not start), a wrong
-# sccache-dist token and build servers that cannot run the toolchain. The backend
-# sccache reports (its own statistics) goes into the build info.
+# fails), a backend that does not answer (the server does not start: the message
+# names the backend's setting), a wrong sccache-dist token and build servers that
+# cannot run the toolchain (these two: the build compiles here, cached, without the
+# cluster, when the cache works without it). An SCCACHE_CONF that names no file is reported (sccache
+# ignores it silently); a [dist] scheduler that accepts connections and never answers
+# is found in SCHEDULER_ANSWER_S (5 s) and the build then compiles here, cached, with
+# the same settings minus [dist]. The backend sccache reports (its own statistics)
+# goes into the build info.
 #
-# A sccache server keeps the configuration it started with: one left running by
-# an earlier build with other SCCACHE_* settings (another backend, another
-# scheduler) would silently override this environment's. The probe restarts it
-# (stop, start with this environment) and says so: a server is a per-user daemon,
-# changed settings mean the new ones, and sccache's own docs ask for a restart
-# after a configuration change. Builds that need different settings at the same
-# time give each its own SCCACHE_SERVER_PORT.
+# The build's compiles go to a sccache server of this build dir's own (an abstract
+# unix socket named after it) unless SCCACHE_SERVER_PORT or SCCACHE_SERVER_UDS is
+# set: the default-port server, which another build on this machine may be using, is
+# never stopped, restarted or zeroed. A server named by SCCACHE_SERVER_PORT/UDS is
+# this build's: one left running with other SCCACHE_* settings is restarted (a
+# server keeps the configuration it started with), and its statistics are zeroed.
+#
+# The launcher is cmake/sccache_launcher.py in front of sccache: with a scheduler,
+# a unit the cluster fails (a refused token, a broken build server; sccache itself
+# falls back only when a server dies or cannot be reached) is compiled here and
+# counted, and after 3 such units the rest of the build skips the cluster, each
+# with one line. At the end of the build (target compiler_cache_stats) the build dir's
+# build_info.json gets compiler_cache.dist.build (the counts) and .used (did any compile
+# run on a build server); the wheel's record holds no compiler_cache block.
 #
 # Outputs: VFA_COMPILER_CACHE_ENABLED, VFA_COMPILER_CACHE_LAUNCHER,
 # VFA_COMPILER_CACHE_NOTE, VFA_COMPILER_CACHE_BACKEND (disk, redis, s3, ...),
 # VFA_COMPILER_CACHE_LOCATION (no local paths, no credentials),
 # VFA_COMPILER_CACHE_RW_MODE, VFA_DIST_SCHEDULER (URL without credentials, or
-# empty), VFA_DIST_STATE (disabled, connected, not-connected, failed),
+# empty), VFA_DIST_STATE (disabled, connected, not-connected, not-answering, refused, failed),
 # VFA_DIST_CPUS (cores of the cluster's build servers when connected).
-# Example: an earlier server on the default port used the local disk and this
-# build sets SCCACHE_REDIS_ENDPOINT=redis://cache:6379: the configure prints
+# Example: SCCACHE_SERVER_PORT=4300, an earlier server there used the local disk and
+# this build sets SCCACHE_REDIS_ENDPOINT=redis://cache:6379: the configure prints
 # "restarted the sccache server ... (it used Local disk)", and the build info
 # records backend "redis", location "redis, name: redis://cache:6379, prefix: /".
 
@@ -41,6 +53,7 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 set(_VFA_CACHE_PROBE_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compiler_cache_probe.py")
+set(_VFA_SCCACHE_LAUNCHER_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/sccache_launcher.py")
 
 # Stops (VFA_COMPILER_CACHE=sccache) or goes on uncached with a warning (auto).
 # why: for the console; note: for the build info (no paths of this machine).
@@ -91,7 +104,8 @@ function(vfa_setup_compiler_cache)
   execute_process(
     COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" probe
             --sccache "${VFA_SCCACHE_EXECUTABLE}" --cxx "${CMAKE_CXX_COMPILER}"
-            --cuda "${CMAKE_CUDA_COMPILER}" ${cuda_flags} --work "${work}" --out "${work}/result.json"
+            --cuda "${CMAKE_CUDA_COMPILER}" ${cuda_flags} --work "${work}" --build-dir "${CMAKE_BINARY_DIR}"
+            --out "${work}/result.json"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
     TIMEOUT 900)
   if(NOT rc EQUAL 0 OR NOT EXISTS "${work}/result.json")
@@ -99,6 +113,14 @@ function(vfa_setup_compiler_cache)
     _vfa_compiler_cache_unusable("${mode}" "the sccache probe failed (${rc}: ${why})" "the sccache probe failed")
   endif()
   file(READ "${work}/result.json" result)
+  # An SCCACHE_CONF that names no file: sccache would go on without it, silently.
+  string(JSON conf_problem GET "${result}" conf_problem)
+  if(NOT conf_problem STREQUAL "")
+    if("${mode}" STREQUAL "sccache")
+      message(FATAL_ERROR "VFA_COMPILER_CACHE=sccache, but ${conf_problem}.")
+    endif()
+    message(WARNING "vendored-flash-attn: ${conf_problem}.")
+  endif()
   string(JSON ok GET "${result}" ok)
   if(NOT ok)
     string(JSON why GET "${result}" message)
@@ -114,8 +136,9 @@ function(vfa_setup_compiler_cache)
   if(restarted_type STREQUAL "OBJECT")
     string(JSON was GET "${result}" restarted was)
     message(WARNING "vendored-flash-attn: restarted the sccache server: it was running with other "
-      "settings (it used ${was}), this environment asks for ${location}. Builds that need "
-      "different SCCACHE_* settings at the same time need their own SCCACHE_SERVER_PORT.")
+      "settings (it used ${was}), this environment asks for ${location}. SCCACHE_SERVER_PORT/UDS "
+      "names this build's server; builds that need different SCCACHE_* settings at the same time need "
+      "their own (without either, each build dir has a server of its own).")
   endif()
   if(NOT warning STREQUAL "")
     message(WARNING "vendored-flash-attn: ${warning}")
@@ -141,6 +164,18 @@ function(vfa_setup_compiler_cache)
     else()
       message(STATUS "vendored-flash-attn: sccache-dist: ${scheduler}, ${cpus} build-server cores (${probe})")
     endif()
+  elseif(dist_state STREQUAL "refused")
+    # The cache works without [dist]: this build compiles here, cached (the note names the cluster's failure).
+    string(JSON detail GET "${result}" dist detail)
+    string(JSON dist_note GET "${result}" dist note)
+    message(WARNING "vendored-flash-attn: ${detail}. This build compiles here, cached, with SCCACHE_CONF's "
+      "settings minus [dist], and the job pool is sized for this machine; reconfigure once the cluster is fixed.")
+  elseif(dist_state STREQUAL "not-answering")
+    string(JSON detail GET "${result}" dist detail)
+    message(WARNING "vendored-flash-attn: the sccache-dist scheduler ${scheduler} does not answer (${detail}); "
+      "every sccache server start would wait for it. This build compiles here, cached, with SCCACHE_CONF's "
+      "settings minus [dist], and the job pool is sized for this machine. Restart the scheduler or fix "
+      "scheduler_url in SCCACHE_CONF (dist-compile/README.md), then reconfigure.")
   elseif(dist_state STREQUAL "not-connected")
     string(JSON detail GET "${result}" dist detail)
     message(WARNING "vendored-flash-attn: the sccache-dist scheduler ${scheduler} does not answer "
@@ -148,19 +183,20 @@ function(vfa_setup_compiler_cache)
       "scheduler or fix scheduler_url in SCCACHE_CONF (dist-compile/README.md).")
   endif()
 
-  # sccache ships a compile's environment to the build servers: with a scheduler, sccache
-  # runs through dist-compile/compile_env.py, which hands it only what a compile needs.
-  set(launcher "${VFA_SCCACHE_EXECUTABLE}")
-  if(NOT scheduler STREQUAL "")
-    get_filename_component(compile_env "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../dist-compile/compile_env.py" ABSOLUTE)
-    set(launcher "${Python_EXECUTABLE}" -E -s -S "${compile_env}" "${VFA_SCCACHE_EXECUTABLE}")
-  endif()
+  # -E -s -S: the interpreter's standard library only, whatever the environment says.
+  set(settings "${CMAKE_BINARY_DIR}/vfa-sccache.json")  # compiler_cache_probe.py's SETTINGS
   foreach(lang C CXX CUDA)
-    set(CMAKE_${lang}_COMPILER_LAUNCHER "${launcher}" PARENT_SCOPE)
+    set(CMAKE_${lang}_COMPILER_LAUNCHER "${Python_EXECUTABLE}" -E -s -S "${_VFA_SCCACHE_LAUNCHER_SCRIPT}"
+        "${settings}" -- PARENT_SCOPE)
   endforeach()
+  set(VFA_SCCACHE_SETTINGS "${settings}" PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_ENABLED TRUE PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_LAUNCHER "${VFA_SCCACHE_EXECUTABLE}" PARENT_SCOPE)
-  set(VFA_COMPILER_CACHE_NOTE "sccache" PARENT_SCOPE)
+  if(dist_state STREQUAL "refused")
+    set(VFA_COMPILER_CACHE_NOTE "sccache; ${dist_note}: compiled here" PARENT_SCOPE)
+  else()
+    set(VFA_COMPILER_CACHE_NOTE "sccache" PARENT_SCOPE)
+  endif()
   set(VFA_COMPILER_CACHE_BACKEND "${backend}" PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_LOCATION "${location}" PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_RW_MODE "${rw_mode}" PARENT_SCOPE)
@@ -171,13 +207,14 @@ function(vfa_setup_compiler_cache)
 endfunction()
 
 # Prints the cache statistics once every module is built, and how many compiles
-# ran on build servers and how many here.
+# ran on build servers and how many here; records that (compiler_cache_probe.py stats).
 function(vfa_add_compiler_cache_stats_target)
   if(NOT VFA_COMPILER_CACHE_ENABLED)
     return()
   endif()
   add_custom_target(compiler_cache_stats ALL
     COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" stats --sccache "${VFA_SCCACHE_EXECUTABLE}"
+            --settings "${VFA_SCCACHE_SETTINGS}"
     COMMENT "Compiler cache statistics for this build (sccache --show-stats)"
     VERBATIM)
   foreach(target IN LISTS ARGN)

@@ -357,5 +357,8 @@ def test_a_build_with_a_scheduler_compiles_through_compile_env(trusted, sources,
     finally:
         stop_client(env)
     assert result.returncode == 0, result.output[-5000:]
+    # The launcher (cmake/sccache_launcher.py) runs sccache through compile_env.py when compiles go to the cluster.
     ninja = (tmp_path / "build" / "build.ninja").read_text()
-    assert f"-E -s -S {COMPILE_ENV} {tool('sccache')}" in ninja
+    assert "sccache_launcher.py" in ninja
+    settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
+    assert settings["dist"] == "on" and settings["client"][1:] == ["-E", "-s", "-S", str(COMPILE_ENV), tool("sccache")]

@@ -58,9 +58,11 @@ class Cluster:
         proc.wait(timeout=10)
 
 
-def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = None) -> Cluster:
+def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = None,
+                  server_args: tuple[str, ...] = ()) -> Cluster:
     """A scheduler and a build server; `extra_env` is added to (or replaces) what the
-    operator's shell holds when it starts them (the secrets `cluster.py secrets` made)."""
+    operator's shell holds when it starts them (the secrets `cluster.py secrets` made);
+    `server_args` go to `cluster.py server` (a --bwrap of its own)."""
     root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.fail("sccache-dist build servers run as root (CI does); run these tests as root")
@@ -88,7 +90,7 @@ def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = Non
     procs["server"] = subprocess.Popen(
         [sys.executable, str(CLUSTER), "server", "--scheduler-url", url, "--public-addr",
          f"127.0.0.1:{server_port}", "--token-file", str(root / "server.token"), "--dir", str(root / "server"),
-         "--slots", str(slots), "--run", "--log", str(logs["server"])],
+         "--slots", str(slots), "--run", "--log", str(logs["server"]), *server_args],
         env=dict(server_env, SCCACHE_LOG="info", VFA_DIST_SLOT_LOG=str(slot_log)),
         stdout=(root / "server.out").open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -172,6 +174,10 @@ def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
     dist = info["compiler_cache"]["dist"]
     assert dist["distributed"] is True and dist["state"] == "connected"
     assert dist["scheduler"] == cluster.url + "/" and dist["server_cpus"] == 1 and dist["remote_jobs"] == 1
+    # Set at the end of the build: compiles did run on the build server.
+    assert dist["used"] is True and dist["build"]["remote_compiles"] == remote, dist
+    wheel_info = json.loads(zipfile.ZipFile(dist_wheel["wheel"]).read("vendored_flash_attn/build_info.json"))
+    assert "compiler_cache" not in wheel_info  # this machine's readings (BuildInfo.cmake)
     assert info["build"]["jobs"] == info["build"]["jobs_by_memory"] + 1 or "MAX_JOBS" in info["build"]["jobs_reason"]
     assert cluster.env["VFA_DIST_CLIENT_TOKEN"] not in json.dumps(info)
 
@@ -281,18 +287,30 @@ def test_cluster_dead_mid_build_falls_back_here(dist_root, sources, tmp_path, di
 
 
 def test_wrong_token_is_refused_with_the_fix(cluster, sources, tmp_path):
+    """Every remote compile would fail (401): the build compiles here, cached, without the cluster."""
     env = client_env(tmp_path, cluster.client_conf("wrong-token", token="not-the-token"))
-    result = configure_dist(tmp_path / "build", sources, env)
-    assert result.returncode == 0, result.output[-5000:]
+    build = tmp_path / "build"
+    try:
+        result = configure(build, sources, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        (unit,) = cuda_units(build)[:1]
+        built = build_units(build, [unit], env)
+        s = stats(env)  # SCCACHE_SERVER_PORT: the build's server
+    finally:
+        stop_client(env)
+        stop_build_servers(build, env)
     assert "the sccache-dist scheduler refused this client" in result.text and "401" in result.text
     assert "must equal the scheduler's client_auth token" in result.text
-    assert "compiling without a cache" in result.text
-    info = build_info(tmp_path / "build")["compiler_cache"]
-    assert info["enabled"] is False and "refused this client's token" in info["note"]
-    stopped = configure_dist(tmp_path / "build2", sources, client_env(tmp_path, Path(env["SCCACHE_CONF"])),
-                             VFA_COMPILER_CACHE="sccache")
-    assert stopped.returncode != 0 and "VFA_COMPILER_CACHE=sccache, but the sccache-dist scheduler refused" \
-        in stopped.text
+    assert "This build compiles here, cached, with SCCACHE_CONF's settings minus [dist]" in result.text
+    assert "compiling without a cache" not in result.text
+    info = build_info(build)["compiler_cache"]
+    assert info["enabled"] is True and "refused this client's token" in info["note"]
+    assert info["dist"]["state"] == "refused" and info["dist"]["distributed"] is False
+    assert built.returncode == 0, built.output[-5000:]
+    assert s["cache_writes"] >= 1 and not s["dist_compiles"], s  # compiled here, and cached
+    explicit = configure_dist(tmp_path / "build2", sources, client_env(tmp_path, Path(env["SCCACHE_CONF"])),
+                              VFA_COMPILER_CACHE="sccache")
+    assert explicit.returncode == 0 and "refused this client" in explicit.text  # the cache itself works
 
 
 def test_toolchain_the_servers_cannot_run_is_refused(cluster, sources, tmp_path):
@@ -309,5 +327,219 @@ def test_toolchain_the_servers_cannot_run_is_refused(cluster, sources, tmp_path)
     result = configure_dist(tmp_path / "build", sources, env, CMAKE_CXX_COMPILER=cxx)
     assert result.returncode == 0, result.output[-5000:]
     assert "a build server could not run the C++ compiler" in result.text
-    assert "execvp" in result.text and "compiling without a cache" in result.text
-    assert build_info(tmp_path / "build")["compiler_cache"]["enabled"] is False
+    assert "execvp" in result.text and "This build compiles here, cached" in result.text
+    info = build_info(tmp_path / "build")["compiler_cache"]
+    assert info["enabled"] is True and info["dist"]["state"] == "refused"
+
+
+# Failures of the cluster during a build: the launcher (cmake/sccache_launcher.py) compiles
+# the unit here, says so once, and after 3 of them stops sending compiles to the cluster.
+# These builds use the build dir's own sccache servers (no SCCACHE_SERVER_PORT).
+
+def own_servers_env(root: Path, conf: Path) -> dict[str, str]:
+    return clean_env(SCCACHE_CONF=str(conf), SCCACHE_DIR=str(root / "cache"), SCCACHE_IDLE_TIMEOUT="0",
+                     SCCACHE_LOG="info", SCCACHE_ERROR_LOG=str(root / "client.log"))
+
+
+def cuda_units(build: Path) -> list[str]:
+    commands = json.loads((build / "compile_commands.json").read_text())
+    return [os.path.relpath(build / c["output"], build) for c in commands if c["file"].endswith(".cu")]
+
+
+def build_units(build: Path, units: list[str], env: dict[str, str]):
+    """One at a time: the order of fallbacks is the order of the units."""
+    return run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
+
+
+def end_of_build(build: Path, env: dict[str, str]):
+    """What the compiler_cache_stats target runs once the modules are built."""
+    return run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+                str(build / "vfa-sccache.json")], env=env)
+
+
+def stop_build_servers(build: Path, env: dict[str, str]) -> None:
+    if (build / "vfa-sccache.json").exists():
+        run([sys.executable, str(PROBE), "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
+
+
+def launch(build: Path, env: dict[str, str], *compile_command: str):
+    """One compile through the build's launcher, as ninja runs it."""
+    return run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+                str(build / "vfa-sccache.json"), "--", *compile_command], env=env, cwd=build)
+
+
+def wait_for_port(port: int, seconds: float = 30) -> None:
+    import socket
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"nothing listens on port {port}")
+            time.sleep(0.1)
+
+
+def restart_scheduler(c: Cluster, env: dict[str, str]) -> None:
+    """The scheduler again, on its port, rendered from `env` (new secrets)."""
+    c.stop("scheduler")
+    port = c.url.rsplit(":", 1)[1]
+    args = ["scheduler", "--listen", f"127.0.0.1:{port}", "--dir", str(c.root / "scheduler-new")]
+    cluster_cmd(*args, env=env)
+    c.procs["scheduler"] = subprocess.Popen([sys.executable, str(CLUSTER), *args, "--run", "--log",
+                                             str(c.root / "scheduler-new.log")],
+                                            env=dict(env, SCCACHE_LOG="info"),
+                                            stdout=(c.root / "scheduler-new.out").open("w"), stderr=subprocess.STDOUT)
+    wait_for_port(int(port))
+
+
+def dist_build(build: Path) -> dict:
+    """What the end of the build recorded in the build dir's build_info.json."""
+    return build_info(build)["compiler_cache"]["dist"]["build"]
+
+
+def a_source_with_an_error(root: Path) -> Path:
+    bad = root / "broken_unit.cpp"
+    bad.write_text("int vfa_broken_unit() { return undeclared_name_in_this_unit; }\n")
+    return bad
+
+
+def assert_shown_once_and_not_counted(result, build: Path) -> None:
+    assert result.returncode != 0, result.output
+    assert result.output.count("was not declared in this scope") == 1, result.output  # gcc's diagnostic
+    assert "Job failed on server" not in result.output  # the remote attempt's copy is not shown
+    fallbacks = build / "vfa-dist-fallbacks.tsv"
+    kinds = [line.split("\t")[2] for line in fallbacks.read_text().splitlines()] if fallbacks.exists() else []
+    assert set(kinds) <= {"source-error"}, "a compile error was counted as a cluster failure"
+
+
+def test_token_changed_after_configure_falls_back_here_and_says_why(sources, tmp_path):
+    """The scheduler restarts with new secrets mid-build: its 401s (sccache does not fall back
+    on them) become local compiles, and after 3 the build stops asking the cluster."""
+    c = start_cluster(tmp_path / "cluster", slots=2)
+    env = own_servers_env(tmp_path, c.client_conf("client"))
+    build = tmp_path / "build"
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        assert build_info(build)["compiler_cache"]["dist"]["distributed"] is True
+        first, *rest = cuda_units(build)[:5]
+        assert len(rest) == 4
+        # The build's server connects to the scheduler while the token is good ...
+        assert build_units(build, [first], env).returncode == 0
+        # ... and a compile error on a healthy cluster still fails, shown once.
+        bad = a_source_with_an_error(tmp_path)
+        error = launch(build, env, "g++", "-c", str(bad), "-o", str(tmp_path / "bad.o"))
+        assert_shown_once_and_not_counted(error, build)
+        restart_scheduler(c, dict(c.env, VFA_DIST_CLIENT_TOKEN="a-new-token"))
+        started = time.monotonic()
+        built = build_units(build, rest, env)
+        took = time.monotonic() - started
+        end = end_of_build(build, env)
+    finally:
+        stop_build_servers(build, env)
+        for proc in c.procs.values():
+            proc.kill()
+    assert built.returncode == 0, built.output[-8000:]
+    out = built.output
+    assert out.count("vendored-flash-attn: the sccache-dist cluster failed") == 1, out[-5000:]
+    assert "Error 401" in out and "compiled here instead" in out
+    assert out.count("3 compiles failed on the sccache-dist cluster") == 1
+    assert "the token under [dist.auth] in SCCACHE_CONF must equal the scheduler's client_auth token" in out
+    assert end.returncode == 0, end.output
+    report = dist_build(build)
+    # 3 fell back; the 4th went straight here, without asking the cluster.
+    assert report["launcher_fallbacks"] == 3 and report["cluster_turned_off"] is True, report
+    assert report["remote_compiles"] >= 1 and report["compiles_here"] >= 4, report
+    assert "the cluster failed 3 compiles of this build" in end.stdout
+    assert build_info(build)["compiler_cache"]["dist"]["used"] is True  # the first unit ran there
+    assert not (build / "vfa-dist-off").exists()  # the next build tries the cluster again
+    print(f"4 units after the token change: {took:.1f} s")
+
+
+def broken_bwrap(root: Path) -> Path:
+    """A sandbox that passes sccache-dist's version check and runs nothing."""
+    bwrap = root / "broken-bwrap"
+    bwrap.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
+                     'echo "bwrap: cannot create the sandbox (broken on purpose)" >&2\nexit 1\n')
+    bwrap.chmod(0o755)
+    return bwrap
+
+
+def test_build_servers_that_fail_every_compile_fall_back_here(cluster, sources, tmp_path):
+    """Configured against a good cluster; the servers the build then reaches have a broken
+    sandbox (every job fails on the server, which sccache does not fall back on)."""
+    broken = start_cluster(tmp_path / "broken", slots=2, server_args=("--bwrap", str(broken_bwrap(tmp_path))))
+    procs = list(broken.procs.values())
+    build = tmp_path / "build"
+    env = own_servers_env(tmp_path, cluster.client_conf("good"))
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        assert "(C++ remote, CUDA remote)" in result.text
+        env["SCCACHE_CONF"] = str(broken.client_conf("broken"))
+        bad = a_source_with_an_error(tmp_path)
+        error = launch(build, env, "g++", "-c", str(bad), "-o", str(tmp_path / "bad.o"))
+        assert_shown_once_and_not_counted(error, build)
+        built = build_units(build, cuda_units(build)[:4], env)
+        end = end_of_build(build, env)
+    finally:
+        stop_build_servers(build, env)
+        for proc in procs:
+            proc.kill()
+    assert built.returncode == 0, built.output[-8000:]
+    out = built.output
+    assert out.count("vendored-flash-attn: the sccache-dist cluster failed") == 1, out[-5000:]
+    assert "Job failed on server" in out and "broken on purpose" in out
+    assert out.count("3 compiles failed on the sccache-dist cluster") == 1
+    assert "A build server could not run the compile" in out
+    report = dist_build(build)
+    assert report["launcher_fallbacks"] == 3 and report["remote_compiles"] == 0, report
+    assert build_info(build)["compiler_cache"]["dist"]["used"] is False
+    assert "none of this build's" in end.stdout
+
+
+def test_scheduler_that_never_answers_at_configure_compiles_here_cached(sources, tmp_path):
+    """A scheduler port that accepts and never answers held every sccache server start
+    (the whole build ran uncached, blamed on the cache backend)."""
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel accepts; nobody answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    conf = tmp_path / "client.toml"
+    conf.write_text(f'[dist]\nscheduler_url = "{url}"\ntoolchains = []\ncache_dir = "{tmp_path / "tc"}"\n\n'
+                    '[dist.auth]\ntype = "token"\ntoken = "any"\n')
+    env = own_servers_env(tmp_path, conf)
+    build = tmp_path / "build"
+    try:
+        started = time.monotonic()
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        took = time.monotonic() - started
+        assert result.returncode == 0, result.output[-5000:]
+        (unit,) = cuda_units(build)[:1]
+        built = build_units(build, [unit], env)
+        server_stats = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"],
+                                      env=dict(env, **json.loads((build / "vfa-sccache.json").read_text())["server"])
+                                      ).stdout)["stats"]
+        end = end_of_build(build, env)
+        report = dist_build(build)
+        again = end_of_build(build, env)  # a build with nothing to compile: the counts start from zero
+    finally:
+        stop_build_servers(build, env)
+        silent.close()
+    text = result.text
+    assert f"the sccache-dist scheduler {url}" in text and "does not answer" in text
+    assert "accepts connections but sent no answer within 5 s" in text
+    assert "compiles here, cached" in text and "cache backend" not in text
+    info = build_info(build)["compiler_cache"]
+    assert info["enabled"] is True and info["dist"]["state"] == "not-answering"
+    assert info["dist"]["distributed"] is False
+    assert built.returncode == 0, built.output[-5000:]
+    assert server_stats["cache_writes"] >= 1 and sum(server_stats["cache_misses"]["counts"].values()) >= 1
+    assert end.returncode == 0 and again.returncode == 0
+    assert report["compile_requests"] >= 1 and report["remote_compiles"] == 0 and report["dist"] == "off"
+    assert "0 ran on build servers, 0 here" in again.stdout, again.stdout
+    assert dist_build(build) == report  # a build that compiled nothing leaves the record as it was
+    print(f"configure with a silent scheduler: {took:.1f} s")

@@ -10,8 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from support.cmake_runner import clean_env, free_port, tool
@@ -22,17 +26,50 @@ compiler_cache_probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compiler_cache_probe)
 
 
-def probe(tmp_path: Path, sccache_dir: Path) -> dict:
-    env = clean_env(SCCACHE_DIR=str(sccache_dir), SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_IDLE_TIMEOUT="0")
-    out = tmp_path / "result.json"
+def probe_command(tmp_path: Path) -> list[str]:
+    (tmp_path / "build").mkdir(exist_ok=True)
+    return [sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"), "--cxx", shutil.which("c++"),
+            "--work", str(tmp_path / "work"), "--build-dir", str(tmp_path / "build"),
+            "--out", str(tmp_path / "result.json")]
+
+
+def probe(tmp_path: Path, sccache_dir: Path, **env_extra: str) -> dict:
+    env = clean_env(SCCACHE_DIR=str(sccache_dir), SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_IDLE_TIMEOUT="0",
+                    **env_extra)
     try:
-        proc = subprocess.run([sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"),
-                               "--cxx", shutil.which("c++"), "--work", str(tmp_path / "work"), "--out", str(out)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(probe_command(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     finally:  # the probe leaves this environment's own server running, as a build would use it
         subprocess.run([tool("sccache"), "--stop-server"], env=env, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(out.read_text())
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+@contextmanager
+def silent_listener():
+    """A TCP port that accepts connections and never answers (a hung scheduler or Redis)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in accepted:
+            conn.close()
+        server.close()
 
 
 def test_a_working_cache_is_read_write_and_recorded_without_its_path(tmp_path):
@@ -75,3 +112,79 @@ def test_what_reaches_the_build_info_has_no_paths_or_credentials():
     assert compiler_cache_probe.public_location('Local disk: "/home/ci/.cache/sccache"') == "Local disk"
     assert compiler_cache_probe.backend_of('Local disk: "/home/ci/.cache/sccache"') == "disk"
     assert compiler_cache_probe.backend_of("redis, name: redis://cache:6379, prefix: /") == "redis"
+
+
+def test_an_sccache_conf_that_names_no_file_is_reported_with_its_path(tmp_path):
+    missing = tmp_path / "no-such-client.toml"
+    result = probe(tmp_path, tmp_path / "cache", SCCACHE_CONF=str(missing))
+    assert result["ok"] is True, result["message"]  # the environment's cache settings still work
+    assert f"SCCACHE_CONF names {missing}, which is not a file" in result["conf_problem"]
+    assert "unset it" in result["conf_problem"]
+
+
+def client_conf(path: Path, scheduler_url: str) -> Path:
+    path.write_text(f'[dist]\nscheduler_url = "{scheduler_url}"\ntoolchains = []\n'
+                    f'cache_dir = "{path.parent / "toolchains"}"\n\n[dist.auth]\ntype = "token"\ntoken = "t"\n')
+    return path
+
+
+def test_a_scheduler_that_never_answers_is_named_and_the_cache_works_without_it(tmp_path):
+    with silent_listener() as port:
+        conf = client_conf(tmp_path / "client.toml", f"http://127.0.0.1:{port}")
+        started = time.monotonic()
+        result = probe(tmp_path, tmp_path / "cache", SCCACHE_CONF=str(conf))
+        took = time.monotonic() - started
+    assert result["ok"] is True, result["message"]
+    assert result["rw_mode"] == "read-write" and "second compile was a cache hit" in result["checks"]
+    dist = result["dist"]
+    assert dist["state"] == "not-answering" and dist["scheduler"] == f"http://127.0.0.1:{port}"
+    assert "accepts connections but sent no answer within 5 s" in dist["detail"]
+    assert took < 30, f"the probe took {took:.1f} s"
+    settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
+    assert settings["dist"] == "off"
+    local = Path(settings["server"]["SCCACHE_CONF"])
+    assert "[dist" not in local.read_text() and local.stat().st_mode & 0o077 == 0
+
+
+def test_a_cache_backend_that_never_answers_is_named_with_its_setting(tmp_path):
+    with silent_listener() as port:
+        result = probe(tmp_path, tmp_path / "cache", SCCACHE_REDIS_ENDPOINT=f"redis://127.0.0.1:{port}")
+    assert result["ok"] is False and result["failure"] == "start"
+    assert f"its cache backend (SCCACHE_REDIS_ENDPOINT=redis://127.0.0.1:{port})" in result["message"]
+    assert "unset SCCACHE_REDIS_ENDPOINT to cache on the local disk" in result["message"]
+    assert "sccache-dist" not in result["message"]
+
+
+def test_the_probe_leaves_the_default_port_server_alone(tmp_path):
+    """A concurrent build's server on the default port (4226), with other settings and
+    statistics: it keeps running with both. In a network namespace of its own, so that the
+    machine's real default-port server is not involved."""
+    script = tmp_path / "default_server.py"
+    script.write_text(f"""
+import json, subprocess, sys
+sccache = {tool("sccache")!r}
+other = dict({dict(clean_env(SCCACHE_DIR=str(tmp_path / "other-cache"), SCCACHE_IDLE_TIMEOUT="0"))!r})
+def stats():
+    out = subprocess.run([sccache, "--show-stats", "--stats-format=json"], env=other, capture_output=True, text=True)
+    return json.loads(out.stdout)
+src = {str(tmp_path / "concurrent.cpp")!r}
+open(src, "w").write("int concurrent() {{ return 1; }}\\n")
+assert subprocess.run([sccache, "c++", "-c", src, "-o", src + ".o"], env=other).returncode == 0
+before = stats()
+mine = dict(other, SCCACHE_DIR={str(tmp_path / "cache")!r})
+probe = subprocess.run({probe_command(tmp_path)!r}, env=mine, capture_output=True, text=True)
+after = stats()
+subprocess.run([sccache, "--stop-server"], env=other, capture_output=True)
+subprocess.run([sys.executable, {str(PROBE)!r}, "stop", "--settings", {str(tmp_path / "build" / "vfa-sccache.json")!r}],
+               env=mine, capture_output=True)
+print(json.dumps({{"before": before, "after": after, "probe": probe.returncode}}))
+""")
+    proc = subprocess.run(["unshare", "--net", "sh", "-c", f"ip link set lo up && {sys.executable} {script}"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["probe"] == 0 and json.loads((tmp_path / "result.json").read_text())["ok"] is True
+    before, after = seen["before"], seen["after"]
+    assert before["stats"]["compile_requests"] == 1
+    assert after["stats"] == before["stats"]  # neither zeroed nor restarted (a restart zeroes too)
+    assert after["cache_location"] == before["cache_location"] and "other-cache" in after["cache_location"]

@@ -1,0 +1,209 @@
+"""sccache as this build's compiler launcher, and what happens when the sccache-dist
+cluster fails a compile.
+
+    sccache_launcher.py BUILD_DIR/vfa-sccache.json -- COMPILER ARGS...
+
+wired in by cmake/CompilerCache.cmake (CMAKE_<LANG>_COMPILER_LAUNCHER; compile_unit.py, when
+build progress is on, runs in front of it), run as `python -E -s -S`. The settings file is
+written at configure by compiler_cache_probe.py: the sccache executable, the server the
+build's compiles go to (this build dir's own unless SCCACHE_SERVER_PORT/UDS is set), and
+whether a [dist] scheduler is used ("on": sccache runs through dist-compile/compile_env.py),
+was found not answering or refusing at configure ("off": the server runs with SCCACHE_CONF
+minus [dist]) or is not configured ("none").
+
+sccache falls back to a local compile by itself when a build server dies or cannot be
+reached, but not in two cases, where the compile fails and so would the build:
+
+  * the scheduler or a server refuses a request (HTTP 4xx: a token changed after
+    configure, a scheduler restarted with new secrets): "http error status: Error 401"
+    -- nothing was compiled;
+  * a compile that ran on a build server failed ("sccache: Job failed on server ..."):
+    a broken sandbox or toolchain there -- or an error in the source.
+
+With dist "on", this launcher retries such a unit here, through a second server of this
+build dir that runs the same cache settings without [dist] (or, when no such copy of the
+config could be made, the compiler itself, uncached). The retry tells the two apart: an
+error in the source fails here too and is shown once, as the compiler printed it; a unit
+that compiles here was a cluster failure and is counted (BUILD_DIR/vfa-dist-fallbacks.tsv).
+The first one prints one line; after `max_cluster_failures` of them (3) the rest of the
+build skips the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix. The
+build's end (compiler_cache_probe.py stats) reports the counts and clears both files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_unit import output_of  # noqa: E402  (the unit's name, as in vfa-progress.tsv)
+
+# compiler_cache_probe.py's FALLBACKS and DIST_OFF (that module is not imported here: it
+# runs once per unit and stays small).
+FALLBACKS = "vfa-dist-fallbacks.tsv"
+DIST_OFF = "vfa-dist-off"
+# sccache's HttpClientError, a 4xx from the scheduler or a server: "http error status: Error 401:
+# Fixed token mismatch" through nvcc's steps, "didn't get a successful HTTP status, got `Error
+# 401: ...`" for a plain compile.
+REFUSED = re.compile(r"(?:http error status: |didn't get a successful HTTP status, got `)(Error \d+[^`\n]*)")
+JOB_FAILED = "sccache: Job failed on server"
+# A unit whose remote job failed and which fails here too: an error in the source, not the
+# cluster's. Recorded (sccache counts its remote job among the build servers' compiles, and the
+# report takes the failed ones out) but not counted as a cluster failure.
+SOURCE_ERROR = "source-error"
+
+
+def exec_command(command: list[str], env: dict[str, str]) -> int:
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as error:
+        print(f"{command[0]}: {error}", file=sys.stderr)
+        return 127
+    return 127  # not reached
+
+
+def run_captured(command: list[str], env: dict[str, str]) -> tuple[int, bytes, bytes, int | None]:
+    """(exit status, stdout, stderr, signal received). A signal sent to this launcher alone
+    reaches the compile too; one that came before the compile started is sent right after."""
+    received: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum, _frame):
+        received.append(signum)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        try:
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as error:
+            return 127, b"", f"{command[0]}: {error}\n".encode(), (received or [None])[0]
+        if received and proc.poll() is None:
+            proc.send_signal(received[0])
+        out, err = proc.communicate()
+        return proc.returncode, out, err, (received or [None])[0]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def show(out: bytes, err: bytes) -> None:
+    sys.stdout.buffer.write(out)
+    sys.stdout.flush()
+    sys.stderr.buffer.write(err)
+    sys.stderr.flush()
+
+
+def cluster_failure(text: str) -> tuple[str, str] | None:
+    """("refused" | "job-failed", a short reason) when the cluster may be what failed."""
+    refused = REFUSED.search(text)
+    if refused:
+        return "refused", " ".join(refused.group(1).split())[:200]
+    if JOB_FAILED in text:
+        tail = text[text.index(JOB_FAILED):].splitlines()
+        return "job-failed", " ".join(" ".join(tail[:2]).split())[:200]
+    return None
+
+
+def fix_for(kind: str) -> str:
+    if kind == "refused":
+        return ("The cluster refused this client (a 401/403: the token under [dist.auth] in SCCACHE_CONF must equal "
+                "the scheduler's client_auth token; a scheduler restarted with new secrets needs the new token "
+                "here, then a reconfigure)")
+    return ("A build server could not run the compile (its sandbox or toolchain: see that server's log; "
+            "`sccache --dist-status` with this SCCACHE_CONF lists the servers): fix or stop it "
+            "(dist-compile/README.md)")
+
+
+def record(settings: dict, unit: str, kind: str, reason: str) -> int:
+    """Appends a line for the unit; returns how many cluster failures the build has had."""
+    line = f"{time.time():.3f}\t{unit}\t{kind}\t{reason}\n".encode("utf-8", "replace")
+    path = os.path.join(settings["build_dir"], FALLBACKS)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)  # one write: lines of parallel units never interleave
+        finally:
+            os.close(fd)
+        with open(path, "rb") as f:
+            return sum(1 for entry in f if entry.split(b"\t")[2:3] != [SOURCE_ERROR.encode()])
+    except OSError:
+        return 1
+
+
+def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
+    """Counts one unit the cluster failed; prints the first line and, at the limit, the last."""
+    build_dir = settings["build_dir"]
+    count = record(settings, unit, kind, reason)
+    limit = settings.get("max_cluster_failures", 3)
+    if count == 1:
+        print(f"vendored-flash-attn: the sccache-dist cluster failed {unit} ({reason}); compiled here instead. "
+              f"After {limit} such failures this build stops sending compiles to the cluster.", file=sys.stderr)
+    if count >= limit:
+        try:
+            os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+        print(f"vendored-flash-attn: {count} compiles failed on the sccache-dist cluster {settings['scheduler']} "
+              f"(last: {reason}); the rest of this build compiles here, cached, without the cluster. "
+              f"{fix_for(kind)}.", file=sys.stderr)
+
+
+def local_command(settings: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The unit compiled here: through this build's no-[dist] server, or the compiler itself."""
+    if settings.get("local"):
+        return [settings["sccache"], *command], dict(os.environ, **settings["local"])
+    return command, dict(os.environ)
+
+
+def launch(settings: dict, command: list[str]) -> int:
+    env = dict(os.environ, **settings["server"])
+    # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
+    # to build servers may carry). The local server below has no [dist]: plain sccache.
+    through_sccache = [*settings.get("client", [settings["sccache"]]), *command]
+    mode = settings["dist"]
+    if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
+        return exec_command(*local_command(settings, command))
+    if mode != "on":
+        return exec_command(through_sccache, env)
+
+    rc, out, err, interrupted = run_captured(through_sccache, env)
+    failure = None if rc == 0 or interrupted else cluster_failure((err + out).decode("utf-8", "replace"))
+    if failure is None:
+        show(out, err)
+        return rc if rc >= 0 else 128 - rc
+    kind, reason = failure
+    local, local_env = local_command(settings, command)
+    rc, out, err, _ = run_captured(local, local_env)
+    # A unit that fails here too had an error of its own (unless nothing was compiled there).
+    if rc == 0 or kind == "refused":
+        record_fallback(settings, output_of(command), kind, reason)
+    else:
+        record(settings, output_of(command), SOURCE_ERROR, reason)
+    show(out, err)
+    return rc if rc >= 0 else 128 - rc
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: sccache_launcher.py SETTINGS.json -- COMPILER ARGS...", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0], encoding="utf-8") as f:
+            settings = json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"sccache_launcher.py: cannot read {argv[0]} ({error}); reconfigure the build", file=sys.stderr)
+        return 2
+    return launch(settings, argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
