@@ -52,10 +52,32 @@ LOGS_BUILD = "vfa-logs.build"
 # its server runs (sccache hands the client's environment to the compiler it starts; it is
 # not part of sccache's cache key). An interrupt finds them by it, wherever they run.
 COMPILE_ID = "VFA_COMPILE_ID"
-# A client of a compile server (the command's first word): its compile runs in the server,
-# which goes on with it when the client dies. An interrupt stops the compile first and lets
-# the client end with the server's answer, after which the server starts nothing more of it.
+# A client of a compile server: its compile runs in the server, which goes on with it when
+# the client dies. An interrupt stops the compile first and lets the client end with the
+# server's answer, after which the server starts nothing more of it. The client is the
+# command's first word, or comes after the launcher this project puts in front of it
+# (cmake/sccache_launcher.py, `python -E -s -S sccache_launcher.py SETTINGS -- COMPILER ...`,
+# which execs sccache or waits for it).
 SERVER_CLIENTS = ("sccache",)
+SERVER_CLIENT_LAUNCHERS = ("sccache_launcher.py",)
+
+
+def is_server_client(command: list[str]) -> bool:
+    """Whether ``command`` compiles through a compile server (see SERVER_CLIENTS).
+
+    >>> is_server_client(["/venv/bin/sccache", "nvcc", "-c", "a.cu"])
+    True
+    >>> is_server_client(["/usr/bin/python3", "-E", "-s", "-S", "/p/cmake/sccache_launcher.py", "s.json", "--", "nvcc"])
+    True
+    >>> is_server_client(["nvcc", "-c", "sccache.cu"])
+    False
+    """
+    if not command:
+        return False
+    if os.path.basename(command[0]).startswith(SERVER_CLIENTS):
+        return True
+    launcher_words = command[:command.index("--")] if "--" in command else []
+    return any(os.path.basename(word) in SERVER_CLIENT_LAUNCHERS for word in launcher_words)
 STOP_WAIT_S = 20  # for a client to get its server's answer once its compile is stopped
 
 
@@ -222,7 +244,7 @@ def run_command(command: list[str]) -> tuple[bytes, int, Stopped | None]:
     128 + the signal's number, as a shell reports a process the signal ended."""
     mark_value = f"{os.getpid()}-{time.time_ns()}"
     mark = f"{COMPILE_ID}={mark_value}".encode()
-    client = bool(command) and os.path.basename(command[0]).startswith(SERVER_CLIENTS)
+    client = is_server_client(command)
     received: list[int] = []
     state = {"proc": None, "stopping": False}
 

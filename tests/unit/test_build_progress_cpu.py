@@ -389,18 +389,30 @@ def wait_for(predicate, seconds: float) -> bool:
     return predicate()
 
 
-def interrupted_compile(slow_cache, step: str, **env):
-    """compile_unit.py in front of `sccache slow-gcc`, run as ninja runs a job (a process
-    group of its own), and interrupted as ninja interrupts one (SIGINT to that group) once
-    the slow gcc is at `step`."""
+def build_launcher(slow_cache) -> list[str]:
+    """The launcher the build puts in front of sccache (cmake/CompilerCache.cmake):
+    sccache_launcher.py with the settings compiler_cache_probe.py writes (no cluster)."""
+    import json
+    c = slow_cache
+    settings = c["dir"] / "vfa-sccache.json"
+    settings.write_text(json.dumps({"sccache": c["sccache"], "dist": "none", "build_dir": str(c["dir"]),
+                                    "server": {"SCCACHE_SERVER_PORT": c["env"]["SCCACHE_SERVER_PORT"]}}))
+    return [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "sccache_launcher.py"), str(settings), "--"]
+
+
+def interrupted_compile(slow_cache, step: str, prefix=None, **env):
+    """compile_unit.py in front of `sccache slow-gcc` (or of ``prefix`` + `slow-gcc`), run as
+    ninja runs a job (a process group of its own), and interrupted as ninja interrupts one
+    (SIGINT to that group) once the slow gcc is at `step`."""
     import os
     import signal
     import subprocess
     import time
     c = slow_cache
+    prefix = prefix or [c["sccache"]]
     launcher = subprocess.Popen(
         [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(c["dir"]), "--",
-         c["sccache"], str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
+         *prefix, str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
         cwd=c["dir"], env={**c["env"], **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     try:
@@ -433,10 +445,13 @@ def test_an_interrupt_stops_the_compile_the_cache_server_runs(slow_cache):
     assert stats.returncode == 0, stats.stderr
 
 
-def test_an_interrupt_while_the_server_preprocesses_stops_the_compile_to_come(slow_cache):
+@pytest.mark.parametrize("through", ["sccache", "the build's launcher"])
+def test_an_interrupt_while_the_server_preprocesses_stops_the_compile_to_come(slow_cache, through):
     """Issue 19: one compiler process started 6 s after the interrupt (the server was still
-    preparing the compile it had been handed)."""
-    rc, out, _ = interrupted_compile(slow_cache, "preprocess", SLOW_PREPROCESS="3")
+    preparing the compile it had been handed). Also with sccache behind the launcher the
+    build wires in (sccache_launcher.py), which hid the client from the interrupt."""
+    prefix = build_launcher(slow_cache) if through != "sccache" else None
+    rc, out, _ = interrupted_compile(slow_cache, "preprocess", prefix, SLOW_PREPROCESS="3")
     assert rc == 130
     assert not wait_for(lambda: any(slow_cache["markers"].glob("compile.*")), 6), \
         "the server started the compile after the interrupt"
