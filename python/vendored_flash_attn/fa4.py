@@ -175,7 +175,25 @@ def flash_attn_varlen_func(
     here). Returns ``out``, or ``(out, softmax_lse)`` with ``return_softmax_lse=True``;
     LSE is (num_heads, total_q), float32, as FA3's."""
     del deterministic, return_attn_probs  # forward only
-    arch = device_arch(q)
+    return run(
+        device_arch(q), q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table,
+        return_softmax_lse=return_softmax_lse, out=out, scheduler_metadata=scheduler_metadata,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits, s_aux=s_aux,
+        cp_world_size=cp_world_size, cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+
+
+def run(
+    arch: int, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, *, cu_seqlens_k, seqused_k, q_v,
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, block_table,
+    return_softmax_lse, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits, s_aux,
+    cp_world_size, cp_rank, cp_tot_seqused_k,
+):
+    """``flash_attn_varlen_func`` for a given ``arch`` (90, 100, 120): the one mapping of a
+    call onto upstream's kernels. The build's precompile step (cmake/fa4_precompile.py)
+    calls this on fake tensors with the target's arch, so the kernels it ships have the
+    very compile keys these calls reach at run time."""
     fp8_kv_dequant = check_call(
         arch, q=q, k=k, v=v, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
         dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table,
