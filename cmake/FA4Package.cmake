@@ -65,8 +65,36 @@ function(vfa_add_fa4_package)
     return()
   endif()
 
-  # Precompile: only where asked for, or (auto) where the build's Python can; never
-  # failing a build that did not ask for it.
+  # Precompile: only where asked for, or (auto) where a Python can; never failing a build
+  # that did not ask for it. The build's Python compiles when it has the [fa4] extra; each
+  # interpreter of VFA_FA4_PRECOMPILE_PYTHONS must be able to: naming one that cannot is a
+  # mistake, whatever the mode.
+  vfa_option(VFA_FA4_PRECOMPILE_GQA_RATIOS)
+  vfa_option(VFA_FA4_PRECOMPILE_PYTHONS)
+  set(pythons "")
+  if(precompile_reason STREQUAL "")
+    list(APPEND pythons "${Python_EXECUTABLE}")
+  endif()
+  if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
+    foreach(interpreter IN LISTS VFA_FA4_PRECOMPILE_PYTHONS)
+      execute_process(COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" probe
+        OUTPUT_VARIABLE extra_probe ERROR_VARIABLE extra_err RESULT_VARIABLE extra_rc TIMEOUT 120)
+      if(NOT extra_rc EQUAL 0)
+        message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: '${interpreter}' cannot run "
+          "cmake/fa4_precompile.py (${extra_rc}): ${extra_err}. Name Python interpreters (3.10 or newer) "
+          "with torch and the [fa4] extra installed, or leave the knob empty.")
+      endif()
+      string(JSON extra_reason GET "${extra_probe}" precompile)
+      if(NOT extra_reason STREQUAL "")
+        message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: ${extra_reason}")
+      endif()
+      list(APPEND pythons "${interpreter}")
+    endforeach()
+    if(pythons AND NOT precompile_reason STREQUAL "")
+      message(STATUS "vendored-flash-attn: FA4 kernels precompiled by VFA_FA4_PRECOMPILE_PYTHONS only: ${precompile_reason}")
+      set(precompile_reason "")
+    endif()
+  endif()
   set(archs "")
   set(precompile_state "off")
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
@@ -95,6 +123,7 @@ function(vfa_add_fa4_package)
   vfa_json_string(state "${precompile_state}")
   vfa_json_string(reason "${precompile_reason}")
   vfa_json_array(targets ${archs})
+  # Interpreters are not recorded by path (the record ships): each run records its Python.
   string(JSON facts SET "${facts}" precompile
     "{\"mode\": ${mode}, \"state\": ${state}, \"reason\": ${reason}, \"archs\": ${targets}, \"runs\": []}")
   set(facts_file "${CMAKE_CURRENT_BINARY_DIR}/fa4_configure.json")
@@ -116,14 +145,21 @@ function(vfa_add_fa4_package)
   set(commands
     COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}"
     COMMAND ${python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
-  foreach(arch IN LISTS archs)
-    set(flags "")
-    if(VFA_FA4_PRECOMPILE STREQUAL "auto")
-      set(flags --best-effort)
-    endif()
-    # The CUDA flavour directory is created below kernels/ by the compile itself.
-    list(APPEND commands COMMAND ${python} "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
-      --out "${package}/kernels" --arch ${arch} --record "${package}/build_info.json" ${flags})
+  # The kernels of the wheel's selection (its FA3 head dims, dtypes and features, and the
+  # GQA ratios knob), for each arch and each Python: upstream keys kernels on the Python
+  # minor, so each interpreter compiles its own set (cmake/fa4_precompile.py plan lists them).
+  set(selection --head-dims "${VFA_FA3_HEAD_DIMS}" --dtypes "${VFA_FA3_DTYPES}"
+      --features "${VFA_FA3_FEATURES}" --gqa-ratios "${VFA_FA4_PRECOMPILE_GQA_RATIOS}")
+  set(flags "")
+  if(VFA_FA4_PRECOMPILE STREQUAL "auto")
+    set(flags --best-effort)
+  endif()
+  foreach(interpreter IN LISTS pythons)
+    foreach(arch IN LISTS archs)
+      # The CUDA flavour directory is created below kernels/ by the compile itself.
+      list(APPEND commands COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
+        --out "${package}/kernels" --arch ${arch} ${selection} --record "${package}/build_info.json" ${flags})
+    endforeach()
   endforeach()
   add_custom_command(OUTPUT "${stage}/.staged"
     ${commands}

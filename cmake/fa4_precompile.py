@@ -181,19 +181,36 @@ def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
 # Selection -> kernel calls
 # ---------------------------------------------------------------------------------------
 
-DTYPES = ("bf16", "fp16")
-MASKS = ("full", "causal", "local")
-# fixed: flash_attn_func on (batch, seqlen, heads, dim); varlen: cu_seqlens_q/k;
-# paged: cu_seqlens_q + page_table + seqused_k (vLLM's prefill / decode form).
-LAYOUTS = ("fixed", "varlen", "paged")
+# The wheel's selection, in the words of its FA3 knobs (VFA_FA3_HEAD_DIMS / _DTYPES /
+# _FEATURES): FA4 precompiles the kernels of the shapes the wheel was built for, and
+# VFA_FA4_PRECOMPILE_GQA_RATIOS adds what FA3's knobs have no word for. e4m3 means FP8 KV
+# the way FA4 takes it on the target (sm90: a bf16 q with FP8 k/v in a paged cache, dequantized
+# in the kernel; sm100: FP8 q, k and v).
+DTYPES = ("bf16", "fp16", "e4m3")
+FEATURES = ("paged", "split", "softcap", "local", "hdimdiff")
+# Features whose kernels are not precompiled (each call compiles at first use): softcap's
+# value is inside its score_mod and so inside the key (one kernel per value), and hdimdiff
+# (192/128) has no FA4 dispatch through vLLM's call on sm90 beyond what head dims give.
+NOT_PRECOMPILED = {"softcap": "the softcap value is part of the compile key (one kernel per value)",
+                   "hdimdiff": "different q/v head sizes are not part of the precompiled selection"}
 
-# Shapes of the fake tensors. They pick no kernel by themselves except through what the
-# compile key holds (tile sizes follow head dim / mask; pack-GQA follows the head ratio;
-# page size == tile_n decides TMA paged loads), so one representative per class suffices.
-BATCH = 2
-SEQLEN = 1024
-PAGE_SIZE = 128
+# How vLLM's calls reach FA4 through our adapter (fa4.run), one kernel per combination of
+# what upstream's compile key holds (flash_attn/cute/interface.py at the pin):
+#   layout  varlen: cu_seqlens_k; paged: block_table + seqused_k with a page of the kernel's
+#           tile_n (TMA loads); paged_cpasync: any other page size (vLLM's default 16)
+#   mask    full; causal; local: a sliding window (left, 0) on a causal call, as vLLM passes it
+#   split   num_splits = 0 lets upstream's heuristic choose split-KV per call, so both kernels
+#           are reachable; the key holds only whether it splits
+#   lse     return_softmax_lse (cascade attention, context parallelism ask for it)
+#   gqa     the query heads per KV head: exact in the key (upstream packs GQA when > 1)
+LAYOUTS = ("varlen", "paged", "paged_cpasync")
+MASKS = ("full", "causal", "local")
+CPASYNC_PAGE_SIZE = 16
 LOCAL_WINDOW = (256, 0)
+KV_HEADS = 2
+BATCH = 2
+SEQLEN_Q = 128
+PAGES_PER_SEQ = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,67 +219,90 @@ class KernelCall:
     head_dim: int
     dtype: str
     mask: str
-    q_heads: int
-    kv_heads: int
+    gqa: int
+    split: bool
     return_lse: bool
 
     @property
     def name(self) -> str:
-        gqa = self.q_heads // self.kv_heads
-        return (f"{self.layout}-hd{self.head_dim}-{self.dtype}-{self.mask}-gqa{gqa}"
-                f"{'-lse' if self.return_lse else ''}")
+        return (f"{self.layout}-hd{self.head_dim}-{self.dtype}-{self.mask}-gqa{self.gqa}"
+                f"{'-split' if self.split else ''}{'-lse' if self.return_lse else ''}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
     head_dims: tuple[int, ...] = (128,)
     dtypes: tuple[str, ...] = ("bf16",)
-    masks: tuple[str, ...] = ("full", "causal")
-    layouts: tuple[str, ...] = ("varlen", "paged")
-    # (query heads, KV heads): ratio 1 is plain MHA; ratio > 1 takes upstream's pack-GQA path.
-    heads: tuple[tuple[int, int], ...] = ((16, 4),)
-    return_lse: tuple[bool, ...] = (False,)
+    features: tuple[str, ...] = ("paged", "split", "local")
+    gqa_ratios: tuple[int, ...] = (1, 4, 8)
+    return_lse: tuple[bool, ...] = (False, True)
 
     def __post_init__(self):
-        for name, values, allowed in (("dtypes", self.dtypes, DTYPES), ("masks", self.masks, MASKS),
-                                      ("layouts", self.layouts, LAYOUTS)):
+        for name, values, allowed in (("dtypes", self.dtypes, DTYPES), ("features", self.features, FEATURES)):
             bad = [v for v in values if v not in allowed]
             if bad:
                 raise ValueError(f"FA4 selection: {name} {bad} unknown; allowed: {', '.join(allowed)}")
-        for q, kv in self.heads:
-            if kv <= 0 or q % kv:
-                raise ValueError(f"FA4 selection: {q} query heads are not a multiple of {kv} KV heads")
+        bad_ratios = [r for r in self.gqa_ratios if r < 1]
+        if bad_ratios:
+            raise ValueError(f"FA4 selection: GQA ratios {bad_ratios} are not query heads per KV head (>= 1)")
         bad_dims = [d for d in self.head_dims if d % 8 or not 8 <= d <= 256]
         if bad_dims:
             raise ValueError(f"FA4 selection: head dims {bad_dims} are not multiples of 8 in 8..256")
 
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return LAYOUTS if "paged" in self.features else ("varlen",)
 
-def plan(selection: Selection) -> list[KernelCall]:
-    """One call per kernel the selection can reach, in a stable order, no duplicates."""
+    @property
+    def masks(self) -> tuple[str, ...]:
+        return MASKS if "local" in self.features else MASKS[:2]
+
+    @property
+    def splits(self) -> tuple[bool, ...]:
+        return (False, True) if "split" in self.features else (False,)
+
+
+def generation(arch: str) -> int:
+    """sm_90a -> 9, sm_100a -> 10, sm_120a -> 12 (the families' generation numbers)."""
+    number = re.fullmatch(r"sm_?(\d+)a?", arch)
+    if not number:
+        raise SystemExit(f"--arch {arch!r}: expected sm_90a, sm_100a, ...")
+    return int(number.group(1)) // 10
+
+
+def reachable(call: KernelCall, gen: int) -> bool:
+    """Whether fa4.run takes ``call`` on a GPU of generation ``gen`` (what it refuses before
+    any kernel is not compiled: fa4.check_call's rules for FP8, sm120's paged / split)."""
+    if call.dtype == "e4m3":
+        if gen == 12:
+            return False
+        if gen == 9 and call.layout != "paged":  # FP8 KV: paged with page size == tile_n only
+            return False
+    if gen == 12 and (call.layout != "varlen" or call.split):
+        return False
+    return True
+
+
+def plan(selection: Selection, arch: str = "sm_90a") -> list[KernelCall]:
+    """One call per kernel the selection can reach on ``arch``, in a stable order, no duplicates."""
+    gen = generation(arch)
     calls = []
-    for layout, dim, dtype, mask, (q, kv), lse in itertools.product(
+    for layout, dim, dtype, mask, gqa, split, lse in itertools.product(
             selection.layouts, selection.head_dims, selection.dtypes, selection.masks,
-            selection.heads, selection.return_lse):
-        call = KernelCall(layout, dim, dtype, mask, q, kv, lse)
-        if call not in calls:
+            selection.gqa_ratios, selection.splits, selection.return_lse):
+        call = KernelCall(layout, dim, dtype, mask, gqa, split, lse)
+        if reachable(call, gen) and call not in calls:
             calls.append(call)
     return calls
 
 
 def selection_from_args(args: argparse.Namespace) -> Selection:
-    def ints(text):
-        return tuple(int(x) for x in re.split(r"[,\s]+", text.strip()) if x)
-
     def words(text):
-        return tuple(x for x in re.split(r"[,\s]+", text.strip()) if x)
+        return tuple(x for x in re.split(r"[,;\s]+", text.strip()) if x)
 
-    heads = []
-    for pair in words(args.heads):
-        q, _, kv = pair.partition(":")
-        heads.append((int(q), int(kv or q)))
     lse = {"no": (False,), "yes": (True,), "both": (False, True)}[args.lse]
-    return Selection(ints(args.head_dims), words(args.dtypes), words(args.masks),
-                     words(args.layouts), tuple(heads), lse)
+    return Selection(tuple(int(x) for x in words(args.head_dims)), words(args.dtypes),
+                     words(args.features), tuple(int(x) for x in words(args.gqa_ratios)), lse)
 
 
 # ---------------------------------------------------------------------------------------
@@ -281,93 +321,118 @@ def dsl_flavour() -> str:
     return fa4_cache.dsl_flavour(cutlass)  # the run time's rule, one place
 
 
-def _make_call(interface, torch, call: KernelCall):
-    """Fake CUDA tensors for ``call`` and the upstream function that takes them."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
-    dev = "cuda"
-    q_heads, kv_heads, d = call.q_heads, call.kv_heads, call.head_dim
-    kwargs = {"causal": call.mask == "causal", "return_lse": call.return_lse}
-    if call.mask == "local":
-        kwargs["window_size"] = LOCAL_WINDOW
-    if call.layout == "fixed":
-        q = torch.empty(BATCH, SEQLEN, q_heads, d, dtype=dtype, device=dev)
-        k = torch.empty(BATCH, SEQLEN, kv_heads, d, dtype=dtype, device=dev)
-        v = torch.empty(BATCH, SEQLEN, kv_heads, d, dtype=dtype, device=dev)
-        return interface.flash_attn_func, (q, k, v), kwargs
-    total = BATCH * SEQLEN
-    q = torch.empty(total, q_heads, d, dtype=dtype, device=dev)
-    cu_seqlens = torch.empty(BATCH + 1, dtype=torch.int32, device=dev)
-    kwargs.update(cu_seqlens_q=cu_seqlens, max_seqlen_q=SEQLEN, max_seqlen_k=SEQLEN)
+def _page_size(interface, call: KernelCall, gen: int) -> int:
+    """The page size that gives ``call`` its layout: the kernel's tile_n for TMA loads (upstream's
+    own tile rule on sm90; 128 on sm100), another size for cp.async loads."""
+    if call.layout == "paged_cpasync":
+        return CPASYNC_PAGE_SIZE
+    if gen != 9:
+        return 128
+    causal = call.mask != "full"
+    is_causal, is_local, _, _ = interface._resolve_causal_local_window(
+        causal, *((LOCAL_WINDOW[0], LOCAL_WINDOW[1]) if call.mask == "local" else (None, None)))
+    return interface._tile_size_fwd_sm90(call.head_dim, call.head_dim, is_causal, is_local).n_block_size
+
+
+def _make_call(interface, torch, call: KernelCall, gen: int) -> tuple[tuple, dict]:
+    """Fake CUDA tensors for ``call``, as vLLM passes them to flash_attn_varlen_func: the
+    positional and keyword arguments of ``fa4.run`` after ``arch``."""
+    half = torch.float16 if call.dtype == "fp16" else torch.bfloat16
+    fp8 = torch.float8_e4m3fn
+    q_dtype = fp8 if (call.dtype == "e4m3" and gen != 9) else half
+    kv_dtype = fp8 if call.dtype == "e4m3" else half
+    dev, d, hk = "cuda", call.head_dim, KV_HEADS
+    hq = hk * call.gqa
+    q = torch.empty(BATCH * SEQLEN_Q, hq, d, dtype=q_dtype, device=dev)
+    cu_seqlens_q = torch.empty(BATCH + 1, dtype=torch.int32, device=dev)
+    kwargs = dict(cu_seqlens_k=None, seqused_k=None, q_v=None, dropout_p=0.0, softmax_scale=None,
+                  causal=call.mask != "full", window_size=LOCAL_WINDOW if call.mask == "local" else None,
+                  softcap=0.0, alibi_slopes=None, block_table=None, return_softmax_lse=call.return_lse,
+                  out=None, scheduler_metadata=None, q_descale=None, k_descale=None, v_descale=None,
+                  num_splits=2 if call.split else 1, s_aux=None, cp_world_size=1, cp_rank=0,
+                  cp_tot_seqused_k=None)
     if call.layout == "varlen":
-        k = torch.empty(total, kv_heads, d, dtype=dtype, device=dev)
-        v = torch.empty(total, kv_heads, d, dtype=dtype, device=dev)
-        kwargs["cu_seqlens_k"] = cu_seqlens
+        seqlen_k = PAGES_PER_SEQ * 128
+        k = torch.empty(BATCH * seqlen_k, hk, d, dtype=kv_dtype, device=dev)
+        v = torch.empty(BATCH * seqlen_k, hk, d, dtype=kv_dtype, device=dev)
+        kwargs["cu_seqlens_k"] = torch.empty(BATCH + 1, dtype=torch.int32, device=dev)
     else:
-        pages_per_seq = SEQLEN // PAGE_SIZE
-        k = torch.empty(BATCH * pages_per_seq, PAGE_SIZE, kv_heads, d, dtype=dtype, device=dev)
-        v = torch.empty(BATCH * pages_per_seq, PAGE_SIZE, kv_heads, d, dtype=dtype, device=dev)
-        kwargs["page_table"] = torch.empty(BATCH, pages_per_seq, dtype=torch.int32, device=dev)
+        page = _page_size(interface, call, gen)
+        seqlen_k = PAGES_PER_SEQ * page
+        k = torch.empty(BATCH * PAGES_PER_SEQ, page, hk, d, dtype=kv_dtype, device=dev)
+        v = torch.empty(BATCH * PAGES_PER_SEQ, page, hk, d, dtype=kv_dtype, device=dev)
+        kwargs["block_table"] = torch.empty(BATCH, PAGES_PER_SEQ, dtype=torch.int32, device=dev)
         kwargs["seqused_k"] = torch.empty(BATCH, dtype=torch.int32, device=dev)
-    return interface.flash_attn_varlen_func, (q, k, v), kwargs
+    if call.dtype == "e4m3":  # vLLM passes all three descales with an FP8 cache
+        for name in ("q_descale", "k_descale", "v_descale"):
+            kwargs[name] = torch.empty(BATCH, hk, dtype=torch.float32, device=dev)
+    return (q, k, v, SEQLEN_Q, cu_seqlens_q, seqlen_k), kwargs
 
 
 def _objects(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.o")}
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.o")} if root.is_dir() else {}
 
 
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE, repeat: int = 1) -> dict:
-    """Compile ``calls`` into ``out/<flavour>/...`` with the staged package; a report dict.
+                      package: str = VENDORED_PACKAGE, verify: bool = False) -> dict:
+    """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
+    FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict.
 
-    ``repeat`` > 1 makes each call again (``verify``: over a filled cache, the first call
-    shows the load from disk, the next ones the in-memory hit).
+    Going through the adapter, not upstream's public functions, makes the compile keys those
+    of run-time calls: the adapter picks split-KV, descales, windows and the like the way it
+    does for vLLM's calls. ``verify``: load from ``out`` as the installed wheel does and make
+    each call twice; a kernel written to the (temporary) user cache means it compiled.
     """
     import resource
+    import tempfile
 
-    number = re.fullmatch(r"sm_?(\d+)a?", arch)
-    if not number:
-        raise SystemExit(f"--arch {arch!r}: expected sm_90a, sm_100a, ...")
+    gen = generation(arch)
     # Upstream reads these when its modules are imported: set them first.
     # FLASH_ATTENTION_ARCH picks upstream's kernel family (sm90 / sm100 ...), CUTE_DSL_ARCH
     # the DSL's compile target (without it the DSL targets sm_100 on a GPU-less machine).
-    os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{number.group(1)}"
+    os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{arch[3:].rstrip('a')}"
     os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "1"
     # The staged copy is a subpackage of ours, as in the wheel: our package (already imported
     # for fa4_deps) also looks for its submodules in the stage.
     import vendored_flash_attn
 
     vendored_flash_attn.__path__.append(str(stage_root.joinpath(*package.split(".")[:1])))
     t0 = time.perf_counter()
-    flavour = dsl_flavour()
-    cache_dir = out / flavour
-    os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = str(cache_dir)
     import importlib
 
+    import cutlass
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    interface = importlib.import_module(f"{package}.interface")
+    from vendored_flash_attn import fa4
+
+    loaded = fa4.load()
     cache_utils = importlib.import_module(f"{package}.cache_utils")
+    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify else out
+    fa4_cache.install(loaded.interface, cache_utils, cutlass, shipped=out, user=user)
+    flavour = fa4_cache.dsl_flavour(cutlass)
     import_s = time.perf_counter() - t0
     results = []
-    for call, attempt in itertools.product(calls, range(1, repeat + 1)):
-        before = _objects(out)
+    for call, attempt in itertools.product(calls, range(1, 3 if verify else 2)):
+        before = _objects(user)
         start = time.perf_counter()
-        error = None
+        error = refused = None
         try:
             with FakeTensorMode():
-                fn, args, kwargs = _make_call(interface, torch, call)
-                fn(*args, **kwargs)
-        except Exception as exc:  # a kernel upstream refuses: recorded, the rest go on
+                args, kwargs = _make_call(loaded.interface, torch, call, gen)
+                fa4.run(gen * 10, *args, **kwargs)
+        except fa4.FA4Unsupported as exc:  # the adapter refuses it at run time too: nothing to ship
+            refused = str(exc).splitlines()[0]
+        except Exception as exc:  # a kernel that fails: recorded, the rest go on
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         seconds = time.perf_counter() - start
-        new = {k: v for k, v in _objects(out).items() if k not in before}
+        new = {k: v for k, v in _objects(user).items() if k not in before}
         results.append({"call": call.name, **dataclasses.asdict(call), "attempt": attempt,
-                        "seconds": round(seconds, 3), "objects": new, "error": error})
-        status = error or f"{len(new)} new object(s), {sum(new.values())} B"
-        print(f"  {call.name:40s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
-    import cutlass
+                        "seconds": round(seconds, 3), "objects": new, "error": error, "refused": refused})
+        status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
+        print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
+    if verify:
+        shutil.rmtree(user, ignore_errors=True)
     import tvm_ffi
 
     return {
@@ -392,24 +457,28 @@ def main(argv: list[str] | None = None) -> int:
     p_stage.add_argument("--record", type=Path,
                          help="JSON of configure-time facts: write FA4's build record into the stage")
     sub.add_parser("probe", help="print what the build's Python can do (JSON)")
+    defaults = Selection()
     for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
-        p.add_argument("--head-dims", default="128")
-        p.add_argument("--dtypes", default="bf16")
-        p.add_argument("--masks", default="full,causal")
-        p.add_argument("--layouts", default="varlen,paged")
-        p.add_argument("--heads", default="16:4", help="query:kv head pairs, e.g. 16:4,8:8")
-        p.add_argument("--lse", choices=("no", "yes", "both"), default="no")
+        p.add_argument("--head-dims", default=",".join(map(str, defaults.head_dims)),
+                       help="the wheel's head dims (VFA_FA3_HEAD_DIMS)")
+        p.add_argument("--dtypes", default=",".join(defaults.dtypes), help="the wheel's dtypes (VFA_FA3_DTYPES)")
+        p.add_argument("--features", default=",".join(defaults.features),
+                       help="the wheel's features (VFA_FA3_FEATURES): paged, split, local widen the selection")
+        p.add_argument("--gqa-ratios", default=",".join(map(str, defaults.gqa_ratios)),
+                       help="query heads per KV head (VFA_FA4_PRECOMPILE_GQA_RATIOS)")
+        p.add_argument("--lse", choices=("no", "yes", "both"), default="both")
+        p.add_argument("--arch", default="sm_90a")
         if name in ("compile", "verify"):
             p.add_argument("--stage", type=Path, required=True, help="import root made by `stage`")
             p.add_argument("--out", type=Path, required=True,
                            help="cache root to compile into (verify: to load from; nothing may compile)")
-            p.add_argument("--arch", default="sm_90a")
             p.add_argument("--report", type=Path, help="write the report as JSON here")
         if name == "compile":
             p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
             p.add_argument("--best-effort", action="store_true",
-                           help="a build that did not ask for kernels: on any failure warn, ship none, exit 0")
+                           help="a build that did not ask for kernels: on any failure warn, ship none of "
+                                "this run's kernels, exit 0")
     args = parser.parse_args(argv)
     if args.command == "probe":
         print(json.dumps(probe()))
@@ -421,53 +490,65 @@ def main(argv: list[str] | None = None) -> int:
         print(f"staged {summary['files']} files ({summary['bytes']} bytes, {len(summary['rewritten'])} "
               f"with imports rewritten) as {summary['package']}")
         return 0
-    if args.command == "compile" and args.best_effort:
-        return compile_best_effort(args)
-    calls = plan(selection_from_args(args))
+    selection = selection_from_args(args)
+    calls = plan(selection, args.arch)
     if args.command == "plan":
         for call in calls:
             print(call.name)
+        skipped = sorted(set(selection.features) & set(NOT_PRECOMPILED))
+        for feature in skipped:
+            print(f"# not precompiled: {feature}: {NOT_PRECOMPILED[feature]}")
         return 0
+    if args.command == "compile" and args.best_effort:
+        return compile_best_effort(args, calls)
     verify = args.command == "verify"
-    report = compile_selection(args.stage, args.out, args.arch, calls, repeat=2 if verify else 1)
+    report = compile_selection(args.stage, args.out, args.arch, calls, verify=verify)
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     failed = [c["call"] for c in report["calls"] if c["error"] or (verify and c["objects"])]
+    refused = sorted({c["call"] for c in report["calls"] if c["refused"]})
     if verify:
-        print(f"{len(calls) - len(set(failed))} of {len(calls)} kernels loaded from {args.out / report['flavour']}"
-              f" without compiling")
+        print(f"{len(calls) - len(set(failed)) - len(refused)} of {len(calls)} kernels loaded from "
+              f"{args.out / report['flavour']} without compiling ({len(refused)} refused by FA4)")
         return 1 if failed else 0
     if args.record:
         add_precompile_run(args.record, _run_summary(args.arch, report, failed))
-    print(f"{len(calls) - len(failed)} of {len(calls)} kernels compiled into {args.out / report['flavour']}"
-          f" (import {report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
+    print(f"{len(calls) - len(failed) - len(refused)} of {len(calls)} kernels compiled into "
+          f"{args.out / report['flavour']} with Python {report['python']} ({len(refused)} refused by FA4; import "
+          f"{report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
     return 1 if failed else 0
 
 
-def compile_best_effort(args: argparse.Namespace) -> int:
+def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> int:
     """``compile`` for a build that did not ask for kernels (VFA_FA4_PRECOMPILE=auto): any
-    failure is one warning, the kernels of this run are removed, the build goes on."""
-    calls = plan(selection_from_args(args))
+    failure is one warning, the kernels of this run are removed (those of other Pythons or
+    archs in the same folder stay), the build goes on."""
+    before = set(_objects(args.out))
     try:
         report = compile_selection(args.stage, args.out, args.arch, calls)
         failed = [c["call"] for c in report["calls"] if c["error"]]
     except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
         report, failed = None, [f"{type(exc).__name__}: {exc}"]
     if failed:
-        if args.out.exists():
-            shutil.rmtree(args.out)
-        print(f"WARNING: vendored-flash-attn: FA4 kernels for {args.arch} not precompiled "
-              f"(VFA_FA4_PRECOMPILE=auto): {'; '.join(failed)[:2000]}. The wheel compiles them at first use; "
-              "set VFA_FA4_PRECOMPILE=on to make this an error, off to skip it.", flush=True)
+        for rel in set(_objects(args.out)) - before:
+            (args.out / rel).unlink()
+        print(f"WARNING: vendored-flash-attn: FA4 kernels for {args.arch} (Python {sys.version_info.major}."
+              f"{sys.version_info.minor}) not precompiled (VFA_FA4_PRECOMPILE=auto): {'; '.join(failed)[:2000]}. "
+              "The wheel compiles them at first use; set VFA_FA4_PRECOMPILE=on to make this an error, off to "
+              "skip it.", flush=True)
     if args.record:
         add_precompile_run(args.record, _run_summary(args.arch, report, failed))
     return 0
 
 
 def _run_summary(arch: str, report: dict | None, failed: list[str]) -> dict:
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if report is None or failed:
-        return {"arch": arch, "kernels": 0, "error": "; ".join(failed)[:2000]}
-    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in report["calls"]),
+        return {"arch": arch, "python": python, "kernels": 0, "error": "; ".join(failed)[:2000]}
+    calls = report["calls"]
+    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in calls),
+            "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
+            "bytes": sum(sum(c["objects"].values()) for c in calls),
             **{k: report[k] for k in ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint")}}
 
 

@@ -124,3 +124,23 @@ def test_an_edited_fa4_source_in_the_cache_is_refused(synthetic, sources, tmp_pa
     result = fetch_sources({"VFA_PIN_FILE": sources["VFA_PIN_FILE"], "VFA_SOURCE_CACHE": str(cache)})
     assert result.returncode != 0
     assert "1 file changed (flash_attn/cute/interface.py)" in result.text
+
+
+@pytest.mark.parametrize("interpreter, expected", [
+    ("/nonexistent/python3", "'/nonexistent/python3' cannot run cmake/fa4_precompile.py"),
+    # a Python that runs but lacks the DSL (this venv's): named, with the install command
+    (sys.executable, "nvidia-cutlass-dsl is not installed"),
+])
+def test_a_precompile_python_that_cannot_compile_stops_the_configure(sources, tmp_path, interpreter, expected):
+    # Each interpreter of VFA_FA4_PRECOMPILE_PYTHONS is asked for by name: one that cannot
+    # compile FA4's kernels is a mistake, even where VFA_FA4_PRECOMPILE=auto would skip.
+    result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE_PYTHONS": interpreter})
+    assert result.returncode != 0
+    assert "VFA_FA4_PRECOMPILE_PYTHONS: " in result.text
+    assert expected in result.text
+
+
+def test_gqa_ratios_are_checked_like_every_list_knob(sources, tmp_path):
+    result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE_GQA_RATIOS": "4;9"})
+    assert result.returncode != 0
+    assert "VFA_FA4_PRECOMPILE_GQA_RATIOS" in result.text and "9" in result.text

@@ -199,17 +199,46 @@ def test_stage_refuses_a_pin_whose_dependencies_drifted(tmp_path):
 
 
 def test_plan_enumerates_each_kernel_once():
-    selection = precompile.Selection(head_dims=(64, 128), dtypes=("bf16",), masks=("full", "causal"),
-                                     layouts=("varlen", "paged"), heads=((16, 4), (8, 8)),
-                                     return_lse=(False,))
+    selection = precompile.Selection(head_dims=(64, 128), dtypes=("bf16",), features=("paged",),
+                                     gqa_ratios=(1, 4), return_lse=(False,))
     names = [c.name for c in precompile.plan(selection)]
-    assert len(names) == len(set(names)) == 2 * 2 * 2 * 2
+    # 3 layouts (varlen, paged with the kernel's tile as page, paged with another page size)
+    # x 2 head dims x 2 masks (no `local` feature) x 2 ratios; no split without `split`.
+    assert len(names) == len(set(names)) == 3 * 2 * 2 * 2
     assert "paged-hd64-bf16-causal-gqa4" in names
-    assert "varlen-hd128-bf16-full-gqa1" in names
+    assert "paged_cpasync-hd128-bf16-full-gqa1" in names
+    assert not [n for n in names if "split" in n or "local" in n or "lse" in n]
+
+
+def test_the_wheel_features_widen_the_plan_the_way_calls_reach_kernels():
+    base = dict(head_dims=(128,), dtypes=("bf16",), gqa_ratios=(4,), return_lse=(False, True))
+    varlen_only = precompile.plan(precompile.Selection(features=(), **base))
+    assert [c.name for c in varlen_only] == ["varlen-hd128-bf16-full-gqa4", "varlen-hd128-bf16-full-gqa4-lse",
+                                             "varlen-hd128-bf16-causal-gqa4", "varlen-hd128-bf16-causal-gqa4-lse"]
+    every = precompile.plan(precompile.Selection(features=("paged", "split", "local"), **base))
+    assert len(every) == 3 * 3 * 2 * 2  # layouts x masks x split x lse
+    # softcap's value is in the key: not precompiled, whatever the features say
+    with_softcap = precompile.plan(precompile.Selection(features=("paged", "split", "local", "softcap"), **base))
+    assert with_softcap == every
+
+
+def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
+    selection = precompile.Selection(dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,), return_lse=(False,))
+    # sm90: FP8 KV with a 16-bit q, paged with the kernel's tile as page only (fa4.check_call)
+    assert {c.layout for c in precompile.plan(selection, "sm_90a")} == {"paged"}
+    assert {c.layout for c in precompile.plan(selection, "sm_100a")} == {"varlen", "paged", "paged_cpasync"}
+    assert precompile.plan(selection, "sm_120a") == []
+    bf16 = precompile.Selection(dtypes=("bf16",), features=("paged", "split"), gqa_ratios=(1,), return_lse=(False,))
+    sm120 = precompile.plan(bf16, "sm_120a")
+    assert sm120 and all(c.layout == "varlen" and not c.split for c in sm120)
 
 
 def test_plan_refuses_what_upstream_cannot_take():
-    with pytest.raises(ValueError, match="not a multiple"):
-        precompile.Selection(heads=((16, 5),))
+    with pytest.raises(ValueError, match="GQA ratios"):
+        precompile.Selection(gqa_ratios=(0,))
     with pytest.raises(ValueError, match="e5m2"):
         precompile.Selection(dtypes=("e5m2",))
+    with pytest.raises(ValueError, match="sparse"):
+        precompile.Selection(features=("sparse",))
+    with pytest.raises(SystemExit, match="sm_90a"):
+        precompile.plan(precompile.Selection(), "hopper")

@@ -61,15 +61,35 @@ def test_a_best_effort_precompile_that_fails_warns_ships_nothing_and_records_why
     dest, record = staged
     out = dest / "vendored_flash_attn/_fa4/kernels"
     out.mkdir()
-    (out / "partial.o").write_bytes(b"half")  # what a failed run may leave
     code = precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a",
                             "--record", str(record), "--best-effort"])
     assert code == 0
-    assert not out.exists()
-    assert "WARNING: vendored-flash-attn: FA4 kernels for sm_90a not precompiled" in capsys.readouterr().out
+    assert not list(out.rglob("*.o"))
+    assert "WARNING: vendored-flash-attn: FA4 kernels for sm_90a (Python " in capsys.readouterr().out
     run = json.loads(record.read_text())["precompile"]["runs"]
     assert len(run) == 1 and run[0]["arch"] == "sm_90a" and run[0]["kernels"] == 0
     assert "cutlass" in run[0]["error"]
+
+
+def test_a_failed_best_effort_run_removes_its_own_kernels_only(precompile, staged, monkeypatch):
+    # Several Pythons (and archs) compile into one folder: a run that fails halfway takes
+    # back what it wrote, and leaves the kernels of the runs before it.
+    dest, record = staged
+    out = dest / "vendored_flash_attn/_fa4/kernels"
+    earlier = out / "cu12.9/fp-py310/fwd/earlier.o"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"kernel of another Python")
+
+    def half_done(stage_root, out_dir, arch, calls, **kwargs):
+        partial = out_dir / "cu12.9/fp-py311/fwd/partial.o"
+        partial.parent.mkdir(parents=True)
+        partial.write_bytes(b"half")
+        raise RuntimeError("the DSL died")
+
+    monkeypatch.setattr(precompile, "compile_selection", half_done)
+    assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a",
+                            "--record", str(record), "--best-effort"]) == 0
+    assert [p.name for p in out.rglob("*.o")] == ["earlier.o"]
 
 
 def test_an_asked_for_precompile_that_fails_fails(precompile, staged):
