@@ -334,9 +334,10 @@ def _page_size(interface, call: KernelCall, gen: int) -> int:
     return interface._tile_size_fwd_sm90(call.head_dim, call.head_dim, is_causal, is_local).n_block_size
 
 
-def _make_call(interface, torch, call: KernelCall, gen: int) -> tuple[tuple, dict]:
-    """Fake CUDA tensors for ``call``, as vLLM passes them to flash_attn_varlen_func: the
-    positional and keyword arguments of ``fa4.run`` after ``arch``."""
+def _make_call(interface, torch, call: KernelCall, gen: int, real: bool = False) -> tuple[tuple, dict]:
+    """CUDA tensors for ``call``, as vLLM passes them to flash_attn_varlen_func: the positional
+    and keyword arguments of ``fa4.run`` after ``arch``. Fake tensors (under FakeTensorMode)
+    unless ``real``: then valid metadata and random data, for a launch on a GPU."""
     half = torch.float16 if call.dtype == "fp16" else torch.bfloat16
     fp8 = torch.float8_e4m3fn
     q_dtype = fp8 if (call.dtype == "e4m3" and gen != 9) else half
@@ -366,6 +367,18 @@ def _make_call(interface, torch, call: KernelCall, gen: int) -> tuple[tuple, dic
     if call.dtype == "e4m3":  # vLLM passes all three descales with an FP8 cache
         for name in ("q_descale", "k_descale", "v_descale"):
             kwargs[name] = torch.empty(BATCH, hk, dtype=torch.float32, device=dev)
+    if real:
+        for t in (q, k, v):
+            t.view(torch.uint8).copy_(torch.randn(t.shape, device=dev).to(t.dtype).view(torch.uint8))
+        cu_seqlens_q.copy_(torch.arange(BATCH + 1, device=dev) * SEQLEN_Q)
+        if kwargs["cu_seqlens_k"] is not None:
+            kwargs["cu_seqlens_k"].copy_(torch.arange(BATCH + 1, device=dev) * seqlen_k)
+        else:
+            kwargs["block_table"].copy_(torch.arange(BATCH * PAGES_PER_SEQ, device=dev).view(BATCH, PAGES_PER_SEQ))
+            kwargs["seqused_k"].fill_(seqlen_k)
+        for name in ("q_descale", "k_descale", "v_descale"):
+            if kwargs[name] is not None:
+                kwargs[name].fill_(1.0)
     return (q, k, v, SEQLEN_Q, cu_seqlens_q, seqlen_k), kwargs
 
 
@@ -457,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     p_stage.add_argument("--record", type=Path,
                          help="JSON of configure-time facts: write FA4's build record into the stage")
     sub.add_parser("probe", help="print what the build's Python can do (JSON)")
+    p_check = sub.add_parser("check-installed", help="on a GPU: the installed wheel's precompiled kernels run "
+                             "with no compile (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR: an empty folder)")
+    p_check.add_argument("--report", type=Path, help="write the result as JSON here")
     defaults = Selection()
     for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
@@ -483,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "probe":
         print(json.dumps(probe()))
         return 0
+    if args.command == "check-installed":
+        return check_installed(args.report)
     if args.command == "stage":
         summary = stage(args.cute_src, args.dest)
         if args.record:
@@ -512,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.out / report['flavour']} without compiling ({len(refused)} refused by FA4)")
         return 1 if failed else 0
     if args.record:
-        add_precompile_run(args.record, _run_summary(args.arch, report, failed))
+        add_precompile_run(args.record, _run_summary(args.arch, report, failed, selection_from_args(args)))
     print(f"{len(calls) - len(failed) - len(refused)} of {len(calls)} kernels compiled into "
           f"{args.out / report['flavour']} with Python {report['python']} ({len(refused)} refused by FA4; import "
           f"{report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
@@ -537,19 +555,85 @@ def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> in
               "The wheel compiles them at first use; set VFA_FA4_PRECOMPILE=on to make this an error, off to "
               "skip it.", flush=True)
     if args.record:
-        add_precompile_run(args.record, _run_summary(args.arch, report, failed))
+        add_precompile_run(args.record, _run_summary(args.arch, report, failed, selection_from_args(args)))
     return 0
 
 
-def _run_summary(arch: str, report: dict | None, failed: list[str]) -> dict:
+def _run_summary(arch: str, report: dict | None, failed: list[str], selection: Selection) -> dict:
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    chosen = dataclasses.asdict(selection)
     if report is None or failed:
-        return {"arch": arch, "python": python, "kernels": 0, "error": "; ".join(failed)[:2000]}
+        return {"arch": arch, "python": python, "kernels": 0, "selection": chosen, "error": "; ".join(failed)[:2000]}
     calls = report["calls"]
-    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in calls),
+    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in calls), "selection": chosen,
             "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
             "bytes": sum(sum(c["objects"].values()) for c in calls),
             **{k: report[k] for k in ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint")}}
+
+
+def check_installed(report_path: Path | None = None) -> int:
+    """On a GPU, with the wheel installed: every kernel the wheel precompiled for this Python
+    and this GPU, called through the public ``flash_attn_varlen_func(..., fa_version=4)`` on
+    real data, must load from the shipped kernels — nothing may compile (a kernel written to
+    the user cache, which must start empty, means it did). Prints one line per call; exit
+    status 1 when any call compiled, failed or returned non-finite values."""
+    from importlib import resources
+
+    import torch
+
+    import vendored_flash_attn
+    from vendored_flash_attn import fa4
+
+    user = fa4_cache.user_cache_root()
+    if _objects(user):
+        raise SystemExit(f"the user cache {user} is not empty: point FLASH_ATTENTION_CUTE_DSL_CACHE_DIR at an empty folder")
+    record = json.loads(resources.files("vendored_flash_attn._fa4").joinpath(RECORD_FILE).read_text())
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}a"
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    runs = [r for r in record.get("precompile", {}).get("runs", [])
+            if r.get("arch") == arch and r.get("python") == python and r.get("kernels")]
+    result = {"arch": arch, "python": python, "shipped_runs": len(runs), "calls": []}
+    if not runs:
+        print(f"this wheel ships no FA4 kernels for {arch} and Python {python}: "
+              f"{[(r.get('arch'), r.get('python'), r.get('kernels')) for r in record.get('precompile', {}).get('runs', [])]}")
+        return 1
+    t0 = time.perf_counter()
+    loaded = fa4.load()
+    result["load_seconds"] = round(time.perf_counter() - t0, 3)
+    calls = []
+    for run in runs:
+        chosen = {k: tuple(v) for k, v in run["selection"].items()}
+        calls += [c for c in plan(Selection(**chosen), arch) if c not in calls]
+    for call in calls:
+        args, kwargs = _make_call(loaded.interface, torch, call, major, real=True)
+        before = _objects(user)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        error = None
+        try:
+            out = vendored_flash_attn.flash_attn_varlen_func(*args, fa_version=4, **kwargs)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            tensors = out if isinstance(out, tuple) else (out,)
+            finite = all(bool(torch.isfinite(t).all()) for t in tensors)
+        except Exception as exc:  # noqa: BLE001 - reported per call
+            first, finite, error = time.perf_counter() - start, False, f"{type(exc).__name__}: {exc}"[:300]
+        compiled = sorted(set(_objects(user)) - set(before))
+        row = {"call": call.name, "first_call_s": round(first, 4), "compiled": compiled,
+               "finite": finite, "error": error}
+        result["calls"].append(row)
+        status = error or ("COMPILED " + ", ".join(compiled) if compiled else "") or ("" if finite else "NON-FINITE")
+        print(f"  {call.name:48s} {first * 1e3:8.2f} ms  {status or 'loaded'}", flush=True)
+    bad = [r["call"] for r in result["calls"] if r["compiled"] or r["error"] or not r["finite"]]
+    times = sorted(r["first_call_s"] for r in result["calls"])
+    result.update(failed=bad, first_call_max_s=times[-1], first_call_median_s=times[len(times) // 2])
+    print(f"{len(calls) - len(bad)} of {len(calls)} precompiled kernels ran with no compile on {arch} "
+          f"(Python {python}); first call median {result['first_call_median_s'] * 1e3:.1f} ms, max "
+          f"{result['first_call_max_s'] * 1e3:.1f} ms; FA4 load {result['load_seconds']} s")
+    if report_path:
+        report_path.write_text(json.dumps(result, indent=2) + "\n")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
