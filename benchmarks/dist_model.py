@@ -22,6 +22,19 @@ Slices of `full` (benchmarks/full_slices.json, docs/full-preset-slices.md):
     python benchmarks/dist_model.py --slices [--client-cores 16 --client-memory-gb 125]
     python benchmarks/dist_model.py --slice-defines NAME       (the slice's -C defines, one a line)
     python benchmarks/dist_model.py --record-unit-times NINJA_LOG --run "what, where, when"
+    python benchmarks/dist_model.py --slice-forbid-skips BUILD_INFO_JSON   (check_gpu_junit.py's --forbid-skip
+                                                                          arguments for a slice's wheel)
+
+The whole `full` build from the measured units (docs/PERFORMANCE.md, docs/full-preset-slices.md):
+
+    python benchmarks/dist_model.py --full-build [--out full_build.json]
+
+models a cold `full` build on a 16-core / 125 GB and a 32-core / 251 GB machine, alone and
+with build servers (--server, --servers, --client-overhead-s): each of its 273 units costs
+its measured time where benchmarks/unit_times_h200.json has one (instantiations under
+"units", the module units every build compiles under "module_units"), else the mean of
+the measured units of its kind, and the table says how many units are measured and lists
+the ones that are not (modelled).
 
 --slices models each slice's cold build on one machine (no build servers): its units come
 from the build's own selection rule (cmake/kernel_units.cmake), each unit costs its
@@ -69,6 +82,13 @@ FA2_STUBS = "fa2_missing_kernels.cpp"
 # the wheel): build wall - ninja span, measured on the 16-core H200 machine 2026-12-01:
 # 8.2 s (slice fa3-hd96-fa2-hd96-192: 699.3 - 691.1) and 4.8 s (slice fa2-hd32-64).
 FIXED_S = 8.2
+# Client-side seconds per remote unit (preprocessing, cudafe++, transfers): measured on the
+# H200 x2 host 2026-11-30 against the same units compiled locally (docs/PERFORMANCE.md,
+# "Build on a cluster": FA3 +12.8 s, FA2 +31.1 s, C++ +0.4 s; 18 s the mean per unit).
+CLIENT_OVERHEAD_S = 18.0
+# The machines the full-build table models: (cores, memory GB) of the 16-core H200 machine
+# and the 32-core x2 host (docs/PERFORMANCE.md).
+FULL_BUILD_MACHINES = ((16, 125.0), (32, 251.0))
 
 
 def kind_of(output: str) -> str | None:
@@ -141,17 +161,37 @@ def build_units(knobs: dict[str, str], all_fa2: set[str]) -> list[tuple[str, str
     """(module, name, kind) of every compile of a build: its instantiations and the units
     each module built always compiles (FA2 adds its stubs unless every kernel is in)."""
     units = [(m, n, name_kind(m, n)) for m, n in kernel_units(knobs)]
+    fa2_selected = {n for m, n, _ in units if m == "fa2"}
     for module in ("fa3", "fa2"):
         if str(knobs.get(f"VFA_BUILD_{module.upper()}", "auto")).lower() in ("off", "0", "false", "no"):
             continue
         units += [(module, n, k) for n, k in MODULE_UNITS[module].items()]
-        if module == "fa2" and {n for m, n, _ in units if m == "fa2"} != all_fa2:
+        if module == "fa2" and fa2_selected != all_fa2:
             units.append(("fa2", FA2_STUBS, "cxx"))
     return units
 
 
 def load_unit_times(path: Path = UNIT_TIMES_FILE) -> dict[str, dict]:
     return json.loads(path.read_text())["units"] if path.is_file() else {}
+
+
+def load_module_unit_times(path: Path = UNIT_TIMES_FILE) -> dict[str, dict]:
+    """Measured times of the units every build of a module compiles (MODULE_UNITS names)."""
+    return json.loads(path.read_text()).get("module_units", {}) if path.is_file() else {}
+
+
+def module_unit_key(output: str) -> str | None:
+    """The MODULE_UNITS (or FA2_STUBS) name of a ninja output, None for other outputs."""
+    module = "fa3" if "_vendored_fa3_C.dir" in output else "fa2" if "_vendored_fa2_C.dir" in output else None
+    if module is None or kind_of(output) in (None, "fa3_inst") or "instantiations" in output:
+        return None
+    name = unit_name(output)
+    if module == "fa2" and name.startswith("fa2_missing_kernels"):
+        return FA2_STUBS
+    for key in (name, f"{name} ({module})"):
+        if key in MODULE_UNITS[module]:
+            return key
+    return None
 
 
 def record_unit_times(ninja_log: Path, run: str, path: Path = UNIT_TIMES_FILE) -> dict[str, dict]:
@@ -161,12 +201,17 @@ def record_unit_times(ninja_log: Path, run: str, path: Path = UNIT_TIMES_FILE) -
                  "machine (nvidia-h200: 16 cores, 128 GiB), from a slice build's .ninja_log "
                  "(tests/gpu/slice_h200.sh; benchmarks/dist_model.py --record-unit-times).",
         "units": {}}
-    added = {}
+    added, modules = {}, {}
     for output, seconds in unit_times(ninja_log).items():
-        if kind_of(output) in ("fa3_inst", "fa2_cuda"):
+        key = module_unit_key(output)
+        if key is not None:
+            modules[key] = {"s": round(seconds, 1), "run": run}
+        elif kind_of(output) in ("fa3_inst", "fa2_cuda"):
             added[unit_name(output)] = {"s": round(seconds, 1), "run": run}
     data["units"].update(added)
     data["units"] = dict(sorted(data["units"].items()))
+    if modules:
+        data["module_units"] = dict(sorted({**data.get("module_units", {}), **modules}.items()))
     path.write_text(json.dumps(data, indent=1) + "\n")
     return added
 
@@ -196,6 +241,69 @@ def model_slices(slices: dict[str, dict], measured: dict[str, dict], kind_s: dic
                      "measured_units": sum(n in measured for n in inst), "minutes": round(seconds / 60, 1),
                      "done": spec.get("done"), "instantiations": inst})
     return rows
+
+
+def model_full_build(measured: dict[str, dict], module_measured: dict[str, dict], machines, servers: list[int],
+                     server: tuple[int, float], overhead_s: float, fixed_s: float) -> dict:
+    """A cold `full` build from measured units: per machine and number of build servers,
+    the modelled minutes; which units have a measured time and which are modelled."""
+    full = {"VFA_PRESET": "full"}
+    all_fa2 = {n for m, n in kernel_units({**full, "VFA_BUILD_FA3": "OFF"}) if m == "fa2"}
+    units = build_units(full, all_fa2)
+    inst_means = {k: v for k, v in measured_kind_means(measured, {"fa3_inst": None, "fa2_cuda": None}).items()
+                  if v is not None}
+    module_kinds: dict[str, list[float]] = {}
+    for name, entry in module_measured.items():
+        kind = {**MODULE_UNITS["fa3"], **MODULE_UNITS["fa2"], FA2_STUBS: "cxx"}[name]
+        module_kinds.setdefault(kind, []).append(entry["s"])
+    kind_s = {**{k: round(statistics.mean(v), 1) for k, v in module_kinds.items()}, **inst_means}
+    costs, modelled = [], []
+    for module, name, kind in units:
+        entry = measured.get(name) if kind in ("fa3_inst", "fa2_cuda") else module_measured.get(name)
+        if entry is not None:
+            costs.append((kind, entry["s"]))
+            continue
+        if kind not in kind_s:
+            raise ValueError(f"no measured unit of kind {kind} to model {name} ({module}) with")
+        costs.append((kind, kind_s[kind]))
+        modelled.append({"module": module, "unit": name, "kind": kind, "s": kind_s[kind]})
+    heaviest = max(UNIT_MEMORY_GB[k] for k, _ in costs)
+    per_server = slots_of(server[0], server[1], heaviest)
+    rows = []
+    for cores, memory in machines:
+        local = slots_of(cores, memory, heaviest)
+        for n in servers:
+            seconds = simulate(costs, local, [per_server] * n, overhead_s, cores) + fixed_s
+            rows.append({"cores": cores, "memory_gb": memory, "servers": n, "slots": local + n * per_server,
+                         "minutes": round(seconds / 60, 1)})
+    runs = sorted({e["run"] for e in [*measured.values(), *module_measured.values()]})
+    return {"units": len(units), "measured_units": len(units) - len(modelled), "modelled_units": modelled,
+            "kind_s_for_modelled": kind_s, "fixed_s": fixed_s, "client_overhead_s": overhead_s,
+            "server": {"cores": server[0], "memory_gb": server[1], "slots": per_server}, "runs": runs,
+            "rows": rows}
+
+
+def modelled_groups(modelled: list[dict]) -> dict[str, int]:
+    """Modelled units counted by module and head dim (pair): "FA3 hdim64_512": 20, ..."""
+    import re
+
+    groups: dict[str, int] = {}
+    for unit in modelled:
+        match = re.search(r"hdim(\d+(?:_\d+)?)", unit["unit"])
+        label = f"{unit['module'].upper()} " + (f"hdim{match[1]}" if match else unit["unit"])
+        groups[label] = groups.get(label, 0) + 1
+    return dict(sorted(groups.items()))
+
+
+def forbid_skips(build_info: dict) -> list[str]:
+    """check_gpu_junit.py's arguments for a wheel: the FA versions its build info says are
+    built must run (a skip "FAn not usable" fails the step); one a slice leaves out is
+    skipped with the build info's reason ("this wheel was built without FAn")."""
+    args = []
+    for version in (2, 3):
+        if (build_info.get(f"fa{version}") or {}).get("built"):
+            args += ["--forbid-skip", f"FA{version} not usable"]
+    return args
 
 
 def per_kind(times: dict[str, float]) -> dict[str, float]:
@@ -253,7 +361,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-unit-times", type=Path, metavar="NINJA_LOG",
                    help=f"merge a cold build's per-unit times into {UNIT_TIMES_FILE.name}")
     p.add_argument("--run", help="(--record-unit-times) what, where and when that build ran")
+    p.add_argument("--slice-forbid-skips", type=Path, metavar="BUILD_INFO_JSON",
+                   help="print check_gpu_junit.py's --forbid-skip arguments for the FA versions built")
+    p.add_argument("--full-build", action="store_true",
+                   help="model the cold `full` build from the measured units (16 and 32 cores, build servers)")
     args = p.parse_args(argv)
+
+    if args.slice_forbid_skips:
+        print("\n".join(forbid_skips(json.loads(args.slice_forbid_skips.read_text()))))
+        return 0
+    if args.full_build:
+        overhead = CLIENT_OVERHEAD_S if args.client_overhead_s is None else args.client_overhead_s
+        machines = ([(args.client_cores, args.client_memory_gb or 125.0)] if args.client_cores
+                    else list(FULL_BUILD_MACHINES))
+        result = model_full_build(load_unit_times(), load_module_unit_times(), machines,
+                                  [int(x) for x in args.servers.split(",")], parse_server(args.server), overhead,
+                                  args.fixed_s)
+        modelled = result["modelled_units"]
+        print(f"cold `full` build, {result['units']} units: {result['measured_units']} with a measured time "
+              f"({UNIT_TIMES_FILE.name}), {len(modelled)} modelled as the mean of the measured units of their kind "
+              f"({', '.join(f'{k} {v:g} s' for k, v in result['kind_s_for_modelled'].items())}); "
+              f"+ {args.fixed_s:g} s outside the compiles; a remote unit + {overhead:g} s on the client; "
+              f"each server {result['server']['cores']} cores / {result['server']['memory_gb']:g} GB "
+              f"({result['server']['slots']} slots)")
+        if modelled:
+            print("modelled (not measured yet): " + ", ".join(f"{k} {n}" for k, n in
+                                                              modelled_groups(modelled).items()))
+        machines_seen = list(dict.fromkeys((r["cores"], r["memory_gb"]) for r in result["rows"]))
+        print("| build servers | " + " | ".join(f"{c} cores / {m:g} GB (min)" for c, m in machines_seen) + " |")
+        print("|---|" + "---|" * len(machines_seen))
+        for n in dict.fromkeys(r["servers"] for r in result["rows"]):
+            cells = [next(r for r in result["rows"] if r["servers"] == n and (r["cores"], r["memory_gb"]) == m)
+                     for m in machines_seen]
+            print(f"| {n} | " + " | ".join(f"{c['minutes']} ({c['slots']} slots)" for c in cells) + " |")
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        return 0
 
     if args.slice_defines:
         slices = load_slices()

@@ -136,6 +136,37 @@ def sparse_refusal_fragments(build=None) -> List[str]:
     return []
 
 
+# FA3's kernels for a V head dim different from the Q/K one, as upstream instantiates them
+# (hopper/instantiations/flash_fwd_hdim{64_256,64_512,192_128}_*_sm90.cu; no FP8 for the
+# 64 ones): (Q/K head dim, V head dim) -> dtypes. The build compiles a pair with its Q/K
+# head dim when 'hdimdiff' is among the FA3 features (cmake/KernelSelection.cmake);
+# tests/unit/test_gpu_expectations.py holds this table against that rule for every slice.
+HDIMDIFF_KERNELS = {(192, 128): ("bf16", "fp16", "e4m3"), (64, 256): SIXTEEN_BIT, (64, 512): SIXTEEN_BIT}
+
+
+def hdimdiff_unbuilt(head_dim: int, head_dim_v: int, dtype: str, build=None) -> Optional[Tuple[str, str]]:
+    """(why, what the refusal says) when this wheel's build info has no FA3 kernel for Q/K
+    ``head_dim`` with V ``head_dim_v`` in ``dtype``; None when it lists that kernel."""
+    comp = component(3, build)
+    if comp is None:
+        return "no build info", ""
+    if not comp.built:
+        return f"this wheel was built without FA3: {comp.reason}", ""
+    if dtype not in HDIMDIFF_KERNELS[(head_dim, head_dim_v)]:
+        return f"upstream has no {dtype} kernel for Q/K {head_dim} with V {head_dim_v}", "head size"
+    if dtype not in comp.dtypes:
+        return (f"the build info lists FA3 dtypes {', '.join(comp.dtypes)}, not {dtype}",
+                "no FA3 kernels for")
+    if head_dim not in comp.head_dims:
+        dims = ", ".join(str(d) for d in sorted(comp.head_dims))
+        return (f"the build info lists FA3 head dims {dims}: the {head_dim}/{head_dim_v} kernels "
+                f"come with head dim {head_dim}", "head size")
+    if "hdimdiff" not in comp.features:
+        return (f"the build info lists FA3 features {', '.join(comp.features) or 'none'}, "
+                "not 'hdimdiff'", "'hdimdiff'")
+    return None
+
+
 def has_feature(feature: str) -> bool:
     comp = component(3)
     return comp is not None and feature in comp.features
@@ -387,9 +418,12 @@ def _to_kernel(dtype: str, real: torch.Tensor, descale_row: Optional[torch.Tenso
 
 def make_problem(r: Rand, *, dtype: str, num_heads: int, num_heads_k: int, head_dim: int,
                  q_lens: Sequence[int], k_lens: Sequence[int], page_size: Optional[int] = None,
-                 descale_kind: str = "per_seq_head", q_scale: float = 1.0) -> Problem:
+                 descale_kind: str = "per_seq_head", q_scale: float = 1.0,
+                 head_dim_v: Optional[int] = None) -> Problem:
     """Packed K/V with cu_seqlens_k (page_size None) or a paged cache with a shuffled
-    block_table + seqused_k. K/V slots no sequence uses hold large finite garbage."""
+    block_table + seqused_k. K/V slots no sequence uses hold large finite garbage.
+    ``head_dim_v``: V's head dim where it differs from Q/K's (FA3's hdimdiff kernels)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     q_lens, k_lens = list(q_lens), list(k_lens)
     batch = len(q_lens)
     assert len(k_lens) == batch and all(1 <= q <= k for q, k in zip(q_lens, k_lens, strict=True))
@@ -410,7 +444,7 @@ def make_problem(r: Rand, *, dtype: str, num_heads: int, num_heads_k: int, head_
         t, ref = _to_kernel(dtype, r.activations(k_lens[b], num_heads_k, head_dim), row(1))
         ks.append(t)
         k_ref.append(ref)
-        t, ref = _to_kernel(dtype, r.activations(k_lens[b], num_heads_k, head_dim, bias=True), row(2))
+        t, ref = _to_kernel(dtype, r.activations(k_lens[b], num_heads_k, head_dim_v, bias=True), row(2))
         vs.append(t)
         v_ref.append(ref)
     torch_dtype = TORCH_DTYPES[dtype]
@@ -421,14 +455,14 @@ def make_problem(r: Rand, *, dtype: str, num_heads: int, num_heads_k: int, head_
     if page_size is None:
         pad = 16  # rows after the last sequence: inside k, outside every sequence
         k = torch.cat(ks + [garbage((pad, num_heads_k, head_dim), GARBAGE_K)])
-        v = torch.cat(vs + [garbage((pad, num_heads_k, head_dim), GARBAGE_V)])
+        v = torch.cat(vs + [garbage((pad, num_heads_k, head_dim_v), GARBAGE_V)])
         cu_k, seqused_k, block_table = cu_seqlens(k_lens), None, None
     else:
         blocks_per_seq = [math.ceil(n / page_size) for n in k_lens]
         max_blocks = max(blocks_per_seq) + 1  # one spare column, like a cache sized for more
         num_blocks = sum(blocks_per_seq) + 7  # spare blocks no sequence owns
         k = garbage((num_blocks, page_size, num_heads_k, head_dim), GARBAGE_K)
-        v = garbage((num_blocks, page_size, num_heads_k, head_dim), GARBAGE_V)
+        v = garbage((num_blocks, page_size, num_heads_k, head_dim_v), GARBAGE_V)
         perm = r.randperm(num_blocks).tolist()
         rows = []
         used = 0

@@ -1,0 +1,56 @@
+"""benchmarks/wheel_size.py: measured slice modules summed into the `full` wheel, gaps named."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+SPEC = importlib.util.spec_from_file_location("wheel_size", ROOT / "benchmarks/wheel_size.py")
+ws = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(ws)
+
+# The shape slice_h200.sh's test step writes (fa3-hd96-fa2-hd96-192, 2026-12-01).
+SIZES = """\
+-rwxr-xr-x 1 root root 12213576 Dec  1 09:18 /tmp/vfa-slice.x/build/_vendored_fa2_C.abi3.so
+-rwxr-xr-x 1 root root  6605488 Dec  1 09:20 /tmp/vfa-slice.x/build/_vendored_fa3_C.abi3.so
+-rw-r--r-- 1 root root 11745030 Dec  1 09:20 /tmp/vfa-slice.x/src/dist/vendored_flash_attn-0.1.0-cp310-abi3-linux_x86_64.whl
+vendored_flash_attn/_vendored_fa2_C.abi3.so 10975664 9059659
+vendored_flash_attn/_vendored_fa3_C.abi3.so 5812648 2614902
+"""
+
+
+def test_parse_sizes_reads_the_wheel_and_its_members():
+    parsed = ws.parse_sizes(SIZES)
+    assert parsed["wheel_bytes"] == 11745030
+    assert parsed["modules"]["_vendored_fa3_C"] == {"built": 6605488, "stored": 5812648, "zipped": 2614902}
+
+
+def test_projection_sums_measured_slices_and_names_the_rest(tmp_path):
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "slice.txt").write_text("a\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, "run a", table)
+    measured = json.loads(table.read_text())["slices"]
+    measured["b"] = {"wheel_bytes": 1_070_469, "modules": {"_vendored_fa3_C": {"built": 2_000_000}}, "run": "run b"}
+    slices = {"a": {"what": "A"}, "b": {"what": "B"}, "c": {"what": "C kernels"}}
+    result = ws.project(measured, slices)
+    package = 11745030 - 9059659 - 2614902
+    assert result["package_bytes"] == package
+    assert result["modules_zipped_bytes"] == 9059659 + 2614902 + (1_070_469 - package)
+    assert result["measured_wheel_bytes"] == result["modules_zipped_bytes"] + package
+    assert result["unmeasured"] == [{"slice": "c", "what": "C kernels"}] and not result["complete"]
+    assert result["rows"][0]["modules"]["_vendored_fa3_C"]["ratio"] == round(2614902 / 5812648, 3)
+
+
+def test_command_prints_the_gap(tmp_path, capsys):
+    out = tmp_path / "w.json"
+    assert ws.main(["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    if result["unmeasured"]:
+        assert "NOT measured yet" in text and all(g["slice"] in text for g in result["unmeasured"])
+    assert "Hopper-only" in text
