@@ -309,9 +309,10 @@ def long_context_bar(fp8_kernel: float, bf16_same_inputs: float) -> bool:
             and fp8_kernel <= LONG_CONTEXT_BAR["max_ratio_to_bf16"] * bf16_same_inputs)
 
 
-def long_context_inputs(dist: str, q_lens, k_lens, seed: int, model=LLAMA_8B, device="cuda"):
-    """FP8 inputs with unit descales in a paged cache (page 16, shuffled blocks), and the
-    same values packed per sequence for the reference. FP8 e4m3 values are exact in
+def long_context_inputs(dist: str, q_lens, k_lens, seed: int, model=LLAMA_8B, device="cuda",
+                        page: int = LONG_CONTEXT_PAGE):
+    """FP8 inputs with unit descales in a paged cache (page 16 unless given, shuffled blocks),
+    and the same values packed per sequence for the reference. FP8 e4m3 values are exact in
     bf16, so the bf16 run sees the very same numbers."""
     import torch
 
@@ -336,7 +337,6 @@ def long_context_inputs(dist: str, q_lens, k_lens, seed: int, model=LLAMA_8B, de
         raise ValueError(f"unknown value distribution {dist!r}")
     v8 = fp8(v)
     del v
-    page = LONG_CONTEXT_PAGE
     blocks = [math.ceil(n / page) for n in k_lens]
     perm = torch.randperm(sum(blocks), generator=g, device=device)
     # Filled through uint8 views: indexed writes are not implemented for float8 tensors.
@@ -386,9 +386,16 @@ def reference64(q, k, v, q_lens, k_lens, causal=True, chunk=512):
     return out
 
 
-def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAMA_8B.head_dim) -> dict:
-    """One long-context case: FA3 FP8 and FA3 bf16 on the same values vs float64 (Llama-3.1-8B's
-    heads; another head dim for a wheel without 128, such as a slice of `full`)."""
+# FA4 takes FP8 KV on sm90 with a bf16/fp16 q, from a paged cache whose page is the kernel's
+# tile_n (128 at head dim <= 128): fa4.check_call. Its q is the same FP8 values in bf16.
+FA4_FP8_PAGE = 128
+
+
+def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAMA_8B.head_dim,
+                      version: int = 3) -> dict:
+    """One long-context case: FP8 and bf16 kernels on the same values vs float64 (Llama-3.1-8B's
+    heads; another head dim for a wheel without 128, such as a slice of `full`). ``version`` 3:
+    FA3 with FP8 q, k and v (page 16); 4: FA4's FP8 KV path (bf16 q, page FA4_FP8_PAGE)."""
     import dataclasses
 
     import torch
@@ -396,16 +403,20 @@ def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAM
     from vendored_flash_attn import flash_attn_varlen_func
 
     q_lens, k_lens, causal = LONG_CONTEXT_SHAPES[shape]
-    x = long_context_inputs(dist, q_lens, k_lens, seed, model=dataclasses.replace(LLAMA_8B, head_dim=head_dim))
+    page = LONG_CONTEXT_PAGE if version == 3 else FA4_FP8_PAGE
+    x = long_context_inputs(dist, q_lens, k_lens, seed, model=dataclasses.replace(LLAMA_8B, head_dim=head_dim),
+                            page=page)
     kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=x["cu_seqlens_q"], max_seqlen_k=max(k_lens),
-              seqused_k=x["seqused_k"], block_table=x["block_table"], causal=causal, fa_version=3)
+              seqused_k=x["seqused_k"], block_table=x["block_table"], causal=causal, fa_version=version)
     ref = reference64(x["q"], x["k"], x["v"], q_lens, k_lens, causal=causal)
-    out8 = flash_attn_varlen_func(x["q"], x["k_cache"], x["v_cache"], q_descale=x["descale"],
-                                  k_descale=x["descale"], v_descale=x["descale"], **kw)
     bf16 = torch.bfloat16
+    q8 = x["q"] if version == 3 else x["q"].to(bf16)  # e4m3 values are exact in bf16
+    out8 = flash_attn_varlen_func(q8, x["k_cache"], x["v_cache"], q_descale=x["descale"],
+                                  k_descale=x["descale"], v_descale=x["descale"], **kw)
     out16 = flash_attn_varlen_func(x["q"].to(bf16), x["k_cache"].to(bf16), x["v_cache"].to(bf16), **kw)
     fp8_err, bf16_err = common.relative_l2(out8, ref), common.relative_l2(out16, ref)
-    row = {"shape": shape, "distribution": dist, "head_dim": head_dim, "q_lens": list(q_lens), "k_lens": list(k_lens),
+    row = {"shape": shape, "distribution": dist, "head_dim": head_dim, "fa_version": version,
+           "page_size": page, "q_lens": list(q_lens), "k_lens": list(k_lens),
            "causal": causal, "fp8_kernel": fp8_err, "bf16_same_inputs": bf16_err,
            "ratio_to_bf16": fp8_err / bf16_err if bf16_err > 0 else math.inf,
            "finite": bool(torch.isfinite(out8).all() and torch.isfinite(out16).all())}
@@ -419,9 +430,10 @@ def long_context(args) -> list[dict]:
     rows = []
     for shape in args.long_shapes:
         for i, dist in enumerate(args.v_distributions):
-            row = long_context_case(shape, dist, seed=args.seed + 31 * i, head_dim=args.long_head_dim)
+            row = long_context_case(shape, dist, seed=args.seed + 31 * i, head_dim=args.long_head_dim,
+                                    version=args.long_fa_version)
             rows.append(row)
-            print(f"[fp8] {shape:20s} {dist:16s} hd{args.long_head_dim} fp8 {row['fp8_kernel']:.2e} "
+            print(f"[fp8] FA{args.long_fa_version} {shape:20s} {dist:16s} hd{args.long_head_dim} fp8 {row['fp8_kernel']:.2e} "
                   f"bf16 {row['bf16_same_inputs']:.2e}", file=sys.stderr)
     return rows
 
@@ -500,6 +512,8 @@ def parse_args(argv=None):
                    help="value distributions of the long-context cases")
     p.add_argument("--long-head-dim", type=int, default=LLAMA_8B.head_dim,
                    help="head dim of the long-context cases (default 128; e.g. 96 for a wheel without 128)")
+    p.add_argument("--long-fa-version", type=int, choices=(3, 4), default=3,
+                   help="family of the long-context cases: 3 (FP8 q/k/v) or 4 (FA4's FP8 KV with a bf16 q, sm90)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timer", choices=("auto", "triton", "events"), default="auto")
     p.add_argument("--seed", type=int, default=0)

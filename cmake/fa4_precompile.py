@@ -40,7 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# The build uses this checkout's package (fa4_deps, fa4_cache, the adapter); `check-installed`
+# tests the installed wheel, so it must not put the checkout first.
+if sys.argv[1:2] != ["check-installed"]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from vendored_flash_attn import fa4_cache, fa4_deps  # noqa: E402  (standard library only)
 
 # Where the staged copy lives inside our package, and how its sources refer to themselves.

@@ -66,3 +66,86 @@ def test_fa4_refuses_what_it_cannot_do_before_any_kernel(rng):
                      q_lens=[5, 9], k_lens=[5, 9])
     expect_refused(lambda: run_attention(p, version=4, alibi_slopes=torch.ones(16, device="cuda")),
                    "fa_version=2")
+
+
+# --- FP8 KV (FA4's sm90 path: bf16 q, FP8 K/V in a paged cache, dequantized in the kernel) ---
+
+def _fp8_accuracy():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))  # its `import common`
+    spec = importlib.util.spec_from_file_location("vfa_bench_fp8_accuracy_fa4", bench / "fp8_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fp8_accuracy = _fp8_accuracy()
+
+
+@pytest.mark.parametrize("dist", fp8_accuracy.BAR_DISTRIBUTIONS)
+@pytest.mark.parametrize("shape", list(fp8_accuracy.LONG_CONTEXT_SHAPES))
+def test_fa4_fp8_kv_long_context_accuracy(shape, dist):
+    """The long-context FP8 cases of fp8_accuracy.py (non-zero-mean V up to 128k keys) on FA4's
+    FP8 KV path, against float64, held to FA3's bar: <= 0.5 % and <= 3x the bf16 kernel's
+    error on the same values."""
+    import zlib
+
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FA4's FP8 KV path (bf16 q with FP8 K/V) is sm90-only at the pin")
+    row = fp8_accuracy.long_context_case(shape, dist, seed=zlib.crc32(f"{shape}/{dist}".encode()) % 1000,
+                                         version=4)
+    assert row["finite"], row
+    fp8_err, bf16_err = row["fp8_kernel"], row["bf16_same_inputs"]
+    bar = fp8_accuracy.LONG_CONTEXT_BAR
+    assert fp8_err <= bar["max_rel_l2"], (
+        f"{shape} {dist}: FA4 FP8 KV relative L2 error {fp8_err:.3e} > {bar['max_rel_l2']:.0e} "
+        f"(bf16 on the same values: {bf16_err:.3e})")
+    assert fp8_err <= bar["max_ratio_to_bf16"] * bf16_err, (
+        f"{shape} {dist}: FA4 FP8 KV error {fp8_err:.3e} is more than {bar['max_ratio_to_bf16']}x the bf16 "
+        f"error {bf16_err:.3e} on the same values")
+
+
+# --- the wheel's precompiled kernels ---
+
+def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
+    """Every FA4 kernel the wheel precompiled for this Python and this GPU, called through
+    the public function on real data in a fresh process whose user cache starts empty:
+    nothing may compile (cmake/fa4_precompile.py check-installed). Skipped, with the build
+    record's words, for a wheel built without precompiled kernels for them."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from importlib import resources
+    from pathlib import Path
+
+    import torch
+
+    record = json.loads(resources.files("vendored_flash_attn._fa4").joinpath("build_info.json").read_text())
+    precompile = record.get("precompile", {})
+    major, minor = torch.cuda.get_device_capability()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shipped = [r for r in precompile.get("runs", [])
+               if r.get("arch") == f"sm_{major}{minor}a" and r.get("python") == python and r.get("kernels")]
+    if not shipped:
+        pytest.skip(f"this wheel ships no FA4 kernels for sm_{major}{minor}a and Python {python} "
+                    f"(precompile {precompile.get('state')}: {precompile.get('reason') or 'other Pythons/archs'})")
+    script = Path(__file__).resolve().parents[2] / "cmake" / "fa4_precompile.py"
+    env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(tmp_path / "user-cache")}
+    report = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, str(script), "check-installed", "--report", str(report)],
+                            env=env, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    checked = json.loads(report.read_text())
+    assert len(checked["calls"]) >= 1 and not checked["failed"]
+    out = os.environ.get("OUT")
+    if out:  # the device run brings the per-call figures back
+        Path(out, "fa4_check_installed.json").write_text(report.read_text())
