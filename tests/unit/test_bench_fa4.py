@@ -299,3 +299,8 @@ def test_import_time_arguments():
     assert import_time.parse_args([]).repeats >= 5
     with pytest.raises(SystemExit):
         import_time.parse_args(["--repeats", "0"])
+
+
+@pytest.mark.parametrize("module", [first_call, import_time], ids=["first_call", "import_time"])
+def test_child_scripts_compile(module):
+    compile(module.CHILD, f"<{module.__name__} child>", "exec")
