@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kernel benchmark: FA2, FA3 bf16, FA3 FP8 and torch SDPA on Llama-3.1-8B attention
+"""Kernel benchmark: FA2, FA3 bf16, FA3 FP8, FA4 bf16 and torch SDPA on Llama-3.1-8B attention
 shapes (32 query heads, 8 KV heads, head dim 128) and the project's seed workload.
 
 Seed workload: 2048-token prompts, 128 output tokens, 16384 batched tokens per step.
@@ -11,7 +11,9 @@ Seed workload: 2048-token prompts, 128 output tokens, 16384 batched tokens per s
 Plain varlen prefill: 8 x 2048 and 2 x 8192, causal and not (packed K/V, cu_seqlens_k).
 
 Rows: FA2 (fa_version=2), FA3 bf16 (fa_version=3), FA3 FP8 (q/k/v float8_e4m3fn with
-per-(sequence, KV head) descales), torch SDPA (bf16, varlen cases only: the batch is
+per-(sequence, KV head) descales), FA4 bf16 (fa_version=4: the CuTe DSL kernels; its first
+call per kernel compiles unless the wheel ships or the user cache holds it, so the first
+call is timed apart and never enters the median), torch SDPA (bf16, varlen cases only: the batch is
 padded to (b, h, s, d) - all sequences have equal length here, so no padding waste -
 and K/V are expanded to 32 heads outside the timed region; default backend choice).
 
@@ -19,7 +21,11 @@ Columns: median time; TFLOP/s (varlen: 4*b*s^2*h*d, halved for causal, as in
 docs/anchors.md; paged: exact (query, key) pairs) or GB/s (decode: K+V bytes read + q + out);
 % of the card's ceiling measured in the same run (bf16 8192^3 matmul; FP8 rows against
 the FP8 matmul ceiling when torch._scaled_mm works; decode rows against a device copy);
-time ratio FA2/row ("FA3/FA2" speed-up). The bars of issue 5 are checked at the end.
+time ratios FA2/row ("vs FA2") and FA3/row ("vs FA3", e.g. FA4's speed over FA3's). The bars
+of issue 5 are checked at the end, and whether FA4 is at least as fast as FA3 on every case
+(issue 17: that answer decides whether FA3 stays the default on Hopper).
+A family this machine cannot run (not built, FA4's dependencies missing, ...) gets no rows in
+the tables: a note says why it is absent (the JSON keeps its rows with the reason).
 
 Runs in < 3 minutes on an H200 unless FA2 needs the driver's PTX JIT (FA2 built as
 sm80 SASS + PTX on Hopper: 7 s or more per kernel variant on a cold JIT cache; see
@@ -44,8 +50,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from common import LLAMA_8B, PAGE_SIZE  # noqa: E402
 
-IMPLS = ("fa2", "fa3", "fa3_fp8", "sdpa")
-IMPL_LABEL = {"fa2": "FA2", "fa3": "FA3 bf16", "fa3_fp8": "FA3 FP8", "sdpa": "torch SDPA"}
+IMPLS = ("fa2", "fa3", "fa3_fp8", "fa4", "sdpa")
+IMPL_LABEL = {"fa2": "FA2", "fa3": "FA3 bf16", "fa3_fp8": "FA3 FP8", "fa4": "FA4 bf16", "sdpa": "torch SDPA"}
+# Family names in notes and ratio columns ("FA4 absent: ...", "FA4 vs FA3").
+IMPL_SHORT = {"fa2": "FA2", "fa3": "FA3", "fa3_fp8": "FA3 FP8", "fa4": "FA4", "sdpa": "SDPA"}
+# The fa_version= each FlashAttention row passes (SDPA has none).
+IMPL_VERSION = {"fa2": 2, "fa3": 3, "fa3_fp8": 3, "fa4": 4}
+# Order of the rows within one case: FA4 right after FA3 (same inputs, same GPU state), FA2
+# after them (its first call may wait for the driver's PTX JIT).
+RUN_ORDER = ("fa3", "fa4", "fa2", "fa3_fp8", "sdpa")
+# FA4's first call of a kernel compiles it (seconds) when no cache holds it.
+FIRST_CALL_NOTE_S = {"fa4": 1.0}
+FIRST_CALL_CAUSE = {"fa2": "PTX JIT?", "fa4": "CuTe DSL compile?"}
 
 BARS = {
     # case: (minimum FA3/FA2 speed-up, description)
@@ -79,7 +95,7 @@ class Case:
     description: str
     metric: str = "tflops"    # what % of ceiling is computed from: "tflops" or "gbs"
     flop_convention: str = "exact"
-    impls: tuple[str, ...] = ("fa2", "fa3", "fa3_fp8")
+    impls: tuple[str, ...] = ("fa2", "fa3", "fa3_fp8", "fa4")
 
     @property
     def num_seqs(self) -> int:
@@ -136,6 +152,7 @@ class Row:
     pct_ceiling: Optional[float] = None
     ceiling: str = ""
     speedup_vs_fa2: Optional[float] = None
+    speedup_vs_fa3: Optional[float] = None  # FA3 median / this row's median: > 1 = faster than FA3
     rel_l2_vs_fa3: Optional[float] = None
     input_sets: int = 1
     extra: dict = field(default_factory=dict)
@@ -247,7 +264,7 @@ def make_call(impl: str, inp: Inputs):
         return fn, lambda o: o.transpose(1, 2).reshape(b * s, inp.model.heads_q, inp.model.head_dim)
     from vendored_flash_attn import flash_attn_varlen_func
 
-    version = 2 if impl == "fa2" else 3
+    version = IMPL_VERSION[impl]
     kwargs = dict(max_seqlen_q=inp.max_seqlen_q, cu_seqlens_q=inp.cu_seqlens_q,
                   max_seqlen_k=inp.max_seqlen_k, cu_seqlens_k=inp.cu_seqlens_k,
                   seqused_k=inp.seqused_k, block_table=inp.block_table, causal=c.causal,
@@ -267,8 +284,11 @@ def availability(impl: str) -> Optional[str]:
         return None
     import vendored_flash_attn as vfa
 
-    version = 2 if impl == "fa2" else 3
-    reason = vfa.fa_version_unsupported_reason(version)
+    version = IMPL_VERSION[impl]
+    try:
+        reason = vfa.fa_version_unsupported_reason(version)
+    except Exception as exc:  # noqa: BLE001 - an older wheel without this family, a broken install
+        return f"unavailable: fa_version_unsupported_reason({version}) failed: {type(exc).__name__}: {exc}"
     if reason is not None:
         return ("not built" if "built without" in reason or "build_info" in reason else "unavailable") + \
             f": {reason}"
@@ -276,7 +296,103 @@ def availability(impl: str) -> Optional[str]:
         info = vfa.load_build_info()
         if "e4m3" not in info.fa3.dtypes:
             return "not built: this wheel's FA3 has no e4m3 kernels"
+    if impl == "fa4":
+        # Import cutlass and FA4's sources now (seconds), so that a broken install is one
+        # clear reason instead of an error per row, and the first call of the first FA4 row
+        # times its kernel (shipped, cached or compiled), not the import.
+        try:
+            from vendored_flash_attn import fa4
+
+            fa4.load()
+        except Exception as exc:  # noqa: BLE001
+            return f"unavailable: FA4 failed to load: {type(exc).__name__}: {exc}".splitlines()[0][:400]
     return None
+
+
+def fa4_user_cache_kernels() -> Optional[int]:
+    """How many kernels (.o) FA4's user cache holds now: a first call that adds one compiled."""
+    try:
+        from vendored_flash_attn import fa4_cache
+
+        root = fa4_cache.user_cache_root()
+    except Exception:  # noqa: BLE001
+        return None
+    return sum(1 for _ in root.rglob("*.o")) if root.is_dir() else 0
+
+
+def plan_visits(cases: list[Case], impls: list[str]) -> list[list[tuple[str, str]]]:
+    """The (case, impl) rows in execution order, grouped by case so that each visit builds
+    its inputs once: the bar cases first, then the others in declaration order; within a
+    case RUN_ORDER (FA4 right after FA3 on the same inputs); FA2 rows of non-bar cases last
+    (the driver's PTX JIT may hold them up)."""
+    keys = [(c.name, impl) for c in cases for impl in impls if impl in c.impls]
+    names = [c.name for c in cases]
+    order = sorted(keys, key=lambda key: (key[0] not in BARS, key[1] == "fa2" and key[0] not in BARS,
+                                          names.index(key[0]), RUN_ORDER.index(key[1])))
+    visits: list[list[tuple[str, str]]] = []
+    for key in order:
+        if visits and visits[-1][0][0] == key[0]:
+            visits[-1].append(key)
+        else:
+            visits.append([key])
+    return visits
+
+
+def speed_ratios(rows: dict, cases: list[Case], impls: list[str]) -> None:
+    """Fill ``speedup_vs_fa2`` / ``speedup_vs_fa3``: the reference's median over the row's
+    (> 1: the row is faster), on the same case of the same run."""
+    for c in cases:
+        fa2, fa3 = rows.get((c.name, "fa2")), rows.get((c.name, "fa3"))
+        for impl in impls:
+            row = rows.get((c.name, impl))
+            if row is None or not row.median_ms:
+                continue
+            if fa2 is not None and impl != "fa2" and fa2.median_ms:
+                row.speedup_vs_fa2 = fa2.median_ms / row.median_ms
+            if fa3 is not None and impl != "fa3" and fa3.median_ms:
+                row.speedup_vs_fa3 = fa3.median_ms / row.median_ms
+
+
+def fa4_versus_fa3(rows: list[dict], case_names: list[str], all_case_names: list[str]) -> dict:
+    """Is FA4 at least as fast as FA3 (median time) on every case of the benchmark?
+
+    ``answer``: "yes" only when every case of the benchmark (``all_case_names``) ran both
+    and FA4's median is <= FA3's on each; "no" when one case that ran both has FA4 slower
+    (a single slower case decides it, complete run or not); "undecided" otherwise (FA4 or
+    FA3 absent, failed or skipped somewhere, or the run left cases out), with why.
+    """
+    by_key = {(r["case"], r["impl"]): r for r in rows}
+    ratios: dict[str, Optional[float]] = {}
+    missing: dict[str, str] = {}
+    for name in case_names:
+        fa3, fa4 = by_key.get((name, "fa3")), by_key.get((name, "fa4"))
+        problem = None
+        for label, r in (("FA3", fa3), ("FA4", fa4)):
+            if problem is None and (r is None or r.get("status") != "ok" or not r.get("median_ms")):
+                status = "not run" if r is None else r.get("status", "?")
+                note = f" ({r['note']})" if r is not None and r.get("note") else ""
+                problem = f"{label} {status}{note}"
+        if problem is not None:
+            ratios[name] = None
+            missing[name] = problem
+        else:
+            ratios[name] = fa3["median_ms"] / fa4["median_ms"]
+    not_run = [n for n in all_case_names if n not in case_names]
+    slower = {n: r for n, r in ratios.items() if r is not None and r < 1.0}
+    measured = [r for r in ratios.values() if r is not None]
+    if slower:
+        answer, why = "no", "FA4 slower on " + ", ".join(f"{n} ({r:.3f}x)" for n, r in slower.items())
+    elif missing or not_run or not measured:
+        parts = [f"{n}: {p}" for n, p in missing.items()]
+        if not_run:
+            parts.append("cases not in this run: " + ", ".join(not_run))
+        answer, why = "undecided", "; ".join(parts) or "no case ran"
+    else:
+        answer, why = "yes", f"FA4 >= FA3 on all {len(measured)} cases (lowest {min(measured):.3f}x)"
+    return {"question": "FA4 >= FA3 on every case", "answer": answer, "why": why,
+            "ratio": "FA3 median time / FA4 median time (> 1: FA4 faster)",
+            "ratios": ratios, "lowest": min(measured) if measured else None, "missing": missing,
+            "cases_not_run": not_run}
 
 
 # --------------------------------------------------------------------------------------
@@ -298,7 +414,14 @@ def run(args) -> dict:
 
     cases = [c for c in all_cases() if common.matches_filter(c.name, args.cases)]
     impls = [i for i in IMPLS if i in args.impls]
-    unavailable = {i: availability(i) for i in impls}
+    unavailable: dict[str, Optional[str]] = {}
+    availability_s: dict[str, float] = {}
+    for impl in impls:  # FA4's includes importing cutlass and its sources (seconds)
+        t_impl = time.perf_counter()
+        unavailable[impl] = availability(impl)
+        availability_s[impl] = time.perf_counter() - t_impl
+        if unavailable[impl]:
+            print(f"[kernels] {IMPL_LABEL[impl]} absent: {unavailable[impl]}", file=sys.stderr)
     reps = 10 if args.quick else args.reps
     warmup = 3 if args.quick else 10
     l2 = common.l2_bytes()
@@ -309,18 +432,7 @@ def run(args) -> dict:
         for impl in impls:
             if impl in c.impls:
                 rows[(c.name, impl)] = Row(c.name, impl, flops=c.flops(), bytes=c.bytes_moved(impl))
-    # Execution order: the bar cases first (FA3 then FA2), then FA3/FP8/SDPA rows, FA2 last
-    # (its first call may wait for the driver's PTX JIT).
-    order = sorted(rows, key=lambda key: (key[0] not in BARS, key[1] == "fa2" and key[0] not in BARS,
-                                          [c.name for c in cases].index(key[0]),
-                                          ("fa3", "fa2", "fa3_fp8", "sdpa").index(key[1])))
-    # Group consecutive keys of one case so its inputs are built once per visit.
-    visits: list[list[tuple[str, str]]] = []
-    for key in order:
-        if visits and visits[-1][0][0] == key[0]:
-            visits[-1].append(key)
-        else:
-            visits.append([key])
+    visits = plan_visits(cases, impls)
     case_by_name = {c.name: c for c in cases}
     reference: dict[str, object] = {}
     for visit in visits:
@@ -356,7 +468,13 @@ def run(args) -> dict:
                 def first():
                     nonlocal out
                     out = fn()
+                kernels_before = fa4_user_cache_kernels() if impl == "fa4" else None
                 row.first_call_s = common.time_first_call(first)
+                if kernels_before is not None:
+                    after = fa4_user_cache_kernels()
+                    # > 0: the first call compiled (neither shipped nor in the user cache).
+                    row.extra["fa4_user_cache_new_kernels"] = (None if after is None
+                                                               else after - kernels_before)
                 if impl == "fa3":
                     reference[case.name] = out
                 elif case.name in reference:
@@ -381,8 +499,9 @@ def run(args) -> dict:
                 else:
                     row.pct_ceiling = 100.0 * row.tflops / ceilings["bf16_matmul_tflops"]
                     row.ceiling = "bf16 mm"
-                if row.first_call_s > 5:
-                    row.note = f"first call {row.first_call_s:.1f} s (PTX JIT?)"
+                if row.first_call_s > FIRST_CALL_NOTE_S.get(impl, 5.0):
+                    cause = FIRST_CALL_CAUSE.get(impl, "lazy loading?")
+                    row.note = f"first call {row.first_call_s:.1f} s ({cause})"
                 print(f"[kernels] {case.name:20s} {IMPL_LABEL[impl]:10s} {t.median_ms * 1e3:9.1f} us "
                       f"{row.tflops:7.1f} TFLOP/s {row.gbs:8.1f} GB/s  first {row.first_call_s:.3f} s",
                       file=sys.stderr)
@@ -398,12 +517,7 @@ def run(args) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
 
-    for c in cases:
-        fa2 = rows.get((c.name, "fa2"))
-        for impl in impls:
-            row = rows.get((c.name, impl))
-            if row and fa2 and impl != "fa2" and row.median_ms and fa2.median_ms:
-                row.speedup_vs_fa2 = fa2.median_ms / row.median_ms
+    speed_ratios(rows, cases, impls)
     bars = []
     for name, (threshold, text) in BARS.items():
         row = rows.get((name, "fa3"))
@@ -425,9 +539,13 @@ def run(args) -> dict:
                    "flop_convention": c.flop_convention} for c in cases],
         "rows": [rows[k].__dict__ for k in rows],
         "bars": bars,
+        # Families this machine cannot run: no rows in the tables, this reason instead.
+        "absent": {impl: reason for impl, reason in unavailable.items() if reason},
+        "fa4_vs_fa3": fa4_versus_fa3([rows[k].__dict__ for k in rows], [c.name for c in cases],
+                                     [c.name for c in all_cases()]),
         "settings": {"quick": args.quick, "reps": reps, "warmup": warmup, "timer": args.timer,
                      "triton_available": common.triton_available(), "budget_s": args.budget_s,
-                     "l2_bytes": l2},
+                     "l2_bytes": l2, "availability_s": availability_s},
         "elapsed_s": time.perf_counter() - t_start,
         "notes": [
             "TFLOP/s: varlen rows use 4*b*s^2*h*d (halved for causal, the convention of docs/anchors.md); "
@@ -455,17 +573,18 @@ def plot(result: dict, path: Path) -> Optional[Path]:
     compute = [c["name"] for c in cases if c["metric"] == "tflops"]
     memory = [c["name"] for c in cases if c["metric"] == "gbs"]
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [max(1, len(compute)), max(1, len(memory))]})
-    colors = {"fa2": "#9e9e9e", "fa3": "#1f77b4", "fa3_fp8": "#ff7f0e", "sdpa": "#2ca02c"}
+    colors = {"fa2": "#9e9e9e", "fa3": "#1f77b4", "fa3_fp8": "#ff7f0e", "fa4": "#9467bd", "sdpa": "#2ca02c"}
+    shown = [impl for impl in IMPLS if any(r["impl"] == impl for r in rows)]
     for ax, names, key, unit, ceiling in (
             (axes[0], compute, "tflops", "TFLOP/s", result["ceilings"]["bf16_matmul_tflops"]),
             (axes[1], memory, "gbs", "GB/s", result["ceilings"]["copy_gbs"])):
-        width = 0.2
-        for j, impl in enumerate(IMPLS):
+        width = 0.8 / max(1, len(shown))
+        for j, impl in enumerate(shown):
             xs, ys = [], []
             for i, name in enumerate(names):
                 r = next((r for r in rows if r["case"] == name and r["impl"] == impl), None)
                 if r:
-                    xs.append(i + (j - 1.5) * width)
+                    xs.append(i + (j - (len(shown) - 1) / 2) * width)
                     ys.append(r[key])
             if xs:
                 ax.bar(xs, ys, width, label=IMPL_LABEL[impl], color=colors[impl])
@@ -486,12 +605,54 @@ def plot(result: dict, path: Path) -> Optional[Path]:
     return path
 
 
+def absent_notes(result: dict) -> list[str]:
+    """One line per family that has no rows in the tables, with why."""
+    return [f"{IMPL_SHORT[impl]} absent: {reason}" for impl, reason in (result.get("absent") or {}).items()]
+
+
+def fa4_verdict_line(result: dict) -> str:
+    v = result.get("fa4_vs_fa3") or {}
+    return f"FA4 >= FA3 on every case: {v.get('answer', 'undecided')} ({v.get('why', 'not computed')})"
+
+
+def side_by_side(result: dict) -> tuple[list[str], list[list[str]]]:
+    """Columns per family beside each other, one line per case: median us of every family
+    with a result in this run, then FA4 / FA3 and SDPA / FA3 speed ratios. A family absent
+    from the machine gets no column (absent_notes says why)."""
+    absent = result.get("absent") or {}
+    rows = result["rows"]
+    by_key = {(r["case"], r["impl"]): r for r in rows}
+    impls = [i for i in IMPLS if i not in absent and any(r["impl"] == i for r in rows)]
+    ratio_of = [i for i in ("fa4", "sdpa", "fa3_fp8") if i in impls and "fa3" in impls]
+    columns = ["case"] + [f"{IMPL_LABEL[i]} us" for i in impls] + [f"{IMPL_SHORT[i]} vs FA3" for i in ratio_of]
+    table = []
+    for c in result["cases"]:
+        line = [c["name"]]
+        for impl in impls:
+            r = by_key.get((c["name"], impl))
+            if r is None:
+                line.append("")
+            elif r["status"] == "ok":
+                line.append(common.fmt(r["median_ms"] * 1e3, 1))
+            else:
+                line.append(r["status"])
+        for impl in ratio_of:
+            r = by_key.get((c["name"], impl))
+            line.append(common.fmt(r.get("speedup_vs_fa3") if r else None, 3, "x"))
+        table.append(line)
+    return columns, table
+
+
 def print_results(result: dict, plain: bool = False) -> None:
-    columns = ["case", "impl", "median us", "TFLOP/s", "GB/s", "% ceil", "vs FA2", "anchor", "status"]
+    absent = result.get("absent") or {}
+    columns = ["case", "impl", "median us", "TFLOP/s", "GB/s", "% ceil", "vs FA2", "vs FA3", "1st call s",
+               "anchor", "status"]
     table = []
     case_names = [c["name"] for c in result["cases"]]
     for name in case_names:
         for impl in IMPLS:
+            if impl in absent:
+                continue  # a note below says why
             r = next((r for r in result["rows"] if r["case"] == name and r["impl"] == impl), None)
             if r is None:
                 continue
@@ -506,14 +667,23 @@ def print_results(result: dict, plain: bool = False) -> None:
                           common.fmt(r["gbs"] if ok else None, 0),
                           pct,
                           common.fmt(r["speedup_vs_fa2"], 2, "x"),
+                          common.fmt(r.get("speedup_vs_fa3"), 3, "x"),
+                          common.fmt(r.get("first_call_s"), 3),
                           ANCHORS.get((name, impl), ""), status])
     ce = result["ceilings"]
     notes = [f"ceilings (this run): bf16 matmul {ce['bf16_matmul_tflops']:.0f} TFLOP/s, fp8 matmul "
-             f"{common.fmt(ce.get('fp8_matmul_tflops'), 0)} TFLOP/s, device copy {ce['copy_gbs']:.0f} GB/s"]
+             f"{common.fmt(ce.get('fp8_matmul_tflops'), 0)} TFLOP/s, device copy {ce['copy_gbs']:.0f} GB/s",
+             "vs FA2 / vs FA3: that family's median time over the row's (> 1: the row is faster); "
+             "1st call: the row's first call, timed apart (FA4: a compile unless shipped or cached)"]
+    notes += absent_notes(result)
     for bar in result["bars"]:
         notes.append(f"BAR {bar['verdict']}: {bar['bar']}: measured {common.fmt(bar['value'], 2, 'x')}")
+    notes.append(fa4_verdict_line(result))
     notes.append(f"elapsed {result['elapsed_s']:.0f} s; timing: {result['settings']['timer']}")
     common.print_table("Kernels (median of repeats)", columns, table, notes, plain=plain)
+    columns, table = side_by_side(result)
+    common.print_table("Side by side, median us (same run, same inputs)", columns, table,
+                       absent_notes(result) + [fa4_verdict_line(result)], plain=plain)
 
 
 def parse_args(argv=None):
@@ -528,16 +698,29 @@ def parse_args(argv=None):
     p.add_argument("--impls", nargs="*", default=list(IMPLS), choices=IMPLS, help="rows to run")
     p.add_argument("--timer", choices=("auto", "triton", "events"), default="auto",
                    help="auto: triton.testing.do_bench (median, L2 flushed) when importable, else CUDA events")
-    p.add_argument("--budget-s", type=float, default=170.0,
-                   help="stop starting new rows after this many seconds (default 170)")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="stop starting new rows after this many seconds (default 300: FA4's first calls "
+                        "may compile, seconds per kernel)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the rows in execution order and exit (no GPU, no torch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing rows")
     return p.parse_args(argv)
 
 
+def print_plan(args) -> None:
+    cases = [c for c in all_cases() if common.matches_filter(c.name, args.cases)]
+    impls = [i for i in IMPLS if i in args.impls]
+    for visit in plan_visits(cases, impls):
+        print(f"{visit[0][0]}: " + ", ".join(IMPL_LABEL[impl] for _, impl in visit))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        print_plan(args)
+        return 0
     # FA2 built as sm80 + PTX is JIT-compiled by the driver on Hopper; a large JIT cache keeps
     # those results for the next run (the driver's default is 256 MiB).
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", str(4 * 2**30))

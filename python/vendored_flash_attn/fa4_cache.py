@@ -9,6 +9,8 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   (``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, upstream's knob, else
   ``$XDG_CACHE_HOME/vendored-flash-attn/fa4``, else ``~/.cache/vendored-flash-attn/fa4``);
   a kernel compiled at run time is exported to the user cache only.
+  ``VFA_FA4_SHIPPED_KERNELS=off`` ignores the shipped kernels (the user cache alone serves:
+  how ``benchmarks/first_call.py`` measures a JIT compile against a wheel that ships kernels).
 * **Read-only install.** Upstream's loader opens ``<hash>.lock`` with ``O_CREAT`` even to
   read, which fails on a read-only site-packages. Shipped kernels are immutable files, so
   they are loaded without any lock or write; locks are taken in the user cache only.
@@ -36,6 +38,10 @@ from pathlib import Path
 # interface attribute whose ``compile_cache`` they are (interface.py at the pin).
 FORWARD_CACHES = {"_flash_attn_fwd": "fwd", "_flash_attn_fwd_combine": "fwd_combine"}
 SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
+# "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
+# or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
+SHIPPED_KERNELS_ENV = "VFA_FA4_SHIPPED_KERNELS"
+_OFF = ("off", "0", "false", "no")
 
 
 def flavour_name(cuda_version) -> str:
@@ -60,6 +66,11 @@ def user_cache_root(environ=None) -> Path:
         return Path(environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"])
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "vendored-flash-attn" / "fa4"
+
+
+def shipped_kernels_disabled(environ=None) -> bool:
+    environ = os.environ if environ is None else environ
+    return environ.get(SHIPPED_KERNELS_ENV, "").strip().lower() in _OFF
 
 
 def shipped_root() -> Path | None:
@@ -137,6 +148,7 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
 
     Returns where each kind looks (for ``info`` and tests). ``shipped`` / ``user`` override
     the roots (tests); ``load_module`` the loader (default: upstream's through cute.runtime).
+    ``VFA_FA4_SHIPPED_KERNELS=off`` leaves the shipped level out, override or not.
     """
     if load_module is None:
         import cutlass.cute as cute
@@ -147,10 +159,14 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
 
     flavour = dsl_flavour(cutlass_module)
     fingerprint = cache_utils._compute_source_fingerprint()
-    shipped = shipped_root() if shipped is None else shipped
+    shipped_off = shipped_kernels_disabled()
+    if shipped_off:
+        shipped = None
+    elif shipped is None:
+        shipped = shipped_root()
     user = user_cache_root() if user is None else user
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
-    layout = {"flavour": flavour, "fingerprint": fingerprint, "kinds": {}}
+    layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off, "kinds": {}}
     for attribute, kind in FORWARD_CACHES.items():
         function = getattr(interface, attribute, None)
         if function is None:

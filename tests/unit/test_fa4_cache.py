@@ -155,3 +155,25 @@ def test_install_replaces_the_forward_caches_with_flavour_and_fingerprint_in_the
     assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent),
                                        "user": str(tmp_path / "user/cu12.9" / FINGERPRINT / "fwd")}}
     assert KEY in fwd.compile_cache and fwd.compile_cache[KEY] == ("shipped", obj)
+
+
+@pytest.mark.parametrize("value", ["off", "0", "OFF "])
+def test_shipped_kernels_off_leaves_the_user_cache_alone_to_serve(tmp_path, monkeypatch, value):
+    # benchmarks/first_call.py's "jit" state: a wheel that ships the kernel must compile it.
+    def fwd():
+        pass
+
+    interface = types.SimpleNamespace(_flash_attn_fwd=fwd)
+    cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
+                                        _compute_source_fingerprint=lambda: FINGERPRINT)
+    cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
+    _ship(tmp_path / "site", "cu12.9")
+    monkeypatch.setenv(fa4_cache.SHIPPED_KERNELS_ENV, value)
+    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
+                               shipped=tmp_path / "site", user=tmp_path / "user")
+    assert layout["shipped_off"] is True and layout["kinds"]["fwd"]["shipped"] is None
+    assert KEY not in fwd.compile_cache
+    monkeypatch.setenv(fa4_cache.SHIPPED_KERNELS_ENV, "on")
+    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
+                               shipped=tmp_path / "site", user=tmp_path / "user")
+    assert layout["shipped_off"] is False and KEY in fwd.compile_cache
