@@ -41,7 +41,6 @@ SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
 # "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
 # or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
 SHIPPED_KERNELS_ENV = "VFA_FA4_SHIPPED_KERNELS"
-_OFF = ("off", "0", "false", "no")
 
 
 def flavour_name(cuda_version) -> str:
@@ -69,8 +68,16 @@ def user_cache_root(environ=None) -> Path:
 
 
 def shipped_kernels_disabled(environ=None) -> bool:
+    """``VFA_FA4_SHIPPED_KERNELS`` in the bool words every knob takes (cmake/knobs.json); any
+    other value keeps the shipped kernels, with one warning naming the valid words."""
+    from .declaration import BOOL_OFF, BOOL_ON, BOOL_WORDS_TEXT
+
     environ = os.environ if environ is None else environ
-    return environ.get(SHIPPED_KERNELS_ENV, "").strip().lower() in _OFF
+    value = environ.get(SHIPPED_KERNELS_ENV, "").strip().lower()
+    if value not in ("", *BOOL_ON, *BOOL_OFF):
+        warnings.warn(f"{SHIPPED_KERNELS_ENV}={value!r} is not a valid value; the shipped FA4 kernels stay in "
+                      f"use. Valid values: {BOOL_WORDS_TEXT}.", RuntimeWarning, stacklevel=2)
+    return value in BOOL_OFF
 
 
 def shipped_root() -> Path | None:

@@ -177,3 +177,14 @@ def test_shipped_kernels_off_leaves_the_user_cache_alone_to_serve(tmp_path, monk
     layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
                                shipped=tmp_path / "site", user=tmp_path / "user")
     assert layout["shipped_off"] is False and KEY in fwd.compile_cache
+
+
+def test_a_typo_in_the_shipped_kernels_switch_warns_and_keeps_them():
+    from vendored_flash_attn import fa4_cache
+
+    for word in ("off", "OFF", "0", "false", "no"):
+        assert fa4_cache.shipped_kernels_disabled({"VFA_FA4_SHIPPED_KERNELS": word})
+    for word in ("", "on", "1", "yes"):
+        assert not fa4_cache.shipped_kernels_disabled({"VFA_FA4_SHIPPED_KERNELS": word})
+    with pytest.warns(RuntimeWarning, match="'of' is not a valid value.*Valid values"):
+        assert not fa4_cache.shipped_kernels_disabled({"VFA_FA4_SHIPPED_KERNELS": "of"})
