@@ -37,10 +37,13 @@ from . import fa4_cache, fa4_deps
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .families import registry
+from .validation import check_varlen_call, window_tuple
 
 SUBPACKAGE = "vendored_flash_attn._fa4.cute"
-# GPU generations (compute capability major) FA4 runs on: its family declaration (cmake/knobs.json).
-GENERATIONS = registry().by_name("fa4").generations
+# FA4's family declaration (cmake/knobs.json): its dtypes, features and call rules, which
+# the shared checks read, and the GPU generations (compute capability major) it runs on.
+FAMILY = registry().by_name("fa4")
+GENERATIONS = FAMILY.generations
 _E4M3 = torch.float8_e4m3fn
 
 
@@ -106,38 +109,23 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
                block_table, scheduler_metadata, num_splits, s_aux, cp_world_size, cp_rank,
                cp_tot_seqused_k) -> bool:
     """Refuse what FA4 cannot run on ``arch``; True when the call is FP8 KV with a 16-bit q
-    (upstream's ``fp8_kv_dequant``). Shape checks beyond these are upstream's own."""
+    (upstream's ``fp8_kv_dequant``). What every family refuses (shapes, dtypes, index
+    tensors, out=, and the arguments of features FA4 does not declare: ALiBi, q_v,
+    scheduler_metadata, context parallelism) the shared checks
+    (validation.check_varlen_call) refused before; upstream asserts the rest."""
+    del cu_seqlens_k, seqused_k, q_v, dropout_p, alibi_slopes, scheduler_metadata, s_aux
+    del cp_world_size, cp_rank, cp_tot_seqused_k
     generation = GENERATIONS.get(arch // 10)
     if generation is None:
         _refuse(f"FA4 runs on sm90 (Hopper) and sm100/sm120 (Blackwell) in this package; this GPU is "
                 f"sm{arch}: use FA2 (fa_version=2)")
-    if float(dropout_p) != 0.0:
-        _refuse(f"dropout_p must be 0.0: FA4 is used forward-only here (got {dropout_p})")
-    if alibi_slopes is not None:
-        _refuse("ALiBi (alibi_slopes) needs FA2 (fa_version=2); FA4 has no ALiBi")
-    if q_v is not None:
-        _refuse("q_v needs FA3 (fa_version=3); FA4 takes q_v only in its sm100 MLA kernel")
-    if scheduler_metadata is not None:
-        _refuse("scheduler_metadata is FA3's (get_scheduler_metadata); FA4 schedules itself: pass None, "
-                "or use FA3 (fa_version=3)")
-    if cp_world_size != 1 or cp_rank != 0 or cp_tot_seqused_k is not None:
-        _refuse("context parallelism (cp_world_size, cp_rank, cp_tot_seqused_k) needs FA3 (fa_version=3)")
     if block_table is not None:
-        if cu_seqlens_k is not None:
-            _refuse("block_table (a paged KV cache) takes seqused_k, not cu_seqlens_k: pass cu_seqlens_k=None")
-        if seqused_k is None:
-            _refuse("block_table needs seqused_k (the KV length of each sequence)")
-        if block_table.dtype != torch.int32:
-            raise FlashAttnTypeError(f"block_table must be int32, got {block_table.dtype}")
         if generation == "sm120":
             _refuse("a paged KV cache (block_table) on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel "
                     "has no paged KV at the pin")
     if generation == "sm120" and num_splits > 1:
         _refuse(f"num_splits={num_splits} on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel has no "
                 "split-KV at the pin")
-    if s_aux is not None and (s_aux.dtype != torch.bfloat16 or tuple(s_aux.shape) != (q.shape[-2],)):
-        raise FlashAttnTypeError(f"s_aux (attention sinks) must be bfloat16 of shape ({q.shape[-2]},), "
-                                 f"one per q head; got {s_aux.dtype} {tuple(s_aux.shape)}")
     kv_fp8 = k.dtype == _E4M3 or v.dtype == _E4M3
     if q.dtype == _E4M3:
         if generation == "sm90":
@@ -173,8 +161,17 @@ def flash_attn_varlen_func(
 ):
     """vLLM's ``flash_attn_varlen_func`` on FA4 (the family refactor routes ``fa_version=4``
     here). Returns ``out``, or ``(out, softmax_lse)`` with ``return_softmax_lse=True``;
-    LSE is (num_heads, total_q), float32, as FA3's."""
+    LSE is (num_heads, total_q), float32, as FA3's. The call passes the checks every family's
+    call passes (validation.check_varlen_call, against FA4's declaration) before FA4's own."""
     del deterministic, return_attn_probs  # forward only
+    check_varlen_call(
+        FAMILY, None, current_environment().device_type, q=q, k=k, v=v, max_seqlen_q=max_seqlen_q,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, causal=causal, window=window_tuple(window_size),
+        softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table, out=out,
+        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
+        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
     return run(
         device_arch(q), q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
         seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import declaration
 
 EXTENSION, CUTE_DSL = "extension", "cute_dsl"
 MADE = (EXTENSION, CUTE_DSL)
 BUILD_INFO_RECORD = "build_info.json:"  # record in the main build info, under this family's key
+
+
+KV_LAYOUTS = ("packed", "paged", "batched")
 
 
 class FamilyDeclarationError(ValueError):
@@ -33,6 +36,23 @@ class FamilyDeclarationError(ValueError):
 def _capability(text: str) -> tuple[int, int]:
     major, _, minor = str(text).partition(".")
     return int(major), int(minor or 0)
+
+
+@dataclass(frozen=True)
+class CallRules:
+    """What a family's kernels take, beyond its dtypes and features (the declaration's
+    ``call``): the shared checks (validation.py) read these instead of a version number.
+    None / the defaults: no limit."""
+
+    kv_layouts: tuple[str, ...] = KV_LAYOUTS
+    page_size_multiple: int = 1
+    max_num_splits: Optional[int] = None
+    sinks_max_q_heads: Optional[int] = None
+    sinks_same_head_sizes: bool = False
+
+
+_CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max_q_heads",
+                "sinks_same_head_sizes"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,8 @@ class Family:
     fallback: Optional[str]
     adapter: str
     record: str
+    call: CallRules = CallRules()
+    head_size_rule: Optional[str] = None
     artefacts: tuple[str, ...] = ()
     head_dims_knob: Optional[str] = None
     dtypes_knob: Optional[str] = None
@@ -117,11 +139,15 @@ class Family:
     def adapter_function(self) -> Callable:
         return self.resolve(self.adapter)
 
+    def head_size_function(self) -> Optional[Callable]:
+        """Its head-size rule (kernels.py), None when its adapter checks head sizes itself."""
+        return self.resolve(self.head_size_rule) if self.head_size_rule else None
+
 
 _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
-           "install"}
+           "install", "head_size_rule", "call"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
 _REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op"},
@@ -143,8 +169,14 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
                  entry.get("features_knob")):
         if knob is not None and knob not in knobs:
             raise FamilyDeclarationError(f"{where}: {knob} is not a knob of cmake/knobs.json")
-    if ":" not in entry["adapter"]:
-        raise FamilyDeclarationError(f"{where}: adapter must be module:function")
+    for reference in ("adapter", "head_size_rule"):
+        if entry.get(reference) is not None and ":" not in entry[reference]:
+            raise FamilyDeclarationError(f"{where}: {reference} must be module:function")
+    call = entry.get("call", {})
+    if not isinstance(call, dict) or call.keys() - _CALL_FIELDS:
+        raise FamilyDeclarationError(f"{where}: call must be an object of {sorted(_CALL_FIELDS)}")
+    if set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
+        raise FamilyDeclarationError(f"{where}: call.kv_layouts must be of {', '.join(KV_LAYOUTS)}")
     default_on = entry["default_on"]
     caps = entry["capabilities"]
     return Family(
@@ -155,6 +187,8 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         default_on=None if default_on == "all" else tuple(int(m) for m in default_on),
         not_default={int(k): str(v) for k, v in entry.get("not_default", {}).items()},
         fallback=entry["fallback"], adapter=entry["adapter"], record=entry["record"],
+        call=CallRules(**{k: tuple(v) if k == "kv_layouts" else v for k, v in call.items()}),
+        head_size_rule=entry.get("head_size_rule"),
         artefacts=tuple(entry.get("artefacts", ())),
         head_dims_knob=entry.get("head_dims_knob"), dtypes_knob=entry.get("dtypes_knob"),
         features_knob=entry.get("features_knob"),
@@ -187,8 +221,7 @@ class Registry:
 
     def versions_text(self) -> str:
         """"2, 3 or 4"."""
-        words = [str(v) for v in self.versions]
-        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+        return versions_text(self.families)
 
     def get(self, version) -> Optional[Family]:
         """The family of ``version`` (an int), None when none is declared."""
@@ -210,6 +243,27 @@ class Registry:
 
     def in_default_order(self) -> tuple[Family, ...]:
         return tuple(self.by_name(n) for n in self.default_order)
+
+    def having(self, feature: str) -> tuple[Family, ...]:
+        """The families that declare ``feature``, in declaration order."""
+        return tuple(f for f in self.families if feature in f.features)
+
+    def having_dtype(self, dtype: str) -> tuple[Family, ...]:
+        return tuple(f for f in self.families if dtype in f.dtypes)
+
+
+def titles_text(families: Iterable[Family]) -> str:
+    """"FA3", "FA3 or FA4": what a message says needs a feature ("no family" when none)."""
+    titles = [f.title for f in families]
+    if not titles:
+        return "no family of this package"
+    return titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} or {titles[-1]}"
+
+
+def versions_text(families: Iterable[Family]) -> str:
+    """"2", "3 or 4": the fa_version values that pick these families."""
+    words = [str(f.version) for f in families]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def parse(data: dict) -> Registry:

@@ -1,6 +1,7 @@
-"""Which kernels this wheel holds: head-dim routing, dtypes and features per version.
+"""Which kernels this wheel holds: head-dim routing, dtypes and features per family.
 
-These mirror how upstream's C++ picks a kernel (FA2 ``HEADDIM_SWITCH``, FA3
+The dtypes and features a family can have come from its declaration (families.py); the
+head-dim routing of a compiled family is its ``head_size_rule`` here. These mirror how upstream's C++ picks a kernel (FA2 ``HEADDIM_SWITCH``, FA3
 ``round_up_headdim`` and the hdim-diff rules of ``mha_fwd``), checked against the
 build info instead of compile-time defines, so a call the wheel cannot serve is
 refused in Python with a message, never at dispatch. Every function returns ``None``
@@ -13,14 +14,12 @@ from typing import Optional
 
 from .build_info import ComponentInfo
 from .declaration import FA2_HEAD_DIMS, FA3_HEAD_DIMS
+from .families import Family, registry, titles_text
 
 # The head dims upstream instantiates, as cmake/knobs.json declares them.
 FA2_HEAD_DIM_BUCKETS = FA2_HEAD_DIMS
 FA3_HEAD_DIM_BUCKETS = FA3_HEAD_DIMS
-FA2_DTYPES = ("bf16", "fp16")
-FA3_DTYPES = ("bf16", "fp16", "e4m3")
-
-# FA3 feature names in build_info.json, and what a user calls them.
+# Feature names in build_info.json (and the family declaration), and what a user calls them.
 FEATURE_WORDS = {
     "paged": "a paged KV cache (block_table)",
     "split": "split-KV (num_splits > 1)",
@@ -41,11 +40,10 @@ def dtype_name(dtype) -> Optional[str]:
     }.get(dtype)
 
 
-def _rebuild_hint(version: int, what: str) -> str:
-    knob = "VFA_FA2_HEAD_DIMS" if (version == 2 and what == "head dims") else None
+def _rebuild_hint(what: str, knob: Optional[str] = None) -> str:
     hint = "rebuild the wheel with VFA_PRESET=full"
     if knob:
-        hint += f" (or list the head dims you need in {knob})"
+        hint += f" (or list the {what} you need in {knob})"
     return hint
 
 
@@ -66,35 +64,52 @@ def fa3_bucket(head_size: int, built: tuple[int, ...]) -> Optional[int]:
 
 
 def head_size_problem(
-    version: int, info: ComponentInfo, head_size: int, head_size_v: Optional[int] = None,
+    family: Family, info: Optional[ComponentInfo], head_size: int, head_size_v: Optional[int] = None,
     dtype: Optional[str] = None,
 ) -> Optional[str]:
-    """Why this wheel cannot run ``head_size`` (and ``head_size_v``) with ``version``."""
-    head_size_v = head_size if head_size_v is None else head_size_v
-    built = tuple(sorted(info.head_dims))
-    if version == 2:
-        if head_size_v != head_size:
-            return (f"FA2 needs the same head size for V as for Q/K (got {head_size} and "
-                    f"{head_size_v}); different V head sizes need FA3 on Hopper")
-        if head_size <= 0 or head_size % 8 or head_size > 256:
-            return (f"FA2 supports head sizes that are multiples of 8 up to 256, got {head_size}; "
-                    "pad the head dimension to a multiple of 8")
-        bucket = fa2_bucket(head_size)
-        if bucket not in built:
-            return (f"head size {head_size} needs the FA2 hdim{bucket} kernels, which this wheel "
-                    f"does not contain (FA2 head dims built: {_dims(built)}); "
-                    + _rebuild_hint(2, "head dims"))
+    """Why this wheel cannot run ``head_size`` (and ``head_size_v``) with ``family``: its
+    declared head-size rule (``head_size_rule``); None when fine or when it has none (its
+    adapter checks head sizes itself)."""
+    rule = family.head_size_function()
+    if rule is None:
         return None
-    if version != 3:
-        raise ValueError(f"FlashAttention version must be 2 or 3, got {version!r}")
+    return rule(family, info, head_size, head_size if head_size_v is None else head_size_v, dtype)
+
+
+def fa2_head_size_problem(family: Family, info: ComponentInfo, head_size: int, head_size_v: int,
+                          dtype: Optional[str]) -> Optional[str]:
+    """FA2's head-dim routing (HEADDIM_SWITCH): one head size for Q/K and V, multiples of 8
+    up to 256, each served by the next instantiated bucket."""
+    del dtype  # every FA2 dtype has the same head dims
+    built = tuple(sorted(info.head_dims))
+    if head_size_v != head_size:
+        return (f"{family.title} needs the same head size for V as for Q/K (got {head_size} and "
+                f"{head_size_v}); different V head sizes need {titles_text(registry().having('hdimdiff'))} "
+                "on Hopper")
+    if head_size <= 0 or head_size % 8 or head_size > 256:
+        return (f"{family.title} supports head sizes that are multiples of 8 up to 256, got {head_size}; "
+                "pad the head dimension to a multiple of 8")
+    bucket = fa2_bucket(head_size)
+    if bucket not in built:
+        return (f"head size {head_size} needs the {family.title} hdim{bucket} kernels, which this wheel "
+                f"does not contain ({family.title} head dims built: {_dims(built)}); "
+                + _rebuild_hint("head dims", family.head_dims_knob))
+    return None
+
+
+def fa3_head_size_problem(family: Family, info: ComponentInfo, head_size: int, head_size_v: int,
+                          dtype: Optional[str]) -> Optional[str]:
+    """FA3's head-dim routing (round_up_headdim, and mha_fwd's rules for a V head size
+    other than Q/K's)."""
+    built = tuple(sorted(info.head_dims))
     alignment = 16 if dtype == "e4m3" else 8
     if head_size <= 0 or head_size % alignment or head_size_v <= 0 or head_size_v % alignment:
-        return (f"FA3 supports head sizes that are multiples of {alignment}"
+        return (f"{family.title} supports head sizes that are multiples of {alignment}"
                 f"{' for FP8' if alignment == 16 else ''}, got {head_size}"
                 + (f" (V: {head_size_v})" if head_size_v != head_size else ""))
     if not built or head_size > max(built):
-        return (f"head size {head_size} is larger than the largest FA3 head dim in this wheel "
-                f"({_dims(built)}); " + _rebuild_hint(3, "head dims"))
+        return (f"head size {head_size} is larger than the largest {family.title} head dim in this wheel "
+                f"({_dims(built)}); " + _rebuild_hint("head dims"))
     bucket = fa3_bucket(head_size, built)
     if head_size_v == head_size:
         return None
@@ -102,37 +117,42 @@ def head_size_problem(
     # (64x256, 64x512, 192x128 for 16-bit; only 192x128 for FP8).
     if "hdimdiff" not in info.features:
         return (f"V head size {head_size_v} differs from Q/K head size {head_size}, which needs "
-                "the FA3 'hdimdiff' kernels; this wheel was built without them; "
-                + _rebuild_hint(3, "features"))
+                f"the {family.title} 'hdimdiff' kernels; this wheel was built without them; "
+                + _rebuild_hint("features"))
     if bucket == 192 and 128 < head_size <= 192 and 96 < head_size_v <= 128:
         return None
     if bucket == 64 and head_size <= 64 and 64 < head_size_v <= 512 and dtype != "e4m3":
         return None
-    return (f"FA3 supports a V head size different from Q/K only for Q/K in (128, 192] with V in "
+    return (f"{family.title} supports a V head size different from Q/K only for Q/K in (128, 192] with V in "
             f"(96, 128], or (16-bit only) Q/K <= 64 with V in (64, 512]; got Q/K {head_size}, "
             f"V {head_size_v}")
 
 
-def dtype_problem(version: int, info: ComponentInfo, dtype: Optional[str], shown: str = "") -> Optional[str]:
-    """Why this wheel cannot run ``dtype`` (a build-info name) with ``version``."""
+def dtype_problem(family: Family, info: Optional[ComponentInfo], dtype: Optional[str],
+                  shown: str = "") -> Optional[str]:
+    """Why this wheel cannot run ``dtype`` (a build-info name) with ``family``: not one of
+    its declared dtypes, or (a family whose build selects dtypes) not built."""
     shown = shown or _torch_names([str(dtype)])[0]
-    supported = FA2_DTYPES if version == 2 else FA3_DTYPES
-    if dtype not in supported:
-        extra = "; FP8 (float8_e4m3fn) needs FA3 on a Hopper GPU" if (version == 2 and dtype == "e4m3") else ""
-        return (f"FA{version} supports dtypes {', '.join(_torch_names(supported))}, got {shown}{extra}")
-    if dtype not in info.dtypes:
-        return (f"this wheel has no FA{version} kernels for {shown} (FA{version} dtypes built: "
-                f"{', '.join(_torch_names(info.dtypes)) or 'none'}); " + _rebuild_hint(version, "dtypes"))
+    if dtype not in family.dtypes:
+        extra = ""
+        if dtype == "e4m3":
+            extra = f"; FP8 (float8_e4m3fn) needs {titles_text(registry().having('fp8'))} on a Hopper GPU"
+        return (f"{family.title} supports dtypes {', '.join(_torch_names(family.dtypes))}, got {shown}{extra}")
+    if family.dtypes_knob is not None and dtype not in info.dtypes:
+        return (f"this wheel has no {family.title} kernels for {shown} ({family.title} dtypes built: "
+                f"{', '.join(_torch_names(info.dtypes)) or 'none'}); " + _rebuild_hint("dtypes"))
     return None
 
 
-def feature_problem(info: ComponentInfo, feature: str) -> Optional[str]:
-    """Why this wheel's FA3 cannot do ``feature`` (a build-info feature name)."""
-    if feature in info.features:
+def feature_problem(family: Family, info: Optional[ComponentInfo], feature: str) -> Optional[str]:
+    """Why this wheel's ``family`` cannot do ``feature`` (a build-info feature name): a
+    feature its build selects (``features_knob``) and this build left out."""
+    if feature not in family.selectable_features or feature in info.features:
         return None
-    return (f"{FEATURE_WORDS.get(feature, feature)} needs the FA3 '{feature}' kernels, which this "
-            f"wheel was built without (FA3 features built: {', '.join(info.features) or 'none'}); "
-            + _rebuild_hint(3, "features") + ", or pass fa_version=2")
+    fallback = registry().by_name(family.fallback) if family.fallback else None
+    return (f"{FEATURE_WORDS.get(feature, feature)} needs the {family.title} '{feature}' kernels, which this "
+            f"wheel was built without ({family.title} features built: {', '.join(info.features) or 'none'}); "
+            + _rebuild_hint("features") + (f", or pass fa_version={fallback.version}" if fallback else ""))
 
 
 # FA2's sparse kernels exist for head dim 128 only (run_mha_fwd_sparse checks

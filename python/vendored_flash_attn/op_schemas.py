@@ -21,8 +21,6 @@ from __future__ import annotations
 
 FA2_NAMESPACE = "_vendored_fa2_C"
 FA3_NAMESPACE = "_vendored_fa3_C"
-#: FA version -> the torch.ops namespace its module registers.
-OP_NAMESPACES = {2: FA2_NAMESPACE, 3: FA3_NAMESPACE}
 #: namespace -> upstream's source (in the flash-attention checkout) that registers its ops.
 REGISTRATION_SOURCES = {
     FA2_NAMESPACE: "csrc/flash_attn/flash_api_torch_lib.cpp",

@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 from .build_info import BuildInfoMissing
 from .environment import current_environment, environment_generation, on_environment_change
 from .errors import FlashAttnFallbackWarning
-from .families import Family, registry
+from .families import Family, registry, titles_text
 from .kernels import FEATURE_WORDS, dtype_name, dtype_problem, head_size_problem
 
 ENV_VAR = "VLLM_FLASH_ATTN_VERSION"
@@ -133,18 +133,23 @@ def _dtype_key(dtype) -> Optional[str]:
     return dtype_name(dtype) or str(dtype).replace("torch.", "")
 
 
+def _sinks_families() -> str:
+    """"FA3 or FA4": the families that declare attention sinks."""
+    return titles_text(registry().having("sinks"))
+
+
 def _serve_problem(family: Family, index, info, dtype, head_size, head_size_v, has_sinks,
                    features=(), usable: bool = False) -> Optional[str]:
     """Why ``family`` cannot serve this request on device ``index``; None when it can.
     ``usable``: version_problem said None already (each question probes the machine once)."""
     if has_sinks and "sinks" not in family.features:
-        return "attention sinks (s_aux) need FA3"
+        return f"attention sinks (s_aux) need {_sinks_families()}"
     problem = None if usable else version_problem(family.version, index)
     comp = info.component(family.version)
     if problem is None and dtype is not None:
-        problem = dtype_problem(family.version, comp, dtype)
+        problem = dtype_problem(family, comp, dtype)
     if problem is None and head_size is not None and family.head_dims_knob is not None:
-        problem = head_size_problem(family.version, comp, head_size, head_size_v, dtype)
+        problem = head_size_problem(family, comp, head_size, head_size_v, dtype)
     if problem is None and family.features_missing(comp.features, features):
         problem = "it cannot run " + ", ".join(family.features_missing(comp.features, features))
     return problem
@@ -240,9 +245,9 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
         else:
             problem = None
             if dtype is not None:
-                problem = dtype_problem(family.version, comp, dtype)
+                problem = dtype_problem(family, comp, dtype)
             if problem is None and head_size is not None and family.head_dims_knob is not None:
-                problem = head_size_problem(family.version, comp, head_size, head_size_v, dtype)
+                problem = head_size_problem(family, comp, head_size, head_size_v, dtype)
             if problem is not None:
                 message = f"{family.title} cannot serve this model: {problem}; using {target.title}"
         if message is None and (has_sinks and "sinks" in family.features and head_size is not None
@@ -268,7 +273,9 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
                                  usable=usable)
         if problem is not None:
             if has_sinks and "sinks" not in family.features:
-                return Selection(None, "attention sinks (s_aux) need FA3, which is not usable here",
+                having = registry().having("sinks")
+                return Selection(None, f"attention sinks (s_aux) need {titles_text(having)}, "
+                                       f"{'which is not' if len(having) == 1 else 'none of which is'} usable here",
                                  tuple(fallbacks))
             return Selection(None, f"{family.title} cannot be used: {problem}", tuple(fallbacks))
     return Selection(family.version, reason, tuple(fallbacks))
@@ -391,15 +398,15 @@ def flash_attn_mla_unsupported_reason(device=None) -> Optional[str]:
     problem = version_problem(3, index)
     if problem is not None:
         return f"MLA needs FA3: {problem}"
-    fa3 = current_environment().build_info().fa3
+    family, fa3 = registry()[3], current_environment().build_info().fa3
     if "paged" not in fa3.features:
         return ("MLA decode reads a paged KV cache; this wheel's FA3 was built without the "
                 "'paged' kernels")
     for dtype in ("bf16", "fp16"):
-        if dtype in fa3.dtypes and not any(head_size_problem(3, fa3, d, dv, dtype)
+        if dtype in fa3.dtypes and not any(head_size_problem(family, fa3, d, dv, dtype)
                                            for d, dv in MLA_SHAPES):
             return None
-    problems = [head_size_problem(3, fa3, d, dv, "bf16") for d, dv in MLA_SHAPES]
+    problems = [head_size_problem(family, fa3, d, dv, "bf16") for d, dv in MLA_SHAPES]
     return "MLA needs FA3 head sizes 192/128 and 64/512: " + "; ".join(p for p in problems if p)
 
 

@@ -50,9 +50,10 @@ import torch
 from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnTypeError, FlashAttnUnavailableError
+from .families import registry
 from .interface import maybe_contiguous
 from .kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
-from .op_schemas import OP_NAMESPACES
+from .op_schemas import FA2_NAMESPACE
 from .selector import resolve_device_index, version_problem
 from .validation import (_fail, _integer, _same_device, _tensor, check_heads, check_out,
                          check_q_device, check_same_dtype)
@@ -71,7 +72,7 @@ on_environment_change(_ops.clear)
 def _op(name: str):
     op = _ops.get(name)
     if op is None:
-        op = _ops[name] = getattr(getattr(torch.ops, OP_NAMESPACES[2]), name).default
+        op = _ops[name] = getattr(getattr(torch.ops, FA2_NAMESPACE), name).default
     return op
 
 
@@ -152,7 +153,7 @@ def _check_fa2_usable(q) -> None:
     problem = sparse_problem(comp)
     if problem:
         _fail(problem)
-    problem = dtype_problem(2, comp, dtype_name(q.dtype), shown=str(q.dtype).replace("torch.", ""))
+    problem = dtype_problem(registry().by_name("fa2"), comp, dtype_name(q.dtype), shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
 

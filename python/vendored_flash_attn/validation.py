@@ -6,6 +6,10 @@ catch at all (FA3 silently ignores several arguments). Everything here reads ten
 metadata only: no ``.item()``, no reductions, no device sync. The expensive checks
 (index ranges, monotonic offsets) run only when ``VFA_DEBUG_CHECKS=1``
 (see ``debug_checks``).
+
+One set of checks for every family: what differs between families is read off their
+declaration (families.py: dtypes, features, ``call``) and their build record, never off
+a version number. A family's adapter refuses only what is its own beyond that (fa4.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from .build_info import ComponentInfo
 from .environment import on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError
+from .families import Family, registry, titles_text, versions_text
 from .kernels import dtype_name, dtype_problem, feature_problem, head_size_problem
 
 
@@ -116,9 +121,45 @@ def check_q_device(q, device_type: str) -> None:
               f"q, k, v and the index tensors to the GPU (e.g. q.to('{device_type}'))")
 
 
+def window_tuple(window_size) -> tuple[int, int]:
+    """vLLM's window_size (None, or (left, right) with -1 = unbounded) as a tuple of ints."""
+    if window_size is None:
+        return (-1, -1)
+    if len(window_size) != 2:
+        raise FlashAttnInputError(f"window_size must be (left, right), got {window_size!r}")
+    return (int(window_size[0]), int(window_size[1]))
+
+
+# What a call asks for that only some families declare (the family declaration's
+# features), and the refusal when the family at hand does not: {title} is that family,
+# {having} / {versions} the families that declare the feature.
+_REFUSALS = {
+    "alibi": "ALiBi (alibi_slopes) is not supported by {title}; pass fa_version={versions} or leave "
+             "fa_version=None so the selector picks {having}",
+    "sinks": "s_aux (attention sinks) needs {having}; {title} has no sinks support",
+    "q_v": "q_v needs {having}; {title} does not support it",
+    "split": "{title} does not take num_splits > 1 (got {num_splits}); pass 0 for its heuristic",
+    "scheduler_metadata": "scheduler_metadata comes from get_scheduler_metadata and is {having}-only; "
+                          "pass None with {title}",
+    "context_parallel": "context parallelism (cp_world_size > 1) needs {having}",
+}
+
+
+def _refuse_undeclared(family: Family, *, alibi_slopes, s_aux, q_v, num_splits, scheduler_metadata,
+                       cp_world_size, cp_tot_seqused_k) -> None:
+    asked = (("alibi", alibi_slopes is not None), ("sinks", s_aux is not None), ("q_v", q_v is not None),
+             ("split", num_splits > 1), ("scheduler_metadata", scheduler_metadata is not None),
+             ("context_parallel", cp_world_size != 1 or cp_tot_seqused_k is not None))
+    for feature, on in asked:
+        if on and feature not in family.features:
+            having = registry().having(feature)
+            _fail(_REFUSALS[feature].format(title=family.title, having=titles_text(having),
+                                            versions=versions_text(having), num_splits=num_splits))
+
+
 def check_varlen_call(
-    version: int,
-    comp: ComponentInfo,
+    family: Family,
+    comp: Optional[ComponentInfo],
     device_type: str,
     *,
     q, k, v,
@@ -129,7 +170,10 @@ def check_varlen_call(
     q_descale, k_descale, v_descale,
     num_splits, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k,
 ) -> CallShape:
-    """Raise FlashAttnInputError/FlashAttnTypeError for anything ``version`` cannot run."""
+    """Raise FlashAttnInputError/FlashAttnTypeError for anything ``family`` cannot run, as
+    its declaration says (dtypes, features, ``call``) and, for a family whose build selects
+    kernels, as its build record ``comp`` says (None: a family that selects none). The same
+    checks for every family; what one family refuses beyond these is its adapter's."""
     for name, x in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q)):
         _tensor(name, x)
     optional = (("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k), ("q_v", q_v),
@@ -145,15 +189,18 @@ def check_varlen_call(
     for name, x in (("k", k), ("v", v)) + optional:
         _same_device(name, x, q)
 
-    # Dtypes.
+    # Dtypes: q's is one of the family's (and built); k and v have q's, or are FP8 under a
+    # 16-bit q where the family declares fp8_kv.
     qname = dtype_name(q.dtype)
-    problem = dtype_problem(version, comp, qname, shown=str(q.dtype).replace("torch.", ""))
+    problem = dtype_problem(family, comp, qname, shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
-    check_same_dtype(q, k, v)
     fp8 = qname == "e4m3"
+    kv_fp8 = not fp8 and "fp8_kv" in family.features and k.dtype == v.dtype == _E4M3
+    if not kv_fp8:
+        check_same_dtype(q, k, v)
 
-    # KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched (FA3).
+    # KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched.
     paged = block_table is not None
     if paged and (seqused_k is None or cu_seqlens_k is not None):
         _fail("block_table (paged KV cache) needs seqused_k (the KV length of each sequence) "
@@ -163,9 +210,9 @@ def check_varlen_call(
               "got neither")
     if cu_seqlens_k is not None and seqused_k is not None:
         _fail("pass either cu_seqlens_k or seqused_k, not both")
-    if version == 2 and not paged and cu_seqlens_k is None:
-        # FA2 takes K offsets from cu_seqlens_k unless the cache is paged.
-        _fail("FA2 needs cu_seqlens_k for an unpaged K/V (it says where each sequence starts); "
+    if not paged and cu_seqlens_k is None and "batched" not in family.call.kv_layouts:
+        # Such a family takes K offsets from cu_seqlens_k unless the cache is paged.
+        _fail(f"{family.title} needs cu_seqlens_k for an unpaged K/V (it says where each sequence starts); "
               "seqused_k alone is only valid with block_table")
 
     # Shapes.
@@ -190,7 +237,7 @@ def check_varlen_call(
     num_heads_k = k.shape[-2]
     head_size_v = v.shape[-1]
     check_heads(q, k)
-    problem = head_size_problem(version, comp, head_size, head_size_v, qname)
+    problem = head_size_problem(family, comp, head_size, head_size_v, qname)
     if problem:
         _fail(problem)
     if cu_seqlens_k is not None:
@@ -202,10 +249,10 @@ def check_varlen_call(
         if block_table.shape[0] != batch:
             _fail(f"block_table has {block_table.shape[0]} rows but cu_seqlens_q describes {batch} "
                   "sequences; it needs one row per sequence")
-        if version == 2 and k.shape[1] % 16:
-            _fail(f"FA2 needs a paged KV block size divisible by 16, got {k.shape[1]}")
-        if version == 3:
-            _feature(comp, "paged")
+        multiple = family.call.page_size_multiple
+        if k.shape[1] % multiple:
+            _fail(f"{family.title} needs a paged KV block size divisible by {multiple}, got {k.shape[1]}")
+        _feature(family, comp, "paged")
     elif kv_dims == 4 and k.shape[0] != batch:
         _fail(f"k/v hold {k.shape[0]} sequences but cu_seqlens_q describes {batch}")
 
@@ -225,41 +272,21 @@ def check_varlen_call(
     cp_world_size = _integer("cp_world_size", cp_world_size, minimum=1)
     cp_rank = _integer("cp_rank", cp_rank)
 
-    if version == 2:
-        _check_fa2_only(num_heads, batch, q, alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v,
-                        num_splits=num_splits, scheduler_metadata=scheduler_metadata,
-                        cp_world_size=cp_world_size)
-    else:
-        _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size_v, fp8,
-                        total_q=total_q, causal=causal, window=window, softcap=softcap,
-                        alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v, num_splits=num_splits,
-                        scheduler_metadata=scheduler_metadata,
-                        descales=(("q_descale", q_descale), ("k_descale", k_descale),
-                                  ("v_descale", v_descale)),
-                        cp_world_size=cp_world_size, cp_rank=cp_rank,
-                        cp_tot_seqused_k=cp_tot_seqused_k)
-    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)
-
-
-def _feature(comp: ComponentInfo, feature: str) -> None:
-    problem = feature_problem(comp, feature)
-    if problem:
-        _fail(problem)
-
-
-def _check_fa2_only(num_heads, batch, q, *, alibi_slopes, s_aux, q_v, num_splits,
-                    scheduler_metadata, cp_world_size) -> None:
-    if s_aux is not None:
-        _fail("s_aux (attention sinks) needs FA3; FA2 has no sinks support")
-    if q_v is not None:
-        _fail("q_v needs FA3; FA2 does not support it")
+    # What the family does not declare at all, then what its build left out.
+    _refuse_undeclared(family, alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v, num_splits=num_splits,
+                       scheduler_metadata=scheduler_metadata, cp_world_size=cp_world_size,
+                       cp_tot_seqused_k=cp_tot_seqused_k)
+    if softcap > 0:
+        _feature(family, comp, "softcap")
+    if _is_local(window, causal):
+        _feature(family, comp, "local")
     if num_splits > 1:
-        _fail(f"FA2 does not take num_splits > 1 (got {num_splits}); pass 0 for its heuristic")
-    if scheduler_metadata is not None:
-        _fail("scheduler_metadata comes from get_scheduler_metadata and is FA3-only; pass None "
-              "with FA2")
-    if cp_world_size != 1:
-        _fail("context parallelism (cp_world_size > 1) needs FA3")
+        _feature(family, comp, "split")
+        most = family.call.max_num_splits
+        if most is not None and num_splits > most:
+            _fail(f"{family.title} supports num_splits up to {most}, got {num_splits}")
+
+    # The arguments of the features it has.
     if alibi_slopes is not None:
         if alibi_slopes.dtype != torch.float32:
             raise FlashAttnTypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
@@ -268,36 +295,10 @@ def _check_fa2_only(num_heads, batch, q, *, alibi_slopes, s_aux, q_v, num_splits
                   f"{tuple(alibi_slopes.shape)}")
         if alibi_slopes.stride(-1) != 1:
             _fail("alibi_slopes must have a contiguous last dimension (stride 1)")
-
-
-def _is_local(window, causal) -> bool:
-    # Same normalisation as FA3's mha_fwd, minus its clamping to the batch's max seqlen:
-    # a sliding-window model needs the local kernels whatever the current batch looks like.
-    left, right = window
-    if causal:
-        right = 0
-    is_causal = left < 0 and right == 0
-    return (left >= 0 or right >= 0) and not is_causal
-
-
-def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size_v, fp8, *,
-                    total_q, causal, window, softcap, alibi_slopes, s_aux, q_v, num_splits,
-                    scheduler_metadata, descales, cp_world_size, cp_rank, cp_tot_seqused_k) -> None:
-    if alibi_slopes is not None:
-        _fail("ALiBi (alibi_slopes) is not supported by FA3; pass fa_version=2 or leave "
-              "fa_version=None so the selector picks FA2")
-    if softcap > 0:
-        _feature(comp, "softcap")
-    if _is_local(window, causal):
-        _feature(comp, "local")
-    if num_splits > 1:
-        _feature(comp, "split")
-        if num_splits > 256:
-            _fail(f"FA3 supports num_splits up to 256, got {num_splits}")
     if scheduler_metadata is not None:
         _index_tensor("scheduler_metadata", scheduler_metadata, q)
-    if fp8:
-        for name, d in descales:
+    if fp8 or kv_fp8:
+        for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
             if d is None:
                 continue
             if d.dtype != torch.float32:
@@ -314,10 +315,11 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
                   f"{tuple(s_aux.shape)}")
         if not s_aux.is_contiguous():
             _fail("s_aux must be contiguous")
-        if num_heads > 64:
-            _fail(f"FA3 supports s_aux with at most 64 q heads, got {num_heads}")
-        if head_size != head_size_v:
-            _fail("FA3 does not support s_aux with different Q/K and V head sizes")
+        most = family.call.sinks_max_q_heads
+        if most is not None and num_heads > most:
+            _fail(f"{family.title} supports s_aux with at most {most} q heads, got {num_heads}")
+        if family.call.sinks_same_head_sizes and head_size != head_size_v:
+            _fail(f"{family.title} does not support s_aux with different Q/K and V head sizes")
     if q_v is not None:
         if head_size > 64 or head_size_v < 256:
             _fail("q_v needs a Q/K head size <= 64 and a V head size >= 256, got "
@@ -339,6 +341,23 @@ def _check_fa3_only(comp, q, batch, num_heads, num_heads_k, head_size, head_size
             _fail("sliding-window attention is not supported with context parallelism")
     if cp_tot_seqused_k is not None:
         _index_tensor("cp_tot_seqused_k", cp_tot_seqused_k, q, shape=(batch,))
+    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)
+
+
+def _feature(family: Family, comp: Optional[ComponentInfo], feature: str) -> None:
+    problem = feature_problem(family, comp, feature)
+    if problem:
+        _fail(problem)
+
+
+def _is_local(window, causal) -> bool:
+    # Same normalisation as FA3's mha_fwd, minus its clamping to the batch's max seqlen:
+    # a sliding-window model needs the local kernels whatever the current batch looks like.
+    left, right = window
+    if causal:
+        right = 0
+    is_causal = left < 0 and right == 0
+    return (left >= 0 or right >= 0) and not is_causal
 
 
 # --- the hot path ---------------------------------------------------------------------
@@ -368,19 +387,17 @@ _ACCEPTED: dict = {}
 on_environment_change(_ACCEPTED.clear)  # another build info, other verdicts
 
 
-def _static_ok(signature, version, comp) -> bool:
+def _static_ok(signature, family, comp) -> bool:
     (_, dtype, head_size, head_size_v, num_heads, num_heads_k, paged, softcap_on, local,
      split) = signature
     name = dtype_name(dtype)
+    needed = [f for f, on in (("paged", paged), ("softcap", softcap_on), ("local", local),
+                              ("split", split)) if on]
     ok = (
         name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
-        and dtype_problem(version, comp, name, shown=str(dtype)) is None
-        and head_size_problem(version, comp, head_size, head_size_v, name) is None
-        and (version == 2 or (
-            (not paged or feature_problem(comp, "paged") is None)
-            and (not softcap_on or feature_problem(comp, "softcap") is None)
-            and (not local or feature_problem(comp, "local") is None)
-            and (not split or feature_problem(comp, "split") is None)))
+        and dtype_problem(family, comp, name, shown=str(dtype)) is None
+        and head_size_problem(family, comp, head_size, head_size_v, name) is None
+        and not family.features_missing(comp.features, needed)
     )
     if ok:
         entry = _ACCEPTED.get(id(comp))
@@ -394,7 +411,7 @@ _INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, tor
 
 
 def quick_check_varlen_call(
-    version, comp, device: int, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
+    family, comp, device: int, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
     max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
     scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
 ) -> bool:
@@ -451,7 +468,7 @@ def quick_check_varlen_call(
             if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
                     or block_table.dtype is not _INT32 or rows != batch
                     or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
-                    or (version == 2 and block_size % 16)):
+                    or block_size % family.call.page_size_multiple):
                 return False
         else:
             if cu_seqlens_k is None or seqused_k is not None:
@@ -472,23 +489,20 @@ def quick_check_varlen_call(
             for d in (q_descale, k_descale, v_descale):
                 if d is not None and (d.dtype is not _FLOAT32 or d.shape != (batch, num_heads_k)):
                     return False
-        if version == 2:
-            if num_splits > 1 or scheduler_metadata is not None or fp8:
-                return False
-            local = split = False
-        else:
-            if scheduler_metadata is not None and (
-                    scheduler_metadata.dtype is not _INT32 or scheduler_metadata.dim() != 1
-                    or not scheduler_metadata.is_contiguous()):
-                return False
-            if num_splits > 256:
-                return False
-            local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
-            split = num_splits > 1
-        signature = (version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
+        split = num_splits > 1
+        features = family.features
+        if split and ("split" not in features or (family.call.max_num_splits is not None
+                                                  and num_splits > family.call.max_num_splits)):
+            return False
+        if scheduler_metadata is not None and (
+                "scheduler_metadata" not in features or scheduler_metadata.dtype is not _INT32
+                or scheduler_metadata.dim() != 1 or not scheduler_metadata.is_contiguous()):
+            return False
+        local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
+        signature = (family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
                      softcap > 0, local, split)
         accepted = _ACCEPTED.get(id(comp))
         return ((accepted is not None and accepted[0] is comp and signature in accepted[1])
-                or _static_ok(signature, version, comp))
+                or _static_ok(signature, family, comp))
     except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
         return False  # not tensors, odd types or shapes: the full check explains

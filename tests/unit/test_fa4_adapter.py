@@ -12,7 +12,7 @@ import torch
 
 from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, HOPPER
 from vendored_flash_attn import fa4, fa4_cache, fa4_deps
-from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
+from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 HEADS, KV_HEADS, D, PAGE, SEQS = 8, 2, 128, 128, 3
@@ -167,15 +167,9 @@ def test_sm120_asks_upstream_for_one_split(fake, describe):
 
 REFUSALS = [
     ("FP8 q needs FA3", HOPPER, lambda: _paged(q_dtype=E4M3, kv_dtype=E4M3), {}),
-    ("ALiBi .* needs FA2", HOPPER, _paged, {"alibi_slopes": torch.zeros(HEADS)}),
-    ("q_v needs FA3", HOPPER, _paged, {"q_v": torch.zeros(SEQS, HEADS, D)}),
-    ("scheduler_metadata is FA3's", HOPPER, _paged, {"scheduler_metadata": torch.zeros(4, dtype=torch.int32)}),
-    ("context parallelism .* needs FA3", HOPPER, _paged, {"cp_world_size": 2}),
     ("sm80: use FA2", AMPERE, _paged, {}),
     ("paged KV cache .* on sm120 needs FA2", BLACKWELL_12, _paged, {}),
     ("FP8 KV with a torch.bfloat16 q is FA4's sm90 path only", BLACKWELL, lambda: _paged(kv_dtype=E4M3), {}),
-    ("takes seqused_k, not cu_seqlens_k", HOPPER, _paged, {"cu_seqlens_k": torch.zeros(SEQS + 1, dtype=torch.int32)}),
-    ("dropout_p must be 0.0", HOPPER, _paged, {"dropout_p": 0.1}),
 ]
 
 
@@ -188,10 +182,61 @@ def test_what_fa4_cannot_do_is_refused_before_fa4_is_even_imported(fake, describ
     assert fake.deps_checked == 0 and fake.calls == []
 
 
-def test_sinks_in_another_dtype_are_refused(fake):
-    with pytest.raises(TypeError, match=r"s_aux .* must be bfloat16 of shape \(8,\)"):
-        fa4.flash_attn_varlen_func(**_paged(), s_aux=torch.zeros(HEADS))
-    assert fake.calls == []
+def _fp16(name):
+    return lambda call: {**call, name: call[name].half()}
+
+
+# What every family refuses, refused for FA4 by the same checks (validation.check_varlen_call,
+# against FA4's declaration) with the same messages, before FA4's own and before any import.
+# Before FA4 went through them, each of these reached upstream's _flash_attn_fwd.
+SHARED_REFUSALS = [
+    ("q-float32", lambda c: {**c, "q": c["q"].float()}, FlashAttnTypeError,
+     r"q: FA4 supports dtypes bfloat16, float16, float8_e4m3fn, got float32"),
+    ("v-dtype", _fp16("v"), FlashAttnTypeError, r"v has dtype torch.float16 but q has torch.bfloat16"),
+    ("gqa-ratio", lambda c: {**c, "q": torch.zeros(SEQS, 3, D, dtype=BF16)}, FlashAttnInputError,
+     r"q has 3 heads and k/v have 2"),
+    ("k-v-shapes", lambda c: {**c, "v": c["v"][:, :64]}, FlashAttnInputError, r"k and v must agree"),
+    ("cu_seqlens_q-int64", lambda c: {**c, "cu_seqlens_q": c["cu_seqlens_q"].long()}, FlashAttnTypeError,
+     r"cu_seqlens_q must have dtype torch.int32"),
+    ("seqused_k-length", lambda c: {**c, "seqused_k": c["seqused_k"][:2]}, FlashAttnInputError,
+     r"seqused_k must have shape \(3,\)"),
+    ("block_table-rows", lambda c: {**c, "block_table": c["block_table"][:2]}, FlashAttnInputError,
+     r"block_table has 2 rows but cu_seqlens_q describes 3 sequences"),
+    ("block_table-int64", lambda c: {**c, "block_table": c["block_table"].long()}, FlashAttnTypeError,
+     r"block_table must have dtype torch.int32"),
+    ("cu_seqlens_k-with-block_table", lambda c: {**c, "cu_seqlens_k": torch.zeros(SEQS + 1, dtype=torch.int32)},
+     FlashAttnInputError, r"block_table \(paged KV cache\) needs seqused_k .* and no cu_seqlens_k"),
+    ("out-dtype", lambda c: {**c, "out": torch.empty(SEQS, HEADS, D, dtype=torch.float16)}, FlashAttnTypeError,
+     r"out has dtype torch.float16; it must be torch.bfloat16"),
+    ("out-shape", lambda c: {**c, "out": torch.empty(SEQS, HEADS, 64, dtype=BF16)}, FlashAttnInputError,
+     r"out must have shape \(3, 8, 128\)"),
+    ("max_seqlen_k-tensor", lambda c: {**c, "max_seqlen_k": torch.tensor(512)}, FlashAttnTypeError,
+     r"max_seqlen_k must be a Python int"),
+    ("fp8-kv-descale-shape", lambda c: {**_paged(kv_dtype=E4M3), "k_descale": torch.ones(SEQS)},
+     FlashAttnInputError, r"k_descale must have shape \(num_seqs, num_kv_heads\) = \(3, 2\)"),
+    ("dropout", lambda c: {**c, "dropout_p": 0.1}, FlashAttnInputError, r"dropout_p must be 0.0"),
+    ("sinks-dtype", lambda c: {**c, "s_aux": torch.zeros(HEADS)}, FlashAttnTypeError,
+     r"s_aux must be bfloat16, got torch.float32"),
+    # The arguments of features FA4 does not declare, refused naming the families that do.
+    ("alibi", lambda c: {**c, "alibi_slopes": torch.zeros(HEADS)}, FlashAttnInputError,
+     r"ALiBi \(alibi_slopes\) is not supported by FA4; pass fa_version=2 .* picks FA2"),
+    ("q_v", lambda c: {**c, "q_v": torch.zeros(SEQS, HEADS, D)}, FlashAttnInputError,
+     r"q_v needs FA3; FA4 does not support it"),
+    ("scheduler_metadata", lambda c: {**c, "scheduler_metadata": torch.zeros(4, dtype=torch.int32)},
+     FlashAttnInputError, r"scheduler_metadata .* is FA3-only; pass None with FA4"),
+    ("cp_world_size", lambda c: {**c, "cp_world_size": 2}, FlashAttnInputError,
+     r"context parallelism \(cp_world_size > 1\) needs FA3"),
+    ("cp_rank", lambda c: {**c, "cp_rank": 1}, FlashAttnInputError, r"cp_rank must be 0 without context parallelism"),
+]
+
+
+@pytest.mark.parametrize("change, error, message", [r[1:] for r in SHARED_REFUSALS],
+                         ids=[r[0] for r in SHARED_REFUSALS])
+def test_fa4_calls_pass_the_checks_every_family_passes(fake, change, error, message):
+    with pytest.raises(error, match=message) as refused:
+        fa4.flash_attn_varlen_func(**change(_paged()))
+    assert not isinstance(refused.value, fa4.FA4Unsupported)  # the shared refusal, not FA4's own
+    assert fake.deps_checked == 0 and fake.calls == []
 
 
 def test_the_dependency_check_comes_before_the_import(fake, monkeypatch):

@@ -243,3 +243,79 @@ def test_a_plain_query_imports_neither_cutlass_nor_the_fa4_sources(tmp_path):
                             cwd=PROJECT, env={"PYTHONPATH": str(PROJECT / "python"), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "not in this installation" not in result.stdout  # the subpackage was found
+
+
+# --- FA2 and FA3 differ by declaration and adapter, not by version branches ---------------
+
+def test_every_family_adapter_is_a_real_entry_point_of_its_own():
+    from vendored_flash_attn import fa2, fa3
+
+    declared = families.registry()
+    assert declared.by_name("fa2").adapter_function() is fa2.forward
+    assert declared.by_name("fa3").adapter_function() is fa3.forward
+    assert declared.by_name("fa4").adapter_function() is fa4.flash_attn_varlen_func
+    # The head-dim routing of each compiled family is declared too; FA4 checks its own.
+    assert declared.by_name("fa2").head_size_function().__name__ == "fa2_head_size_problem"
+    assert declared.by_name("fa4").head_size_function() is None
+
+
+@pytest.fixture
+def edited(describe):
+    """Swap in a copy of the declaration edited by the test; the real one again after."""
+    previous = []
+
+    def install(edit):
+        data = declaration.load()
+        edit(data["families"])
+        previous.append(families.set_registry(families.parse(data)))
+        set_environment(None)
+
+    yield install
+    if previous:
+        families.set_registry(previous[0])
+    set_environment(None)
+
+
+def test_the_fa2_rules_of_a_call_are_its_declaration(describe, fake_ops, edited):
+    """FA2's paged block size and its refusal of batched K/V come from families.fa2.call: edit
+    the declaration and the same call is judged by the edit (no version branch left)."""
+    from calls import paged_call
+
+    call = paged_call(block_size=8)
+    describe(caps=(AMPERE,), build="full")
+    with pytest.raises(FlashAttnInputError, match="FA2 needs a paged KV block size divisible by 16, got 8"):
+        vfa.flash_attn_varlen_func(**call, fa_version=2)
+    edited(lambda section: section["fa2"]["call"].update(page_size_multiple=8))
+    describe(caps=(AMPERE,), build="full")
+    vfa.flash_attn_varlen_func(**call, fa_version=2)
+    assert fake_ops.last("varlen_fwd")["block_table"] is call["block_table"]
+
+
+def test_split_kv_limits_and_refusals_follow_the_declaration(describe, fake_ops, edited):
+    from calls import varlen_call
+
+    edited(lambda section: section["fa3"]["call"].update(max_num_splits=8))
+    describe(caps=(HOPPER,), build="full")
+    with pytest.raises(FlashAttnInputError, match="FA3 supports num_splits up to 8, got 9"):
+        vfa.flash_attn_varlen_func(**varlen_call(), num_splits=9, fa_version=3)
+    edited(lambda section: section["fa2"]["features"].append("split"))
+    describe(caps=(AMPERE,), build="full")
+    vfa.flash_attn_varlen_func(**varlen_call(), num_splits=4, fa_version=2)  # FA2 now declares split
+    assert fake_ops.last("varlen_fwd")["num_splits"] == 4
+
+
+def test_refusals_name_the_families_that_declare_the_feature(describe, fake_ops):
+    from calls import varlen_call
+
+    describe(caps=(AMPERE,), build="full")
+    with pytest.raises(FlashAttnInputError, match=r"s_aux \(attention sinks\) needs FA3 or FA4; FA2 has no sinks"):
+        vfa.flash_attn_varlen_func(**varlen_call(), s_aux=torch.zeros(8, dtype=torch.bfloat16), fa_version=2)
+
+
+# --- the selector's sinks message is the declaration's ------------------------------------
+
+def test_sinks_need_the_families_that_declare_them(describe):
+    """FA3 and FA4 declare sinks: a request for sinks where neither runs names both."""
+    selection, _ = _select(describe, AMPERE, has_sinks=True)
+    assert selection.version is None
+    assert "attention sinks (s_aux) need FA3 or FA4" in selection.reason, selection.reason

@@ -10,6 +10,7 @@ import torch
 
 from calls import descales, paged_call, varlen_call
 from runtime_fakes import make_build
+from vendored_flash_attn.families import registry
 from vendored_flash_attn.validation import check_varlen_call, quick_check_varlen_call
 
 
@@ -111,7 +112,7 @@ CASES = list(_mutations())
 
 def _quick(version, comp, args):
     return quick_check_varlen_call(
-        version, comp, -1, args["q"].shape, args["v"].shape, args["q"].dtype, args["q"], args["k"], args["v"], args["max_seqlen_q"],
+        registry()[version], comp, -1, args["q"].shape, args["v"].shape, args["q"].dtype, args["q"], args["k"], args["v"], args["max_seqlen_q"],
         args["cu_seqlens_q"], args["max_seqlen_k"], args["cu_seqlens_k"], args["seqused_k"],
         args["dropout_p"], args["causal"], args["window"], args["softcap"], args["block_table"],
         args["out"], args["scheduler_metadata"], args["q_descale"], args["k_descale"],
@@ -120,7 +121,7 @@ def _quick(version, comp, args):
 
 def _full(version, comp, args):
     try:
-        return check_varlen_call(version, comp, "cpu", **args)
+        return check_varlen_call(registry()[version], comp, "cpu", **args)
     except (ValueError, TypeError) as exc:
         return exc
 

@@ -23,6 +23,7 @@ import run_upstream_tests as runner  # noqa: E402
 import upstream_summary  # noqa: E402
 from runtime_fakes import AMPERE, HOPPER, make_build  # noqa: E402
 from vendored_flash_attn import kernels, selector  # noqa: E402
+from vendored_flash_attn.families import registry  # noqa: E402
 
 # The wheel the NOT_BUILT refusal below came from: FA2 without float16.
 MINIMAL_BUILD = make_build("minimal").raw
@@ -157,16 +158,17 @@ def _refusals():
     the package makes, produced by the package's own code, so the summary's patterns follow
     its wording."""
     full = make_build("full")
+    FA2, FA3 = registry().by_name("fa2"), registry().by_name("fa3")
     no_fa3 = make_build("full", fa3={"built": False, "reason": "nvcc 12.2 is older than 12.3"})
     lacking = make_build("minimal", fa2={"features": ["sparse"], "head_dims": [64]})
     minimal = make_build("minimal")
     no_hdimdiff = make_build("full", fa3={"features": ["paged", "split"]})
     return [pytest.param(*row, id=row[0]) for row in [
-        ("dtype", kernels.dtype_problem(2, minimal.fa2, "fp16"), minimal, full),
-        ("fa2-head-dim", kernels.head_size_problem(2, minimal.fa2, 256), minimal, full),
-        ("fa3-head-dim", kernels.head_size_problem(3, minimal.fa3, 256), minimal, full),
-        ("fa3-feature", kernels.feature_problem(minimal.fa3, "softcap"), minimal, full),
-        ("fa3-hdimdiff", kernels.head_size_problem(3, no_hdimdiff.fa3, 192, 128), no_hdimdiff, full),
+        ("dtype", kernels.dtype_problem(FA2, minimal.fa2, "fp16"), minimal, full),
+        ("fa2-head-dim", kernels.head_size_problem(FA2, minimal.fa2, 256), minimal, full),
+        ("fa3-head-dim", kernels.head_size_problem(FA3, minimal.fa3, 256), minimal, full),
+        ("fa3-feature", kernels.feature_problem(FA3, minimal.fa3, "softcap"), minimal, full),
+        ("fa3-hdimdiff", kernels.head_size_problem(FA3, no_hdimdiff.fa3, 192, 128), no_hdimdiff, full),
         ("sparse", kernels.sparse_problem(minimal.fa2), minimal, full),
         ("sparse-head-dim", kernels.sparse_problem(lacking.fa2), lacking, full),
         ("no-fa3", "fa3-version", no_fa3, full),

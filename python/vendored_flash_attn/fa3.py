@@ -1,0 +1,216 @@
+"""FA3's adapter: a call the shared checks (validation.py) passed, onto the compiled
+module's ``fwd`` in the argument order of its schema (op_schemas.FA3_FWD), and FA3's
+``get_scheduler_metadata``.
+
+The family declaration (cmake/knobs.json, ``families.fa3``) names ``forward`` as its
+adapter and declares the ``scheduler_metadata`` feature, which this module serves: the
+metadata a call passes is compared with the call shape it was computed for
+(scheduler_metadata.py) here, before the op.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .compiled import component, ops
+from .environment import current_environment
+from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
+from .families import Family, registry
+from .kernels import dtype_name, dtype_problem, head_size_problem
+from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
+from .scheduler_metadata import op_error, record as record_scheduler_metadata
+from .scheduler_metadata import records as scheduler_metadata_records
+from .selector import resolve_device_index, version_problem
+from .validation import _integer, window_tuple
+
+
+def _family() -> Family:
+    """The family whose module computes scheduler metadata (its declaration says so)."""
+    return registry().having("scheduler_metadata")[0]
+
+
+def _device_index(tensor: torch.Tensor) -> int:
+    index, problem = resolve_device_index(tensor.device)
+    if problem is not None:
+        raise FlashAttnUnavailableError(problem)
+    return index
+
+
+def maybe_contiguous(x):
+    # Like upstream: a tensor whose last dim is strided is copied (the kernels need stride 1).
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def get_scheduler_metadata(
+    batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+    cache_seqlens: torch.Tensor,
+    qkv_dtype=torch.bfloat16,
+    headdim_v=None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_size: Optional[int] = None,
+    max_seqlen_k_new=0,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    has_softcap=False,
+    num_splits=0,    # Can be tuned for speed
+    pack_gqa=None,   # Can be tuned for speed
+    sm_margin=0,     # Can be tuned if some SMs are used for communication
+):
+    """FA3 scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``.
+
+    It holds the schedule of exactly one call shape; the returned tensor remembers the
+    arguments, and a call that passes it is refused when FA3 would schedule that call
+    differently (scheduler_metadata.py)."""
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise FlashAttnTypeError("cache_seqlens must be a torch.Tensor (the KV length of each sequence)")
+    env = current_environment()
+    if cache_seqlens.device.type != env.device_type:
+        raise FlashAttnInputError(f"cache_seqlens is on {cache_seqlens.device}; it must be on a "
+                                  f"{env.device_type.upper()} device")
+    if cache_seqlens.dtype != torch.int32:
+        raise FlashAttnTypeError(f"cache_seqlens must have dtype torch.int32, got {cache_seqlens.dtype}")
+    family = _family()
+    problem = version_problem(family.version, _device_index(cache_seqlens))
+    if problem is not None:
+        raise FlashAttnUnavailableError(f"get_scheduler_metadata needs {family.title}: {problem}")
+    comp = component(family.version)
+    if headdim_v is None:
+        headdim_v = headdim
+    batch_size = _integer("batch_size", batch_size, 1)
+    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
+    num_heads_q = _integer("num_heads_q", num_heads_q, 1)
+    num_heads_kv = _integer("num_heads_kv", num_heads_kv, 1)
+    headdim, headdim_v = _integer("headdim", headdim, 1), _integer("headdim_v", headdim_v, 1)
+    max_seqlen_k_new = _integer("max_seqlen_k_new", max_seqlen_k_new)
+    num_splits, sm_margin = _integer("num_splits", num_splits), _integer("sm_margin", sm_margin)
+    if page_size is not None:
+        page_size = _integer("page_size", page_size, 1)
+    window = window_tuple(window_size)
+    if pack_gqa is not None:
+        pack_gqa = bool(pack_gqa)
+    name = dtype_name(qkv_dtype)
+    problem = dtype_problem(family, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
+        family, comp, headdim, headdim_v, name)
+    if problem:
+        raise FlashAttnInputError(f"get_scheduler_metadata: {problem}")
+    if num_heads_q % num_heads_kv:
+        raise FlashAttnInputError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv "
+                                  f"({num_heads_kv})")
+    if tuple(cache_seqlens.shape) != (batch_size,):
+        raise FlashAttnInputError(f"cache_seqlens must have shape ({batch_size},), got "
+                                  f"{tuple(cache_seqlens.shape)}")
+    # The op's prepare kernel reads these through raw int32 pointers, `length` entries each.
+    for label, x, length in (("cu_seqlens_q", cu_seqlens_q, batch_size + 1),
+                             ("cu_seqlens_k_new", cu_seqlens_k_new, batch_size + 1),
+                             ("cache_leftpad", cache_leftpad, batch_size)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise FlashAttnTypeError(f"{label} must be a torch.Tensor or None, got {type(x).__name__}")
+        if x.device != cache_seqlens.device:
+            raise FlashAttnInputError(f"{label} is on {x.device} but cache_seqlens is on "
+                                      f"{cache_seqlens.device}")
+        if x.dtype != torch.int32:
+            raise FlashAttnTypeError(f"{label} must have dtype torch.int32, got {x.dtype}")
+        if tuple(x.shape) != (length,):
+            raise FlashAttnInputError(f"{label} must have shape ({length},) for batch_size={batch_size}, "
+                                      f"got {tuple(x.shape)}")
+        if not x.is_contiguous():
+            raise FlashAttnInputError(f"{label} must be contiguous; pass {label}.contiguous()")
+    cache_seqlens = maybe_contiguous(cache_seqlens)
+    metadata = ops(family.version).get_scheduler_metadata(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
+        qkv_dtype,
+        cache_seqlens,
+        cu_seqlens_q,
+        None,  # cu_seqlens_k
+        cu_seqlens_k_new,
+        None,  # seqused_q
+        cache_leftpad,
+        page_size,
+        max_seqlen_k_new,
+        bool(causal),
+        window[0], window[1],
+        bool(has_softcap),
+        num_splits,
+        pack_gqa,
+        sm_margin,
+    )
+    record_scheduler_metadata(metadata, MetadataArgs(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
+        qkv_dtype, cu_seqlens_q is not None, page_size, bool(causal), window, bool(has_softcap),
+        num_splits, pack_gqa, sm_margin, max_seqlen_k_new,
+        cu_seqlens_k_new is not None, cache_leftpad is not None))
+    return metadata
+
+
+def forward(op, comp, q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+            max_seqlen_k, block_table, alibi_slopes, softmax_scale, causal, window, softcap, fp8,
+            num_splits, scheduler_metadata, q_descale, k_descale, v_descale, s_aux, cp_world_size,
+            cp_rank, cp_tot_seqused_k):
+    """(out, softmax_lse) of FA3's forward op ``op``, for a call the shared checks passed."""
+    del alibi_slopes  # refused by the shared checks: FA3 declares no alibi
+    if scheduler_metadata is not None:
+        # Metadata get_scheduler_metadata computed for another call shape: compared once
+        # per metadata tensor and call shape (scheduler_metadata.check_call), a lookup
+        # after that. Written out here: vLLM passes metadata on every layer of every step.
+        entry = scheduler_metadata_records.get(id(scheduler_metadata))
+        if entry is not None and entry[0]() is scheduler_metadata:
+            # v's shape is k's but for the last dim (validated): KV heads, page size.
+            v_shape = v.shape
+            metadata_key = (cu_seqlens_q.numel() - 1, q.shape[1], v_shape[-2], q.shape[-1],
+                            v_shape[-1], q.dtype, max_seqlen_q, max_seqlen_k,
+                            v_shape[1] if block_table is not None else None, causal, window,
+                            softcap, num_splits)
+            if metadata_key != entry[3]:
+                check_scheduler_metadata(entry, comp, metadata_key)
+    # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
+    # vLLM passes them on every call, so they are dropped rather than refused.
+    if not fp8:
+        q_descale = k_descale = v_descale = None
+    try:
+        return op(
+            q, k, v,
+            None, None,        # k_new, v_new
+            q_v,
+            out,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            None,              # cu_seqlens_k_new
+            None, seqused_k,   # seqused_q, seqused_k
+            max_seqlen_q, max_seqlen_k,
+            block_table,       # page_table
+            None,              # kv_batch_idx
+            None,              # leftpad_k
+            None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
+            q_descale, k_descale, v_descale,
+            float(softmax_scale),
+            bool(causal),
+            window[0], window[1],
+            float(softcap),
+            True,              # is_rotary_interleaved (no rotary here)
+            scheduler_metadata,
+            num_splits,
+            None,              # pack_gqa: heuristic
+            0,                 # sm_margin
+            s_aux,
+            cp_world_size,
+            cp_rank,
+            cp_tot_seqused_k,
+        )[:2]
+    except RuntimeError as exc:
+        # A metadata tensor get_scheduler_metadata did not return (a copy in a
+        # CUDA-graph buffer) is checked by the op alone, before any kernel.
+        refusal = None if scheduler_metadata is None else op_error(exc, MetadataArgs(
+            cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[-2],
+            q.shape[-1], v.shape[-1], q.dtype, True,
+            k.shape[1] if block_table is not None else None, bool(causal), window,
+            softcap > 0, num_splits).as_call())
+        if refusal is None:
+            raise
+        raise refusal from exc
