@@ -27,7 +27,7 @@
 # compile of the build, in sccache's server too, and the monitor says so in one line.
 #
 # Example, after the targets and the job pool (VFA_JOBS) exist:
-#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)
+#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)   (CMakeLists.txt: the compiled families' modules)
 #   -- vendored-flash-attn: build progress every 30 s and per finished unit; warnings located
 #      in upstream code go only to <build>/vfa-compile.log, with all compiler output
 
@@ -36,6 +36,18 @@ include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 set(_VFA_COMPILE_UNIT_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compile_unit.py")
 set(_VFA_BUILD_MONITOR_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/build_monitor.py")
+
+# A kind of CUDA unit of <target> for the progress estimate, with its reference seconds
+# (cmake/build_monitor.py): the units whose path holds <path text> ("" for any; the first
+# kind declared that matches wins). Each family's target file declares its module's kinds,
+# so the monitor names no family.
+#   vfa_unit_kind(_vendored_fa3_C "FA3 CUDA" 153 "/instantiations/")
+function(vfa_unit_kind target kind seconds contains)
+  if(kind MATCHES "[|;]" OR contains MATCHES "[|;]")
+    message(FATAL_ERROR "vfa_unit_kind(${target}): '|' and ';' cannot be part of a kind or path text.")
+  endif()
+  set_property(TARGET ${target} APPEND PROPERTY VFA_UNIT_KINDS "${target}|${kind}|${seconds}|${contains}")
+endfunction()
 
 function(vfa_setup_build_progress)
   # Types and ranges are checked by vfa_option (cmake/knobs.json).
@@ -51,11 +63,18 @@ function(vfa_setup_build_progress)
   set(wrapper ${python} "${_VFA_COMPILE_UNIT_SCRIPT}" "${CMAKE_BINARY_DIR}"
       --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
   set(targets "")
+  set(unit_kinds "")
   foreach(target IN LISTS ARGN)
     if(NOT TARGET ${target})
       continue()
     endif()
     list(APPEND targets ${target})
+    get_target_property(kinds ${target} VFA_UNIT_KINDS)
+    foreach(kind IN LISTS kinds)
+      if(kind)
+        list(APPEND unit_kinds --unit-kind "${kind}")
+      endif()
+    endforeach()
     foreach(lang CXX CUDA)
       get_target_property(launcher ${target} ${lang}_COMPILER_LAUNCHER)
       if(NOT launcher)
@@ -71,7 +90,7 @@ function(vfa_setup_build_progress)
     # their output); the monitor ends itself and always exits 0 (build_monitor.py).
     add_custom_target(build_progress ALL
       COMMAND ${python} "${_VFA_BUILD_MONITOR_SCRIPT}" --dir "${CMAKE_BINARY_DIR}" --targets ${targets}
-              --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL}
+              --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL} ${unit_kinds}
       COMMENT "vendored-flash-attn: compile progress"
       USES_TERMINAL VERBATIM)
     message(STATUS "vendored-flash-attn: build progress every ${VFA_BUILD_PROGRESS_INTERVAL} s and per "

@@ -1,4 +1,4 @@
-# _vendored_fa2_C: upstream's FA2 forward kernels (csrc/flash_attn) for sm80+.
+# FA2's module (_vendored_fa2_C, declared in cmake/knobs.json): upstream's FA2 forward kernels (csrc/flash_attn) for sm80+.
 
 include_guard(GLOBAL)
 
@@ -24,11 +24,21 @@ function(vfa_add_fa2_target)
   # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).
   vfa_verified_include_dirs(fa_includes flash_attention csrc/flash_attn csrc/flash_attn/src csrc/common)
   vfa_verified_include_dirs(cutlass_includes cutlass include)
-  vfa_add_torch_extension(_vendored_fa2_C
+  vfa_family_field(module fa2 module "")  # cmake/knobs.json
+  vfa_add_torch_extension(${module}
     SOURCES ${sources}
     GENCODE ${VFA_FA2_GENCODE}
     DEFINES ${VFA_FA2_DEFINES}
     INCLUDE_DIRS ${fa_includes} ${cutlass_includes})
+  # Measured peaks (docs/PERFORMANCE.md): FA2 CUDA units 4.4 GB in cicc, FA3's 8.1 GB, so
+  # cmake/Parallelism.cmake budgets this module's CUDA units at 9/16 of VFA_JOB_MEMORY_MB.
+  set_property(TARGET ${module} PROPERTY VFA_CUDA_UNIT_MEMORY_SIXTEENTHS 9)
+  # Progress estimate (cmake/build_monitor.py), cold, one unit per core on the 16-core H200
+  # build machine (docs/PERFORMANCE.md, "Build"): instantiations 189 s on average; the split-KV
+  # ones are their own kind (one ran 6:17 there while the estimate, from the other FA2 units,
+  # said "about 10 s left"), at the longest of them, 311 s.
+  vfa_unit_kind(${module} "FA2 CUDA, split-KV" 311 "flash_fwd_split_")
+  vfa_unit_kind(${module} "FA2 CUDA" 189 "")
   list(LENGTH VFA_FA2_INSTANTIATIONS n)
   set(VFA_FA2_SOURCE_COUNT ${n} PARENT_SCOPE)
   set(VFA_FA2_INSTANTIATIONS "${VFA_FA2_INSTANTIATIONS}" PARENT_SCOPE)

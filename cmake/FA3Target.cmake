@@ -1,4 +1,4 @@
-# _vendored_fa3_C: upstream's FA3 forward kernels (hopper/) for sm_90a,
+# FA3's module (_vendored_fa3_C, declared in cmake/knobs.json): upstream's FA3 forward kernels (hopper/) for sm_90a,
 # including FP8 (e4m3).
 
 include_guard(GLOBAL)
@@ -18,11 +18,21 @@ function(vfa_add_fa3_target)
   # As upstream's CMakeLists.txt, and only verified folders (never csrc/ itself).
   vfa_verified_include_dirs(fa_includes flash_attention hopper csrc/common)
   vfa_verified_include_dirs(cutlass_includes cutlass include)
-  vfa_add_torch_extension(_vendored_fa3_C
+  vfa_family_field(module fa3 module "")  # cmake/knobs.json
+  vfa_add_torch_extension(${module}
     SOURCES ${sources}
     GENCODE ${VFA_FA3_GENCODE}
     DEFINES ${VFA_FA3_DEFINES}
     INCLUDE_DIRS ${fa_includes} ${cutlass_includes})
+  # Measured peaks (docs/PERFORMANCE.md): FA3 CUDA units up to 8.1 GB in cicc, the heaviest of
+  # the build, so cmake/Parallelism.cmake budgets them at the whole VFA_JOB_MEMORY_MB.
+  set_property(TARGET ${module} PROPERTY VFA_CUDA_UNIT_MEMORY_SIXTEENTHS 16)
+  # Progress estimate (cmake/build_monitor.py), cold, one unit per core on the 16-core H200
+  # build machine (docs/PERFORMANCE.md, "Build"): instantiations 153 s on average; the combine
+  # and scheduler units (89 s and 18 s there) are their own kind, so a quick one finishing
+  # first does not set the expected time of the instantiations.
+  vfa_unit_kind(${module} "FA3 CUDA" 153 "/instantiations/")
+  vfa_unit_kind(${module} "FA3 CUDA, other" 54 "")
   list(LENGTH VFA_FA3_INSTANTIATIONS n)
   set(VFA_FA3_SOURCE_COUNT ${n} PARENT_SCOPE)
   set(VFA_FA3_INSTANTIATIONS "${VFA_FA3_INSTANTIATIONS}" PARENT_SCOPE)

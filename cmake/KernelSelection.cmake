@@ -17,11 +17,17 @@ include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 # The presets' names are declared with VFA_PRESET in cmake/knobs.json, and the head
 # dims each module can build as the choices of VFA_FA3_HEAD_DIMS / VFA_FA2_HEAD_DIMS
 # there (the package's kernels.py reads the same declaration).
-foreach(_vfa_part FA3 FA2)
-  vfa_knob_declaration(_vfa_decl VFA_${_vfa_part}_HEAD_DIMS)
+vfa_declared_families(_vfa_families extension)
+foreach(_vfa_family IN LISTS _vfa_families)
+  string(TOUPPER "${_vfa_family}" _vfa_part)
+  vfa_family_field(_vfa_knob ${_vfa_family} head_dims_knob "")
+  vfa_knob_declaration(_vfa_decl ${_vfa_knob})
   vfa_knob_field(VFA_${_vfa_part}_ALL_HEAD_DIMS "${_vfa_decl}" choices "")
 endforeach()
+unset(_vfa_families)
+unset(_vfa_family)
 unset(_vfa_part)
+unset(_vfa_knob)
 unset(_vfa_decl)
 set(VFA_FA3_ALL_DTYPES bf16 fp16 e4m3)
 set(VFA_FA3_ALL_FEATURES paged split softcap local hdimdiff)
@@ -61,21 +67,30 @@ set(VFA_FA2_BASE_DEFINES
   FLASHATTENTION_DISABLE_DROPOUT
   FLASHATTENTION_DISABLE_PYBIND)
 
-# Sets VFA_PRESET and VFA_{FA2,FA3}_{HEAD_DIMS,DTYPES,FEATURES}: each list knob
-# as given (checked and in canonical order by vfa_option; "none" means empty),
-# else the preset's.
+# Sets VFA_PRESET and each compiled family's selection knobs (cmake/knobs.json declares
+# them: VFA_{FA2,FA3}_{HEAD_DIMS,DTYPES,FEATURES}): each list knob as given (checked and
+# in canonical order by vfa_option; "none" means empty), else the preset's
+# (VFA_PRESET_<preset>_<FAMILY>_<WHAT> above).
 function(vfa_read_selection)
   vfa_option(VFA_PRESET)
-  foreach(part FA3 FA2)
-    foreach(what HEAD_DIMS DTYPES FEATURES)
-      vfa_option(VFA_${part}_${what})
-      set(values "${VFA_${part}_${what}}")
+  vfa_declared_families(families extension)
+  foreach(family IN LISTS families)
+    string(TOUPPER "${family}" part)
+    foreach(field head_dims_knob dtypes_knob features_knob)
+      vfa_family_field(knob ${family} ${field} "")
+      if(knob STREQUAL "")
+        continue()
+      endif()
+      string(REGEX REPLACE "_knob$" "" what "${field}")
+      string(TOUPPER "${what}" what)
+      vfa_option(${knob})
+      set(values "${${knob}}")
       if(values STREQUAL "")
         set(values "${VFA_PRESET_${VFA_PRESET}_${part}_${what}}")
       elseif(values STREQUAL "none")
         set(values "")
       endif()
-      set(VFA_${part}_${what} "${values}" PARENT_SCOPE)
+      set(${knob} "${values}" PARENT_SCOPE)
     endforeach()
   endforeach()
   set(VFA_PRESET "${VFA_PRESET}" PARENT_SCOPE)

@@ -83,6 +83,49 @@ function(vfa_knob_field out_var decl field fallback)
   endif()
 endfunction()
 
+# The kernel families, declared once in cmake/knobs.json ("families": what each is and
+# how it is built or packaged; python/vendored_flash_attn/families.py reads the same
+# section for the package). The build's generic code iterates these instead of naming
+# FA2/FA3/FA4; each family's own cmake/<NAME>Target.cmake (compiled) or <NAME>Package.cmake
+# knows its family. Names come in name order (CMake's JSON reader keeps an object's
+# members sorted), optionally only those made as <made> ("extension": a CUDA extension
+# this build compiles).
+#   vfa_declared_families(names)             ->  fa2;fa3;fa4
+#   vfa_declared_families(names extension)   ->  fa2;fa3
+function(vfa_declared_families out_var)
+  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
+  string(JSON count LENGTH "${json}" families)
+  math(EXPR last "${count} - 1")
+  set(names "")
+  foreach(i RANGE ${last})
+    string(JSON name MEMBER "${json}" families ${i})
+    string(JSON type TYPE "${json}" families ${name})
+    if(NOT type STREQUAL "OBJECT")
+      continue()  # "about", "default_order": the section's own fields
+    endif()
+    string(JSON made GET "${json}" families ${name} made)
+    if(ARGC EQUAL 1 OR made STREQUAL "${ARGV1}")
+      list(APPEND names ${name})
+    endif()
+  endforeach()
+  set(${out_var} "${names}" PARENT_SCOPE)
+endfunction()
+
+# <field> of family <name>'s declaration, as vfa_knob_field reads it (a list as a CMake
+# list, null as "", <fallback> when the field is absent); a family not declared stops.
+#   vfa_family_field(module fa2 module "")            ->  _vendored_fa2_C
+#   vfa_family_field(min fa3 "capabilities;min" "")   ->  9.0
+function(vfa_family_field out_var name field fallback)
+  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
+  string(JSON decl ERROR_VARIABLE err GET "${json}" families ${name})
+  if(err)
+    get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
+    message(FATAL_ERROR "vfa_family_field(${name}): no family '${name}' is declared in ${file} (\"families\").")
+  endif()
+  vfa_knob_field(value "${decl}" "${field}" "${fallback}")
+  set(${out_var} "${value}" PARENT_SCOPE)
+endfunction()
+
 # The bool words, declared once in cmake/knobs.json ("bool_words"): VFA_BOOL_WORDS_ON,
 # VFA_BOOL_WORDS_OFF and, for messages, VFA_BOOL_WORDS_TEXT ("ON/OFF, 1/0, ... (any case)").
 get_property(_vfa_knobs_json GLOBAL PROPERTY VFA_KNOBS_JSON)

@@ -47,22 +47,26 @@ function(vfa_read_parallelism_options)
   set(VFA_NVCC_THREADS ${NVCC_THREADS} PARENT_SCOPE)
 endfunction()
 
-# vfa_unit_memory_budgets(<out> <target>...): one budget in MB per compiled source.
+# vfa_unit_memory_budgets(<out> <target>...): one budget in MB per compiled source. A
+# CUDA unit gets the share of VFA_JOB_MEMORY_MB (per nvcc thread) its target declares in
+# sixteenths, VFA_CUDA_UNIT_MEMORY_SIXTEENTHS (each family's target file: FA3 16, FA2 9),
+# or the whole of it when none is declared; a C++ unit 1/8.
 function(vfa_unit_memory_budgets out)
-  math(EXPR fa3_cuda "${VFA_JOB_MEMORY_MB} * ${NVCC_THREADS}")
-  math(EXPR fa2_cuda "(${VFA_JOB_MEMORY_MB} * 9 + 15) / 16 * ${NVCC_THREADS}")
   math(EXPR host "(${VFA_JOB_MEMORY_MB} + 7) / 8")
   set(budgets "")
   foreach(target IN LISTS ARGN)
     if(NOT TARGET ${target})
       continue()
     endif()
+    get_target_property(sixteenths ${target} VFA_CUDA_UNIT_MEMORY_SIXTEENTHS)
+    if(NOT sixteenths)
+      set(sixteenths 16)
+    endif()
+    math(EXPR cuda "(${VFA_JOB_MEMORY_MB} * ${sixteenths} + 15) / 16 * ${NVCC_THREADS}")
     get_target_property(sources ${target} SOURCES)
     foreach(source IN LISTS sources)
-      if(source MATCHES "\\.cu$" AND target MATCHES "fa3")
-        list(APPEND budgets ${fa3_cuda})
-      elseif(source MATCHES "\\.cu$")
-        list(APPEND budgets ${fa2_cuda})
+      if(source MATCHES "\\.cu$")
+        list(APPEND budgets ${cuda})
       elseif(source MATCHES "\\.(cpp|cc|cxx)$")
         list(APPEND budgets ${host})
       endif()

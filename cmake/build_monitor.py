@@ -1,6 +1,7 @@
 """The progress of the compiles, printed while they run.
 
     build_monitor.py --dir BUILD_DIR --targets TARGET... --jobs N --interval S
+                     [--unit-kind "TARGET|KIND|SECONDS|PATH TEXT" ...]
 
 The command of the `build_progress` target (cmake/BuildProgress.cmake), which runs in
 ninja's console pool: the one way to print while other commands run, since ninja
@@ -8,9 +9,10 @@ buffers each command's output until it ends. It follows the events that compile_
 writes for every unit and prints a line per finished unit and, every S seconds, the
 units running, how many are done, the elapsed time and an estimate of what is left (a
 longest-first schedule of the units still to compile on the N compile jobs, each at the
-mean time of this build's finished units of its kind: FA3 CUDA, FA2 CUDA, FA2 split-KV,
-C++; or, for a kind none of which has finished, reference times at this machine's pace so
-far, which units running past their reference time raise).
+mean time of this build's finished units of its kind: C++, or a kind of CUDA unit that a
+module's family declares (FA3 CUDA, FA2 CUDA, FA2 split-KV, ...: --unit-kind); or, for a
+kind none of which has finished, reference times at this machine's pace so far, which
+units running past their reference time raise).
 
 While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
 add: when every unit ninja planned for the targets (a dry run, `ninja -n`, at its start)
@@ -46,27 +48,35 @@ from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, STOP_WAIT_S, _comm,
                           append_line, start_build_logs, this_build)
 
 # Wall seconds per translation unit by kind, cold, one unit per core: measured on the
-# 16-core H200 build machine (docs/PERFORMANCE.md, "Build": FA3 instantiations mean 153 s,
-# FA2 instantiations mean 189 s, the longest of them the split-KV one at 311 s, .cpp files
-# 2-5 s). Used only until units of this build finish: then the kind's own mean here, or the
-# reference scaled by this machine's pace (BuildState.pace).
-# FA3's combine and scheduler units (89 s and 18 s there) are their own kind: a quick one
-# finishing first must not set the expected time of the instantiations. FA2's split-KV
-# units are their own kind too: one ran 6:17 on the H200 while the estimate, from the
-# other FA2 units, said "about 10 s left".
-REFERENCE_SECONDS = {"FA3 CUDA": 153.0, "FA3 CUDA, other": 54.0, "FA2 CUDA": 189.0,
-                     "FA2 CUDA, split-KV": 311.0, "C++": 5.0, "CUDA": 153.0}
+# 16-core H200 build machine (docs/PERFORMANCE.md, "Build"). Used only until units of this
+# build finish: then the kind's own mean here, or the reference scaled by this machine's
+# pace (BuildState.pace). The kinds of each module's CUDA units, and theirs, come from its
+# family's target file (vfa_unit_kind in cmake/BuildProgress.cmake, passed as --unit-kind):
+# this file names no kernel family. "C++" (.cpp files 2-5 s there) and "CUDA" (a CUDA unit
+# of no declared kind, at the heaviest kind's mean) are every build's.
+REFERENCE_SECONDS = {"C++": 5.0, "CUDA": 153.0}
+# (the target's object folder, the kind, a text its path holds or "" for any), first match wins.
+UNIT_KINDS: list[tuple[str, str, str]] = []
 UNIT_LINE = re.compile(r"Building (?:CUDA|CXX|C) object (\S+)")
+
+
+def add_unit_kind(spec: str) -> None:
+    """Declare a kind of CUDA unit: "TARGET|KIND|SECONDS|PATH TEXT" (what --unit-kind takes):
+    the units of TARGET whose path holds PATH TEXT (any, when empty), at SECONDS for reference.
+      add_unit_kind("_vendored_fa3_C|FA3 CUDA|153|/instantiations/")"""
+    target, kind, seconds, contains = spec.split("|")
+    UNIT_KINDS.append((f"{target}.dir", kind, contains))
+    REFERENCE_SECONDS[kind] = float(seconds)
 
 
 def unit_kind(unit: str) -> str:
     """The kind of a ninja output path: CMake puts a target's objects in
     CMakeFiles/<target>.dir/ and names them <source>.o."""
     if unit.endswith(".cu.o"):
-        if "_vendored_fa3_C.dir" in unit:
-            return "FA3 CUDA" if "/instantiations/" in unit.replace("\\", "/") else "FA3 CUDA, other"
-        if "_vendored_fa2_C.dir" in unit:
-            return "FA2 CUDA, split-KV" if "flash_fwd_split_" in unit else "FA2 CUDA"
+        path = unit.replace("\\", "/")
+        for folder, kind, contains in UNIT_KINDS:
+            if f"/{folder}/" in f"/{path}" and contains in path:
+                return kind
         return "CUDA"
     return "C++"
 
@@ -426,7 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument("--targets", nargs="+", required=True, help="the targets whose compiles to follow")
     options.add_argument("--jobs", type=int, required=True)
     options.add_argument("--interval", type=float, default=30.0)
+    options.add_argument("--unit-kind", action="append", default=[], metavar="TARGET|KIND|SECONDS|PATH TEXT",
+                         help="a kind of CUDA unit, its reference seconds and the units it covers (add_unit_kind)")
     args = options.parse_args(argv)
+    for spec in args.unit_kind:
+        add_unit_kind(spec)
     monitor = Monitor(args.dir, args.targets, args.jobs, args.interval)
 
     class Interrupted(Exception):

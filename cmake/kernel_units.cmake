@@ -3,29 +3,28 @@
 #
 #   cmake -DVFA_PRESET=full -DVFA_FA3_HEAD_DIMS=96 [-DVFA_BUILD_FA2=OFF ...] -P cmake/kernel_units.cmake
 #
-# prints one line per unit, "fa3 <file name>" or "fa2 <file name>". The knobs are read like
+# prints one line per unit, "<family> <file name>" ("fa2 flash_fwd_...", "fa3 ..."). The knobs are read like
 # a configure reads them (-D, else the environment, else the default). The units every
 # build of a module also compiles (FA3 combine + scheduler, the C++ API files, FA2's stubs
 # of left-out kernels) are not listed. benchmarks/dist_model.py uses this for the slices of `full`.
 cmake_minimum_required(VERSION 3.26)
 include(${CMAKE_CURRENT_LIST_DIR}/KernelSelection.cmake)
 vfa_read_selection()
-vfa_option(VFA_BUILD_FA3)
-vfa_option(VFA_BUILD_FA2)
 set(lines "")
-if(NOT VFA_BUILD_FA3 STREQUAL "off")
-  vfa_fa3_selection("${VFA_FA3_HEAD_DIMS}" "${VFA_FA3_DTYPES}" "${VFA_FA3_FEATURES}")
-  foreach(rel IN LISTS VFA_FA3_INSTANTIATIONS)
-    get_filename_component(name "${rel}" NAME)
-    string(APPEND lines "fa3 ${name}\n")
-  endforeach()
-endif()
-if(NOT VFA_BUILD_FA2 STREQUAL "off")
-  vfa_fa2_selection("${VFA_FA2_HEAD_DIMS}" "${VFA_FA2_DTYPES}" "${VFA_FA2_FEATURES}")
-  foreach(rel IN LISTS VFA_FA2_INSTANTIATIONS)
-    get_filename_component(name "${rel}" NAME)
-    string(APPEND lines "fa2 ${name}\n")
-  endforeach()
-endif()
+# Every compiled family of cmake/knobs.json, through its selection rule vfa_<name>_selection.
+vfa_declared_families(families extension)
+foreach(family IN LISTS families)
+  string(TOUPPER "${family}" part)
+  vfa_family_field(build_knob ${family} build_knob "")
+  vfa_option(${build_knob})
+  if(NOT ${build_knob} STREQUAL "off")
+    cmake_language(CALL vfa_${family}_selection
+      "${VFA_${part}_HEAD_DIMS}" "${VFA_${part}_DTYPES}" "${VFA_${part}_FEATURES}")
+    foreach(rel IN LISTS VFA_${part}_INSTANTIATIONS)
+      get_filename_component(name "${rel}" NAME)
+      string(APPEND lines "${family} ${name}\n")
+    endforeach()
+  endif()
+endforeach()
 # stdout (message() writes to stderr)
 execute_process(COMMAND ${CMAKE_COMMAND} -E echo_append "${lines}")

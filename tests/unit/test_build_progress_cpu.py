@@ -153,14 +153,42 @@ FA3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim12
 FA2 = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_hdim128_bf16_{}_sm80.cu.o"
 CPP = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api{}.cpp.o"
 FA3_OTHER = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_{}.cu.o"
+FA2_SPLIT = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_split_hdim128_bf16_{}_sm80.cu.o"
+
+# The kinds cmake/FA2Target.cmake and FA3Target.cmake declare (vfa_unit_kind), as the
+# build_progress target passes them (tests/build/test_build_progress.py checks that end to end).
+UNIT_KINDS = ["_vendored_fa2_C|FA2 CUDA, split-KV|311|flash_fwd_split_", "_vendored_fa2_C|FA2 CUDA|189|",
+              "_vendored_fa3_C|FA3 CUDA|153|/instantiations/", "_vendored_fa3_C|FA3 CUDA, other|54|"]
+
+
+@pytest.fixture(autouse=True)
+def unit_kinds(monkeypatch):
+    monkeypatch.setattr(build_monitor, "UNIT_KINDS", [])
+    monkeypatch.setattr(build_monitor, "REFERENCE_SECONDS", dict(build_monitor.REFERENCE_SECONDS))
+    for spec in UNIT_KINDS:
+        build_monitor.add_unit_kind(spec)
 
 
 def test_units_are_classified_by_module_and_language():
+    assert build_monitor.unit_kind(FA2_SPLIT.format("causal")) == "FA2 CUDA, split-KV"
     assert build_monitor.unit_kind(FA3.format("paged")) == "FA3 CUDA"
     assert build_monitor.unit_kind(FA2.format("causal")) == "FA2 CUDA"
     assert build_monitor.unit_kind(CPP.format("")) == "C++"
     assert build_monitor.unit_kind(FA3_OTHER.format("prepare_scheduler")) == "FA3 CUDA, other"
     assert build_monitor.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
+
+
+def test_the_monitor_knows_no_family_but_the_kinds_it_is_given(monkeypatch):
+    """The kinds of CUDA units come from each family's target file (--unit-kind); without
+    them a module's CUDA units are plain "CUDA", whatever the module is called."""
+    monkeypatch.setattr(build_monitor, "UNIT_KINDS", [])
+    assert build_monitor.unit_kind(FA3.format("paged")) == "CUDA"
+    assert build_monitor.unit_kind(FA2.format("causal")) == "CUDA"
+    build_monitor.add_unit_kind("_vendored_fa9_C|FA9 CUDA|42|")
+    assert build_monitor.unit_kind("CMakeFiles/_vendored_fa9_C.dir/src/k.cu.o") == "FA9 CUDA"
+    assert build_monitor.REFERENCE_SECONDS["FA9 CUDA"] == 42.0
+    # A module whose name holds another's is not taken for it.
+    assert build_monitor.unit_kind("CMakeFiles/x_vendored_fa9_C.dir/src/k.cu.o") == "CUDA"
 
 
 def state(jobs=2, **kw):
