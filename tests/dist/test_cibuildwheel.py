@@ -75,3 +75,22 @@ def test_the_test_command_checks_the_build_info():
     assert "vendored_flash_attn.wheel_check installed" in CIBW["test-command"]
     assert "{project}/vendor/flash-attention/pin.json" in CIBW["test-command"]
     assert CIBW["audit-command"].startswith("abi3audit --strict")
+
+
+def test_the_build_python_gets_fa4s_pinned_dependencies_unless_fa4_is_off():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cibw_fa4_deps", PROJECT / ".buildkite/scripts/cibw_fa4_deps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pip = module.command({})
+    from vendored_flash_attn import fa4_deps
+
+    assert pip[1:4] == ["-m", "pip", "install"]
+    assert tuple(pip[4:]) == fa4_deps.extra_from_pyproject(PROJECT / "pyproject.toml")
+    assert "nvidia-cutlass-dsl==4.6.0.dev0" in pip
+    for knob in ("VFA_BUILD_FA4", "VFA_FA4_PRECOMPILE"):
+        for word in ("off", "OFF", "0", "false"):
+            assert module.command({knob: word}) is None
+    assert module.command({"VFA_FA4_PRECOMPILE": "on"}) == pip
+    assert "cibw_fa4_deps.py" in (PROJECT / ".buildkite/scripts/cibw-before-build.sh").read_text()
