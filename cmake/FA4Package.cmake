@@ -148,8 +148,16 @@ function(vfa_add_fa4_package)
   # The kernels of the wheel's selection (its FA3 head dims, dtypes and features, and the
   # GQA ratios knob), for each arch and each Python: upstream keys kernels on the Python
   # minor, so each interpreter compiles its own set (cmake/fa4_precompile.py plan lists them).
-  set(selection --head-dims "${VFA_FA3_HEAD_DIMS}" --dtypes "${VFA_FA3_DTYPES}"
-      --features "${VFA_FA3_FEATURES}" --gqa-ratios "${VFA_FA4_PRECOMPILE_GQA_RATIOS}")
+  # One argument per axis, its values joined by commas (a CMake list would become words).
+  set(selection "")
+  foreach(axis head-dims:VFA_FA3_HEAD_DIMS dtypes:VFA_FA3_DTYPES features:VFA_FA3_FEATURES
+               gqa-ratios:VFA_FA4_PRECOMPILE_GQA_RATIOS)
+    string(REPLACE ":" ";" axis "${axis}")
+    list(GET axis 0 flag)
+    list(GET axis 1 variable)
+    string(REPLACE ";" "," values "${${variable}}")
+    list(APPEND selection "--${flag}=${values}")
+  endforeach()
   set(flags "")
   if(VFA_FA4_PRECOMPILE STREQUAL "auto")
     set(flags --best-effort)
@@ -174,5 +182,5 @@ function(vfa_add_fa4_package)
   set(VFA_FA4_REASON "" PARENT_SCOPE)
   set(VFA_FA4_PRECOMPILE_ARCHS "${archs}" PARENT_SCOPE)
   message(STATUS "vendored-flash-attn: FA4 packaged as vendored_flash_attn._fa4.cute "
-    "(precompile: ${precompile_state}${archs})")
+    "(precompile: ${precompile_state} ${archs})")
 endfunction()

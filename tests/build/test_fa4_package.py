@@ -144,3 +144,52 @@ def test_gqa_ratios_are_checked_like_every_list_knob(sources, tmp_path):
     result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE_GQA_RATIOS": "4;9"})
     assert result.returncode != 0
     assert "VFA_FA4_PRECOMPILE_GQA_RATIOS" in result.text and "9" in result.text
+
+
+FAKE_PRECOMPILE_PYTHON = '''#!{python}
+"""A stand-in for a Python with the [fa4] extra: `probe` says it can precompile; `compile`
+parses the build's arguments with the real script's own parser (as `plan`), logs the plan."""
+import json, subprocess, sys
+args = sys.argv[1:]
+while args[0] in ("-E", "-s"):
+    args.pop(0)
+script, command, rest = args[0], args[1], args[2:]
+if command == "probe":
+    print(json.dumps({{"stage": "", "precompile": ""}}))
+    sys.exit(0)
+kept, skip = [], False
+for arg in rest:
+    if skip:
+        skip = False
+    elif arg in ("--stage", "--out", "--record", "--report"):
+        skip = True
+    elif arg != "--best-effort":
+        kept.append(arg)
+plan = subprocess.run([sys.executable, script, "plan", *kept], capture_output=True, text=True)
+with open({log!r}, "a") as log:
+    log.write(json.dumps({{"argv": rest, "rc": plan.returncode, "plan": plan.stdout.split(), "err": plan.stderr}}) + "\\n")
+sys.exit(plan.returncode)
+'''
+
+
+def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sources, tmp_path):
+    # The build's command line reaches fa4_precompile.py's parser intact (the selection's
+    # lists as one argument each) and asks for the minimal preset's kernels: head dim 128,
+    # bf16 + e4m3 (FP8 KV), paged (TMA and cp.async pages), split, local, GQA 1/4/8, LSE.
+    log = tmp_path / "precompile.jsonl"
+    fake = tmp_path / "fa4-python"
+    fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    build = tmp_path / "build"
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_FA4_PRECOMPILE": "on",
+                               "VFA_FA4_PRECOMPILE_PYTHONS": str(fake)})
+    assert result.returncode == 0, result.text[-5000:]
+    assert "precompiled by VFA_FA4_PRECOMPILE_PYTHONS only" in result.text  # this venv has no DSL
+    built = run([tool("cmake"), "--build", str(build), "--target", "vfa_fa4"])
+    assert built.returncode == 0, built.text[-5000:]
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["rc"] == 0, runs
+    assert "--dtypes=bf16,e4m3" in runs[0]["argv"] and "--gqa-ratios=1,4,8" in runs[0]["argv"]
+    plan = runs[0]["plan"]
+    assert len(plan) == 144  # bf16: 3 layouts x 3 masks x 2 split x 2 LSE x 3 ratios; e4m3: paged only
+    assert "paged_cpasync-hd128-bf16-local-gqa8-split-lse" in plan and "paged-hd128-e4m3-causal-gqa4" in plan
