@@ -33,6 +33,9 @@ class ComponentInfo:
     defines: tuple[str, ...] = ()
     sources: int = 0
     reason: str = ""  # why it was not built, when built is False
+    # Kernels compiled at build time and shipped (FA4): one entry per run that shipped any,
+    # {"arch", "python", "flavour", "kernels"}; every other shape or Python compiles at first use.
+    precompiled: tuple[dict, ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ComponentInfo":
@@ -110,10 +113,12 @@ def _packaged_component(family, record: Optional[dict[str, Any]]) -> ComponentIn
                              reason=f"not in this wheel ({family.build_knob}=off, or the build could not "
                                     f"stage it; its record {family.record} is absent)")
     precompile = record.get("precompile") or {}
+    shipped = tuple({key: run.get(key) for key in ("arch", "python", "flavour", "kernels")}
+                    for run in precompile.get("runs") or () if isinstance(run, dict) and run.get("kernels"))
     return ComponentInfo(built=True, module=str(record.get("package") or family.probe),
                          gencode=tuple(str(a) for a in precompile.get("archs") or ()),
                          dtypes=family.dtypes, features=family.features,
-                         sources=int((record.get("staged") or {}).get("files") or 0))
+                         sources=int((record.get("staged") or {}).get("files") or 0), precompiled=shipped)
 
 
 class BuildInfoMissing(RuntimeError):

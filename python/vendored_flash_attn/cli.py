@@ -16,7 +16,8 @@ from .build_info import BuildInfo, BuildInfoMissing
 from .environment import current_environment
 from .families import registry
 
-COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason")
+COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason",
+                    "precompiled")
 # The mirror knobs are not recorded (a URL may hold credentials), but the URL each source
 # came from is, without them: that is what `info` shows for the knob.
 MIRROR_KNOB_SOURCES = {"FLASH_ATTN_MIRROR": "upstream", "CUTLASS_MIRROR": "cutlass"}
@@ -40,7 +41,7 @@ def _build_summary(info: BuildInfo) -> dict:
             raw.get(family.record_key, {"built": False}) if family.record_key is not None else {
                 "built": comp.built, "module": comp.module, "gencode": list(comp.gencode),
                 "dtypes": list(comp.dtypes), "features": list(comp.features), "sources": comp.sources,
-                "reason": comp.reason})
+                "reason": comp.reason, "precompiled": [dict(run) for run in comp.precompiled]})
     # The knobs (every build knob: value and origin), VFA_* settings that were no knob,
     # and the machine-dependent choices, as build_info.json has them.
     for key in ("torch", "cuda", "compiler", "compiler_cache", "cuda_driver_call", "build", "options",
@@ -105,6 +106,20 @@ def collect() -> dict:
     return report
 
 
+def _precompiled_text(runs: list) -> str:
+    """What a family ships compiled (FA4): per arch and Python; the rest compiles at first use."""
+    import sys
+
+    if not runs:
+        return "none (each kernel compiles at its first use, then comes from the user cache)"
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    text = ", ".join(f"{run.get('arch')} Python {run.get('python')}: {run.get('kernels')} ({run.get('flavour')})"
+                     for run in runs)
+    if not any(run.get("python") == here for run in runs):
+        text += f"; none for this Python ({here}): its kernels compile at first use"
+    return text
+
+
 def _yes(flag: Any) -> str:
     return "yes" if flag else "NO"
 
@@ -159,6 +174,8 @@ def render(report: dict) -> str:
                 f"  {key.upper()}: {comp.get('module', '?')}  archs {_list(comp.get('gencode'))}  "
                 f"head dims {_list(comp.get('head_dims'))}  dtypes {_list(comp.get('dtypes'))}  "
                 f"features {_list(comp.get('features'))}")
+            if "precompiled" in comp:
+                lines.append(f"    precompiled kernels: {_precompiled_text(comp['precompiled'])}")
         versions = [f"torch {build.get('torch', {}).get('version', '-')}",
                     f"CUDA {build.get('cuda', {}).get('version', '-')}"]
         if "compiler" in build:
