@@ -14,6 +14,9 @@
 #          tests/gpu/fa4_h200.sh run              reassemble, check the sha256, install; `info`,
 #                                                 the GPU suite (JUnit), FA4's precompiled check
 #          tests/gpu/fa4_h200.sh bench            import_time.py, first_call.py, kernels.py
+#          tests/gpu/fa4_h200.sh install          only reassemble, check and install (a fresh machine)
+#          tests/gpu/fa4_h200.sh fp8-probe        tests/gpu/fa4_fp8_probe.py
+#          tests/gpu/fa4_h200.sh tests FILE...    the named GPU test files again
 #   Results: $OUT/fa4/ (logs, JSON, JUnit XML).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,16 +28,17 @@ export PYTHONPATH=$WORK/site:$WORK/site/nvidia_cutlass_dsl/python_packages
 # in this session, never carried over.
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$WORK/user-cache
 export PYTHONUNBUFFERED=1
-case "${1:?stage FOLDER | run | bench}" in
+case "${1:?stage FOLDER | run | install | fp8-probe | tests FILE... | bench}" in
   stage)
     mkdir -p "$WORK/in" && cp -r "$ROOT/${2:?folder}/." "$WORK/in/" && ls -l "$WORK/in" ;;
-  run)
+  install|run)
     cd "$WORK/in" || exit 3
     wheel=nvidia_cutlass_dsl_libs_base-4.6.0.dev0-cp312-cp312-manylinux_2_28_x86_64.whl
     cat libs.part.* > "$wheel" && echo "$(cat libs.sha256)  $wheel" | sha256sum -c - || exit 4
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" \
       nvidia_cutlass_dsl-*.whl "$wheel" apache_tvm_ffi*.whl quack_kernels*.whl torch_c_dlpack_ext*.whl || exit 5
     python3 -m pip install -q --no-index --no-deps --force-reinstall vendored_flash_attn-*.whl || exit 6
+    [[ "$1" == install ]] && exit 0
     rm -rf "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
     cd /tmp || exit 3
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$RES/machine.txt" 2>&1
@@ -60,6 +64,14 @@ case "${1:?stage FOLDER | run | bench}" in
     # What the suite compiled at run time (shapes outside the wheel's selection only).
     find "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -name '*.o' -printf '%s %P\n' > "$RES/user-cache-after-tests.txt" 2>/dev/null
     ;;
+  fp8-probe)  # tests/gpu/fa4_fp8_probe.py: what decides the FP8 KV path's error
+    cd /tmp && python3 "$ROOT/tests/gpu/fa4_fp8_probe.py" --out "$RES" 2>&1 | tee "$RES/fp8_probe.log" | tail -n 20 ;;
+  tests)  # the named GPU test files (paths relative to the checkout), e.g. after a fix
+    shift
+    rm -rf "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+    OUT=$RES python3 -m pytest "${@/#/$ROOT/}" -m gpu -p no:cacheprovider -o pythonpath= -q -ra \
+      > "$RES/gpu-tests-again.log" 2>&1
+    echo "pytest rc=$?" >> "$RES/gpu-tests-again.log"; tail -n 25 "$RES/gpu-tests-again.log" ;;
   bench)
     cd /tmp || exit 3
     python3 "$ROOT/benchmarks/import_time.py" --repeats 5 --out "$RES" > "$RES/import_time.log" 2>&1
@@ -69,5 +81,5 @@ case "${1:?stage FOLDER | run | bench}" in
     python3 "$ROOT/benchmarks/kernels.py" --out "$RES" > "$RES/kernels.log" 2>&1
     echo "rc=$?" >> "$RES/kernels.log"; tail -n 45 "$RES/kernels.log"
     ;;
-  *) echo "unknown stage $1 (stage FOLDER, run, bench)" >&2; exit 2 ;;
+  *) echo "unknown stage $1 (stage FOLDER, run, install, fp8-probe, tests FILE..., bench)" >&2; exit 2 ;;
 esac

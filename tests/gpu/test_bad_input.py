@@ -18,6 +18,8 @@ from typing import Callable, Optional, Tuple
 import pytest
 import torch
 
+from vendored_flash_attn.families import registry
+
 from gpu_helpers import (BUILD, FA2_BUCKETS, Rand, built_dtypes, built_head_dims, check,
                          chunked_lengths, fa3_has_fp8, has_feature, make_problem,
                          primary_head_dim, reference, run_attention, version_skip_reason)
@@ -76,6 +78,11 @@ def head_size(kw, name, d):
     n = min(d, x.shape[-1])
     out[..., :n] = x[..., :n].float()
     return out.to(x.dtype)
+
+
+_VERSIONS = registry().versions
+UNDECLARED = max(_VERSIONS) + 1
+FA_VERSION_MESSAGE = f"fa_version must be {', '.join(map(str, _VERSIONS))} or None"
 
 
 @dataclass(frozen=True)
@@ -262,8 +269,10 @@ BAD = [
     Bad("num_splits-300-fa3", 3, lambda b: b.call(3, num_splits=300), "up to 256", needs=("split",)),
     Bad("window-three-values", 3, lambda b: b.call(3, window_size=(8, 0, 1)),
         "window_size must be (left, right)"),
-    Bad("fa_version-4", 4, lambda b: b.call(4), "fa_version must be 2, 3 or None"),
-    Bad("fa_version-string", "3", lambda b: b.call("3"), "fa_version must be 2, 3 or None"),
+    # A version no family declares (one past the newest), and the right number as a string;
+    # the message lists the declared versions (cmake/knobs.json's families).
+    Bad("fa_version-undeclared", UNDECLARED, lambda b: b.call(UNDECLARED), FA_VERSION_MESSAGE),
+    Bad("fa_version-string", "3", lambda b: b.call("3"), FA_VERSION_MESSAGE),
     Bad("max_seqlen_k-negative", 3, lambda b: b.call(3, max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
     Bad("alibi-fa3", 3, lambda b: b.call(3, alibi_slopes=torch.ones(HQ, device="cuda")), "ALiBi"),
     Bad("alibi-wrong-shape-fa2", 2, lambda b: b.call(2, alibi_slopes=torch.ones(HQ + 1, device="cuda")),
