@@ -38,7 +38,13 @@ def child() -> list[dict]:
     from vendored_flash_attn import fa4
 
     rows = []
-    for head_dim, page, heads in ((128, 128, (32, 8)), (512, 64, (8, 4))):
+    interface = fa4.load().interface
+    shapes = []
+    for head_dim in [int(d) for d in os.environ.get("FA4_FP8_PROBE_HEAD_DIMS", "128,512").split(",")]:
+        # FA4 takes FP8 KV on sm90 with pages of its tile_n for the head dim (fa4.py's rule).
+        tile_n = interface._tile_size_fwd_sm90(head_dim, head_dim, True, False).n_block_size
+        shapes.append((head_dim, tile_n, (8, 4) if head_dim == 512 else (32, 8)))
+    for head_dim, page, heads in shapes:
         q_lens, k_lens = (1,) * 4, (1024,) * 4
         model = dataclasses.replace(common.LLAMA_8B, head_dim=head_dim, heads_q=heads[0], heads_kv=heads[1])
         x = fp8_accuracy.long_context_inputs("v_mean", q_lens, k_lens, seed=7, model=model, page=page)
@@ -77,26 +83,29 @@ def child() -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--head-dims", default="128,512", help="head dims to probe (pages of FA4's tile_n)")
+    parser.add_argument("--jit-only", action="store_true", help="only kernels compiled here (no shipped ones)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("VFA_FP8_PROBE " + json.dumps(child()))
+        print("FA4_FP8_PROBE_ROWS " + json.dumps(child()))
         return 0
     results = []
-    for source, switch in (("shipped", "on"), ("jit", "off")):
-        env = {**os.environ, "VFA_FA4_SHIPPED_KERNELS": switch}
+    sources = (("shipped", "on"), ("jit", "off")) if not args.jit_only else (("jit", "off"),)
+    for source, switch in sources:
+        env = {**os.environ, "VFA_FA4_SHIPPED_KERNELS": switch, "FA4_FP8_PROBE_HEAD_DIMS": args.head_dims}
         proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("VFA_FP8_PROBE ")]
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FA4_FP8_PROBE_ROWS ")]
         if proc.returncode or not lines:
             results.append({"source": source, "error": (proc.stderr or proc.stdout)[-2000:]})
             continue
-        results += [{"source": source, **row} for row in json.loads(lines[-1][len("VFA_FP8_PROBE "):])]
+        results += [{"source": source, **row} for row in json.loads(lines[-1][len("FA4_FP8_PROBE_ROWS "):])]
     print(f"{'kernels':8s} {'hd':>4s} {'page':>4s}  {'call':44s} {'rel. L2 vs float64':>20s}")
     for row in results:
         value = row.get("error") or (f"{row['rel_l2'] * 100:.3f} %" + ("" if row["finite"] else " NON-FINITE"))
         print(f"{row['source']:8s} {row.get('head_dim', '-'):>4} {row.get('page', '-'):>4}  {row.get('call', '-'):44s} {value}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fa4_fp8_probe.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"fa4_fp8_probe{'-jit' if args.jit_only else ''}.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

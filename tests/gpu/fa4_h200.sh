@@ -65,7 +65,8 @@ case "${1:?stage FOLDER | run | install | fp8-probe | tests FILE... | bench}" in
     find "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -name '*.o' -printf '%s %P\n' > "$RES/user-cache-after-tests.txt" 2>/dev/null
     ;;
   fp8-probe)  # tests/gpu/fa4_fp8_probe.py: what decides the FP8 KV path's error
-    cd /tmp && python3 "$ROOT/tests/gpu/fa4_fp8_probe.py" --out "$RES" 2>&1 | tee "$RES/fp8_probe.log" | tail -n 20 ;;
+    shift
+    cd /tmp && python3 "$ROOT/tests/gpu/fa4_fp8_probe.py" --out "$RES" "$@" 2>&1 | tee "$RES/fp8_probe.log" | tail -n 40 ;;
   tests)  # the named GPU test files (paths relative to the checkout), e.g. after a fix
     shift
     rm -rf "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
