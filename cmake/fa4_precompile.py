@@ -45,6 +45,7 @@ from pathlib import Path
 if sys.argv[1:2] != ["check-installed"]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from vendored_flash_attn import fa4_cache, fa4_deps  # noqa: E402  (standard library only)
+from vendored_flash_attn.families import registry  # noqa: E402
 
 # Where the staged copy lives inside our package, and how its sources refer to themselves.
 UPSTREAM_PACKAGE = "flash_attn.cute"
@@ -248,9 +249,9 @@ class Selection:
         bad_ratios = [r for r in self.gqa_ratios if r < 1]
         if bad_ratios:
             raise ValueError(f"FA4 selection: GQA ratios {bad_ratios} are not query heads per KV head (>= 1)")
-        bad_dims = [d for d in self.head_dims if d % 8 or not 8 <= d <= 256]
+        bad_dims = [d for d in self.head_dims if d % 8 or not 8 <= d <= 512]
         if bad_dims:
-            raise ValueError(f"FA4 selection: head dims {bad_dims} are not multiples of 8 in 8..256")
+            raise ValueError(f"FA4 selection: head dims {bad_dims} are not multiples of 8 in 8..512")
 
     @property
     def layouts(self) -> tuple[str, ...]:
@@ -279,8 +280,10 @@ def reachable(call: KernelCall, gen: int) -> bool:
     if call.dtype == "e4m3":
         if gen == 12:
             return False
-        if gen == 9 and call.layout != "paged":  # FP8 KV: paged with page size == tile_n only
-            return False
+        if gen == 9:  # FP8 KV: paged with page size == tile_n, at the head dims FA4 is declared for
+            allowed = registry().by_name("fa4").call.fp8_kv_head_dims
+            if call.layout != "paged" or (allowed is not None and call.head_dim not in allowed):
+                return False
     if gen == 12 and (call.layout != "varlen" or call.split):
         return False
     return True

@@ -147,6 +147,11 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
                     "or FP8 q, k and v with FA3 (fa_version=3)")
         if q.shape[-1] != v.shape[-1]:
             _refuse("FP8 KV with a bf16/fp16 q needs equal q/k and v head sizes in FA4")
+        allowed = FAMILY.call.fp8_kv_head_dims
+        if allowed is not None and q.shape[-1] not in allowed:
+            _refuse(f"FP8 KV with a bf16/fp16 q at head size {q.shape[-1]}: FA4 takes it at head size "
+                    f"{', '.join(map(str, allowed))} only ({FAMILY.call.fp8_kv_why}). Use FP8 q, k and v with "
+                    "FA3 (fa_version=3), or a bf16/fp16 KV cache")
         return True
     return False
 

@@ -49,10 +49,13 @@ class CallRules:
     max_num_splits: Optional[int] = None
     sinks_max_q_heads: Optional[int] = None
     sinks_same_head_sizes: bool = False
+    # fp8_kv (a 16-bit q with FP8 k/v) only at these head dims; None: at any
+    fp8_kv_head_dims: Optional[tuple[int, ...]] = None
+    fp8_kv_why: str = ""
 
 
 _CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max_q_heads",
-                "sinks_same_head_sizes"}
+                "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why"}
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         default_on=None if default_on == "all" else tuple(int(m) for m in default_on),
         not_default={int(k): str(v) for k, v in entry.get("not_default", {}).items()},
         fallback=entry["fallback"], adapter=entry["adapter"], record=entry["record"],
-        call=CallRules(**{k: tuple(v) if k == "kv_layouts" else v for k, v in call.items()}),
+        call=CallRules(**{k: tuple(v) if k in ("kv_layouts", "fp8_kv_head_dims") else v for k, v in call.items()}),
         head_size_rule=entry.get("head_size_rule"),
         artefacts=tuple(entry.get("artefacts", ())),
         head_dims_knob=entry.get("head_dims_knob"), dtypes_knob=entry.get("dtypes_knob"),

@@ -72,10 +72,10 @@ def fake(monkeypatch, describe, tmp_path):
     return state
 
 
-def _paged(q_dtype=BF16, kv_dtype=BF16, page=PAGE):
-    q = torch.zeros(SEQS, HEADS, D, dtype=q_dtype)
-    k = torch.zeros(SEQS * 4, page, KV_HEADS, D, dtype=kv_dtype)
-    v = torch.zeros(SEQS * 4, page, KV_HEADS, D, dtype=kv_dtype)
+def _paged(q_dtype=BF16, kv_dtype=BF16, page=PAGE, d=D):
+    q = torch.zeros(SEQS, HEADS, d, dtype=q_dtype)
+    k = torch.zeros(SEQS * 4, page, KV_HEADS, d, dtype=kv_dtype)
+    v = torch.zeros(SEQS * 4, page, KV_HEADS, d, dtype=kv_dtype)
     return dict(q=q, k=k, v=v, max_seqlen_q=1, cu_seqlens_q=torch.arange(SEQS + 1, dtype=torch.int32),
                 max_seqlen_k=4 * page, seqused_k=torch.full((SEQS,), 300, dtype=torch.int32),
                 block_table=torch.arange(SEQS * 4, dtype=torch.int32).reshape(SEQS, 4))
@@ -133,18 +133,30 @@ def test_a_varlen_call_with_defaults(fake, describe):
     assert kwargs["return_lse"] is False and kwargs["_arch"] == 100
 
 
+# FA4's FP8 KV path is declared for head size 512 only (cmake/knobs.json, measured on the H200).
+FP8_KV_D = 512
+
+
 def test_fp8_kv_with_a_bf16_q_takes_upstreams_in_kernel_dequant_on_sm90(fake):
     descales = _descales()
-    fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3), causal=True, **descales)
+    fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, d=FP8_KV_D), causal=True, **descales)
     _, kwargs = fake.calls[-1]
     assert kwargs["fp8_kv_dequant"] is True
     assert all(kwargs[name] is descales[name] for name in descales)
-    assert fake.tile_asked == (D, D, True, False)
+    assert fake.tile_asked == (FP8_KV_D, FP8_KV_D, True, False)
+
+
+def test_fp8_kv_at_a_head_size_fa4_computes_wrong_is_refused_naming_fa3(fake):
+    # head size 128: 40 % error on the H200 at the pin (tests/gpu/fa4_fp8_probe.py)
+    with pytest.raises(fa4.FA4Unsupported, match=r"head size 128: FA4 takes it at head size 512 only \(at the "
+                                                 r"pin.*40 % error.*Use FP8 q, k and v with FA3 \(fa_version=3\)"):
+        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3), causal=True, **_descales())
+    assert fake.calls == []
 
 
 def test_fp8_kv_with_a_page_size_other_than_fa4s_tile_is_refused_before_the_kernel(fake):
     with pytest.raises(fa4.FA4Unsupported, match=r"page size of 128 .* got 64; or FP8 q, k and v with FA3"):
-        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, page=64), **_descales())
+        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, page=64, d=FP8_KV_D), **_descales())
     assert fake.calls == []
 
 

@@ -223,9 +223,11 @@ def test_the_wheel_features_widen_the_plan_the_way_calls_reach_kernels():
 
 
 def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
-    selection = precompile.Selection(dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,), return_lse=(False,))
-    # sm90: FP8 KV with a 16-bit q, paged with the kernel's tile as page only (fa4.check_call)
-    assert {c.layout for c in precompile.plan(selection, "sm_90a")} == {"paged"}
+    selection = precompile.Selection(head_dims=(128, 512), dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,),
+                                     return_lse=(False,))
+    # sm90: FP8 KV with a 16-bit q, paged with the kernel's tile as page only, at the head dims
+    # FA4's declaration takes it at (fa4.check_call): 512, not 128
+    assert {(c.layout, c.head_dim) for c in precompile.plan(selection, "sm_90a")} == {("paged", 512)}
     assert {c.layout for c in precompile.plan(selection, "sm_100a")} == {"varlen", "paged", "paged_cpasync"}
     assert precompile.plan(selection, "sm_120a") == []
     bf16 = precompile.Selection(dtypes=("bf16",), features=("paged", "split"), gqa_ratios=(1,), return_lse=(False,))
