@@ -386,16 +386,20 @@ def reference64(q, k, v, q_lens, k_lens, causal=True, chunk=512):
     return out
 
 
-# FA4 takes FP8 KV on sm90 with a bf16/fp16 q, from a paged cache whose page is the kernel's
-# tile_n (128 at head dim <= 128): fa4.check_call. Its q is the same FP8 values in bf16.
-FA4_FP8_PAGE = 128
+def fa4_fp8_page(head_dim: int, causal: bool) -> int:
+    """FA4 takes FP8 KV on sm90 with a bf16/fp16 q from a paged cache whose page is the kernel's
+    tile_n (fa4.check_call): upstream's own tile rule, asked of the loaded FA4."""
+    from vendored_flash_attn import fa4
+
+    return fa4.load().interface._tile_size_fwd_sm90(head_dim, head_dim, causal, False).n_block_size
 
 
 def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAMA_8B.head_dim,
                       version: int = 3) -> dict:
     """One long-context case: FP8 and bf16 kernels on the same values vs float64 (Llama-3.1-8B's
     heads; another head dim for a wheel without 128, such as a slice of `full`). ``version`` 3:
-    FA3 with FP8 q, k and v (page 16); 4: FA4's FP8 KV path (bf16 q, page FA4_FP8_PAGE)."""
+    FA3 with FP8 q, k and v (page 16); 4: FA4's FP8 KV path (bf16 q, pages of FA4's tile; the
+    same FP8 values, exact in bf16)."""
     import dataclasses
 
     import torch
@@ -403,7 +407,7 @@ def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAM
     from vendored_flash_attn import flash_attn_varlen_func
 
     q_lens, k_lens, causal = LONG_CONTEXT_SHAPES[shape]
-    page = LONG_CONTEXT_PAGE if version == 3 else FA4_FP8_PAGE
+    page = LONG_CONTEXT_PAGE if version == 3 else fa4_fp8_page(head_dim, causal)
     x = long_context_inputs(dist, q_lens, k_lens, seed, model=dataclasses.replace(LLAMA_8B, head_dim=head_dim),
                             page=page)
     kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=x["cu_seqlens_q"], max_seqlen_k=max(k_lens),

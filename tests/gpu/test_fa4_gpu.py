@@ -88,12 +88,19 @@ def _fp8_accuracy():
 fp8_accuracy = _fp8_accuracy()
 
 
+def _fp8_kv_head_dims():
+    from vendored_flash_attn.families import registry
+
+    return registry().by_name("fa4").call.fp8_kv_head_dims or (128,)
+
+
 @pytest.mark.parametrize("dist", fp8_accuracy.BAR_DISTRIBUTIONS)
 @pytest.mark.parametrize("shape", list(fp8_accuracy.LONG_CONTEXT_SHAPES))
-def test_fa4_fp8_kv_long_context_accuracy(shape, dist):
+@pytest.mark.parametrize("head_dim", _fp8_kv_head_dims())
+def test_fa4_fp8_kv_long_context_accuracy(head_dim, shape, dist):
     """The long-context FP8 cases of fp8_accuracy.py (non-zero-mean V up to 128k keys) on FA4's
-    FP8 KV path, against float64, held to FA3's bar: <= 0.5 % and <= 3x the bf16 kernel's
-    error on the same values."""
+    FP8 KV path at each head dim its declaration takes it at, against float64, held to FA3's
+    bar: <= 0.5 % and <= 3x the bf16 kernel's error on the same values."""
     import zlib
 
     import torch
@@ -101,7 +108,7 @@ def test_fa4_fp8_kv_long_context_accuracy(shape, dist):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("FA4's FP8 KV path (bf16 q with FP8 K/V) is sm90-only at the pin")
     row = fp8_accuracy.long_context_case(shape, dist, seed=zlib.crc32(f"{shape}/{dist}".encode()) % 1000,
-                                         version=4)
+                                         head_dim=head_dim, version=4)
     assert row["finite"], row
     fp8_err, bf16_err = row["fp8_kernel"], row["bf16_same_inputs"]
     bar = fp8_accuracy.LONG_CONTEXT_BAR
@@ -111,6 +118,25 @@ def test_fa4_fp8_kv_long_context_accuracy(shape, dist):
     assert fp8_err <= bar["max_ratio_to_bf16"] * bf16_err, (
         f"{shape} {dist}: FA4 FP8 KV error {fp8_err:.3e} is more than {bar['max_ratio_to_bf16']}x the bf16 "
         f"error {bf16_err:.3e} on the same values")
+
+
+def test_fa4_fp8_kv_is_refused_at_a_head_dim_it_computes_wrong():
+    """Head dim 128 (Llama's) on FA4's FP8 KV path gave 40 % error at the pin (docs/fa4.md):
+    refused before any kernel, naming FA3."""
+    import torch
+
+    from vendored_flash_attn import flash_attn_varlen_func
+    from vendored_flash_attn.errors import FlashAttnInputError
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FA4's FP8 KV path is sm90-only at the pin")
+    assert 128 not in _fp8_kv_head_dims()
+    x = fp8_accuracy.long_context_inputs("v_mean", (1, 1), (300, 200), seed=1, page=128)
+    ones = x["descale"]
+    with pytest.raises(FlashAttnInputError, match=r"FA4 takes it at head size .* FA3 \(fa_version=3\)"):
+        flash_attn_varlen_func(x["q"].to(torch.bfloat16), x["k_cache"], x["v_cache"], 1, x["cu_seqlens_q"], 300,
+                               seqused_k=x["seqused_k"], block_table=x["block_table"], causal=True,
+                               q_descale=ones, k_descale=ones, v_descale=ones, fa_version=4)
 
 
 # --- the wheel's precompiled kernels ---
