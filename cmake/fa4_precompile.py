@@ -276,7 +276,10 @@ def generation(arch: str) -> int:
 
 def reachable(call: KernelCall, gen: int) -> bool:
     """Whether fa4.run takes ``call`` on a GPU of generation ``gen`` (what it refuses before
-    any kernel is not compiled: fa4.check_call's rules for FP8, sm120's paged / split)."""
+    any kernel is not compiled: a generation the declaration excludes, fa4.check_call's rules
+    for FP8, sm120's paged / split)."""
+    if gen in registry().by_name("fa4").excluded:
+        return False
     if call.dtype == "e4m3":
         if gen == 12:
             return False

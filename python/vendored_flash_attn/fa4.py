@@ -116,9 +116,11 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
     del cu_seqlens_k, seqused_k, q_v, dropout_p, alibi_slopes, scheduler_metadata, s_aux
     del cp_world_size, cp_rank, cp_tot_seqused_k
     generation = GENERATIONS.get(arch // 10)
-    if generation is None:
-        _refuse(f"FA4 runs on sm90 (Hopper) and sm100/sm120 (Blackwell) in this package; this GPU is "
-                f"sm{arch}: use FA2 (fa_version=2)")
+    if generation is None:  # the declaration's words: where it runs, or why not here
+        fallback = registry().by_name(FAMILY.fallback) if FAMILY.fallback else None
+        problem = FAMILY.capability_problem(arch // 10, arch % 10, max(q.get_device(), 0))
+        _refuse(f"{problem or f'FA4 does not run on sm{arch}'}" +
+                (f"; use {fallback.title} (fa_version={fallback.version})" if fallback else ""))
     if block_table is not None:
         if generation == "sm120":
             _refuse("a paged KV cache (block_table) on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel "

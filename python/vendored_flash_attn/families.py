@@ -68,6 +68,8 @@ class Family:
     build_knob: str
     min_capability: tuple[int, int]
     generations: dict[int, str]
+    # GPU generations (major) it is declared not to run on, with why (a fault at the pin)
+    excluded: dict[int, str]
     dtypes: tuple[str, ...]
     features: tuple[str, ...]
     default_on: Optional[tuple[int, ...]]  # None: every major it runs on
@@ -114,6 +116,9 @@ class Family:
 
     def capability_problem(self, major: int, minor: int, index: int) -> Optional[str]:
         """Why it cannot run on GPU ``index`` of this compute capability; None when it can."""
+        if major in self.excluded:
+            return (f"{self.title} does not run on compute capability {major}.x in this package: "
+                    f"{self.excluded[major]}; GPU {index} has compute capability {major}.{minor}")
         if self.generations and major not in self.generations:
             names = sorted(set(self.generations.values()), key=lambda n: (len(n), n))
             return (f"{self.title} runs on {', '.join(names)} only (compute capability "
@@ -186,6 +191,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         name=name, version=int(entry["version"]), made=entry["made"], build_knob=entry["build_knob"],
         min_capability=_capability(caps["min"]),
         generations={int(k): str(v) for k, v in caps.get("generations", {}).items()},
+        excluded={int(k): str(v) for k, v in caps.get("excluded", {}).items()},
         dtypes=tuple(entry["dtypes"]), features=tuple(entry["features"]),
         default_on=None if default_on == "all" else tuple(int(m) for m in default_on),
         not_default={int(k): str(v) for k, v in entry.get("not_default", {}).items()},

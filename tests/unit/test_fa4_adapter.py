@@ -168,8 +168,13 @@ def test_fp8_q_k_v_on_sm100_passes_the_descales(fake, describe):
     assert kwargs["fp8_kv_dequant"] is False and kwargs["k_descale"] is descales["k_descale"]
 
 
-def test_sm120_asks_upstream_for_one_split(fake, describe):
+def test_sm120_asks_upstream_for_one_split_once_the_declaration_lets_it_in(fake, describe, monkeypatch):
+    # What FA4's sm120 path needs when a pin whose sm120 kernel compiles takes it off the
+    # declaration's `excluded`: one split (upstream has no heuristic there), no paged KV.
+    monkeypatch.setitem(fa4.GENERATIONS, 12, "sm120")
     describe(caps=(BLACKWELL_12,))
+    with pytest.raises(fa4.FA4Unsupported, match="paged KV cache .* on sm120 needs FA2"):
+        fa4.flash_attn_varlen_func(**_paged())
     q = torch.zeros(10, HEADS, D, dtype=BF16)
     k = v = torch.zeros(10, KV_HEADS, D, dtype=BF16)
     cu = torch.tensor([0, 10], dtype=torch.int32)
@@ -179,8 +184,10 @@ def test_sm120_asks_upstream_for_one_split(fake, describe):
 
 REFUSALS = [
     ("FP8 q needs FA3", HOPPER, lambda: _paged(q_dtype=E4M3, kv_dtype=E4M3), {}),
-    ("sm80: use FA2", AMPERE, _paged, {}),
-    ("paged KV cache .* on sm120 needs FA2", BLACKWELL_12, _paged, {}),
+    (r"FA4 runs on sm90, sm100 only .* compute capability 8.0; use FA2 \(fa_version=2\)", AMPERE, _paged, {}),
+    # sm120 is excluded by the declaration: its kernel does not compile at the pin
+    (r"does not run on compute capability 12.x in this package: at the pin, FA4's sm120 forward kernel does "
+     r"not compile .*; use FA2 \(fa_version=2\)", BLACKWELL_12, _paged, {}),
     ("FP8 KV with a torch.bfloat16 q is FA4's sm90 path only", BLACKWELL, lambda: _paged(kv_dtype=E4M3), {}),
 ]
 

@@ -231,8 +231,8 @@ def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
     assert {c.layout for c in precompile.plan(selection, "sm_100a")} == {"varlen", "paged", "paged_cpasync"}
     assert precompile.plan(selection, "sm_120a") == []
     bf16 = precompile.Selection(dtypes=("bf16",), features=("paged", "split"), gqa_ratios=(1,), return_lse=(False,))
-    sm120 = precompile.plan(bf16, "sm_120a")
-    assert sm120 and all(c.layout == "varlen" and not c.split for c in sm120)
+    # sm120 is excluded by FA4's declaration (its kernel does not compile at the pin)
+    assert precompile.plan(bf16, "sm_120a") == [] and precompile.plan(bf16, "sm_100a")
 
 
 def test_plan_refuses_what_upstream_cannot_take():

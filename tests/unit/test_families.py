@@ -52,7 +52,8 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     assert fa4_family.adapter == "vendored_flash_attn.fa4:flash_attn_varlen_func"
     assert fa4_family.adapter_function() is fa4.flash_attn_varlen_func
     # FA4's generations are the declaration's (fa4.py reads them from there).
-    assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100", 12: "sm120"}
+    assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100"}
+    assert "does not compile" in fa4_family.excluded[12]  # sm120: upstream's kernel at the pin
     assert registry[3].generations == {9: "sm90"} and not registry[2].generations
     for family in registry:  # every declared adapter exists
         assert callable(family.adapter_function())
@@ -157,7 +158,14 @@ def test_env_4_in_a_wheel_without_fa4(describe):
     assert selection.version == 2 and "built without FA4" in selection.fallbacks[0]
 
 
-@pytest.mark.parametrize("caps", [BLACKWELL, BLACKWELL_12])
+def test_sm120_is_excluded_with_the_declared_reason(describe):
+    selection, _ = _select(describe, BLACKWELL_12)
+    assert selection.version == 2
+    assert "FA4 does not run on compute capability 12.x in this package: at the pin" in selection.reason
+    assert "does not compile" in selector.fa_version_unsupported_reason(4)
+
+
+@pytest.mark.parametrize("caps", [BLACKWELL])
 def test_blackwell_default_is_fa4_when_installed_else_fa2(describe, caps):
     selection, warned = _select(describe, caps)
     assert selection.version == 4, selection
@@ -172,7 +180,7 @@ def test_blackwell_default_is_fa4_when_installed_else_fa2(describe, caps):
 
 def test_ampere_and_no_gpu(describe):
     assert _select(describe, AMPERE)[0].version == 2
-    assert "FA4 runs on sm90, sm100, sm120 only" in selector.fa_version_unsupported_reason(4)
+    assert "FA4 runs on sm90, sm100 only" in selector.fa_version_unsupported_reason(4)
     selection, _ = _select(describe, None)
     assert selection.version is None and "no CUDA GPU" in selection.reason
     assert "no CUDA GPU" in selector.fa_version_unsupported_reason(4)
