@@ -56,6 +56,35 @@ def test_fa4_matches_the_reference(head_dim, dtype, layout, rng):
     run_checked(p, 4, f"FA4 {layout} hd{head_dim}", causal=causal, window=window)
 
 
+def test_fa4_softcap_matches_the_reference(rng):
+    """vLLM's softcap (Gemma-2's 50, Grok's 30) through FA4: upstream's softcap score_mod."""
+    q_lens, k_lens = prefill_lengths(rng)
+    p = make_problem(rng, dtype="bf16", num_heads=16, num_heads_k=4, head_dim=128, q_lens=q_lens, k_lens=k_lens)
+    run_checked(p, 4, "FA4 softcap 30 hd128", causal=True, softcap=30.0)
+
+
+def test_fa4_sinks_match_the_reference(rng):
+    """Attention sinks (vLLM's s_aux: one bf16 logit per query head that takes part in the
+    softmax and adds no value; gpt-oss) through FA4's learnable_sink. The reference follows
+    from the sink-free one: out * 1 / (1 + exp(sink - lse)), its LSE the natural log of the
+    softmax's denominator."""
+    import torch
+
+    from gpu_helpers import check, reference, run_attention
+
+    q_lens, k_lens = prefill_lengths(rng)
+    p = make_problem(rng, dtype="bf16", num_heads=16, num_heads_k=4, head_dim=128, q_lens=q_lens, k_lens=k_lens,
+                     page_size=128)
+    sinks = (torch.randn(16, device="cuda") * 2).to(torch.bfloat16)
+    out, _ = run_attention(p, version=4, causal=True, lse=False, s_aux=sinks)
+    ref_out, ref_lse = reference(p, causal=True)
+    kept = torch.sigmoid(ref_lse.float() - sinks.float()[:, None])  # (heads, total_q)
+    ref_sinks = ref_out.float() * kept.transpose(0, 1)[..., None]
+    check(p, out, None, ref_sinks.to(ref_out.dtype), ref_lse, label="FA4 sinks hd128 paged")
+    # the sinks changed the output: a kernel that ignored s_aux would not pass the check above
+    assert float((ref_sinks - ref_out.float()).norm() / ref_out.float().norm()) > 0.01
+
+
 def test_fa4_refuses_what_it_cannot_do_before_any_kernel(rng):
     """ALiBi is FA2's: refused with the family that can, no kernel launched."""
     import torch
