@@ -1,30 +1,37 @@
 #!/usr/bin/env python3
 """FA4 (upstream's ``flash_attn/cute``, CuTe DSL) as a subpackage of ours, compiled ahead of time.
 
-Prototype of the two build steps the wheel build will call (docs/fa4.md says why each
-choice was made and what was measured):
+The build steps cmake/FA4Package.cmake runs, and the checks around them (docs/fa4.md says
+why each choice was made and what was measured):
 
 ``stage``
     Copies the pinned ``flash_attn/cute`` sources into ``<dest>/<package path>`` and rewrites
     their absolute ``flash_attn.cute`` imports to our subpackage
     (``vendored_flash_attn._fa4.cute``), so the copy never shadows, and is never shadowed
-    by, a real ``flash_attn`` install. Needs nothing but the standard library.
+    by, a real ``flash_attn`` install. Needs nothing but the standard library (+ packaging).
 
 ``plan``
-    Prints the kernel calls a selection (head dims, dtypes, masks, layouts, GQA ratios,
-    LSE) makes, one per compile key family the dispatch can reach. Standard library only.
+    Prints the kernels of a selection (the wheel's head dims, dtypes and features, the GQA
+    ratios, LSE) that vLLM's calls reach through the adapter on an arch, one per compile key.
 
 ``compile``
-    Runs those calls through upstream's public ``flash_attn_func`` /
-    ``flash_attn_varlen_func`` on fake CUDA tensors (torch ``FakeTensorMode``) with
-    upstream's disk cache enabled, so each call compiles one real kernel (SASS for
-    ``--arch``) into the cache and launches nothing: no GPU is needed. Needs torch and the
-    ``fa4`` extra (``nvidia-cutlass-dsl`` ...) in the interpreter that runs it. The cache
-    lands in ``<out>/<dsl flavour>/<upstream fingerprint>/<kernel kind>/<key hash>.o``:
-    upstream's fingerprint covers the sources, Python minor, cutlass and tvm-ffi versions
-    but not which CUDA build of the DSL compiled (cu12 and cu13 builds of
-    ``nvidia-cutlass-dsl`` have one version string), so the flavour directory above it
-    keeps kernels of one flavour from ever loading in the other.
+    Makes those calls through FA4's adapter (``vendored_flash_attn.fa4.run``) on fake CUDA
+    tensors (torch ``FakeTensorMode``), so each call compiles one real kernel (SASS for
+    ``--arch``) with the compile key a run-time call gets, and launches nothing: no GPU is
+    needed. Needs torch and the ``fa4`` extra in the interpreter that runs it (one kernel set
+    per Python: upstream's fingerprint holds the Python minor). The kernels land in
+    ``<out>/<dsl flavour>/<upstream fingerprint>/<kernel kind>/<key hash>.o``: upstream's
+    fingerprint covers the sources, Python minor, cutlass and tvm-ffi versions but not which
+    CUDA build of the DSL compiled (cu12 and cu13 builds of ``nvidia-cutlass-dsl`` have one
+    version string), so the flavour directory above it keeps kernels of one flavour from
+    ever loading in the other.
+
+``verify``
+    Loads them back as the installed wheel does; a kernel that compiles instead fails it.
+
+``check-installed``
+    On a GPU, with the wheel installed: every kernel it precompiled for this Python and GPU
+    runs through the public call on real data with nothing compiled.
 """
 
 from __future__ import annotations
@@ -318,18 +325,6 @@ def selection_from_args(args: argparse.Namespace) -> Selection:
 # Compiling (needs torch and the fa4 extra)
 # ---------------------------------------------------------------------------------------
 
-def dsl_flavour() -> str:
-    """The CUDA build of the CuTe DSL this process loaded, e.g. ``cu12.9`` (imports cutlass).
-
-    nvidia-cutlass-dsl picks its cu12 or cu13 half at import (the newest one the driver
-    supports, the newest installed without a driver), so this is read from cutlass after the
-    import, never from the installed distributions.
-    """
-    import cutlass
-
-    return fa4_cache.dsl_flavour(cutlass)  # the run time's rule, one place
-
-
 def _page_size(interface, call: KernelCall, gen: int) -> int:
     """The page size that gives ``call`` its layout: the kernel's tile_n for TMA loads (upstream's
     own tile rule on sm90; 128 on sm100), another size for cp.async loads."""
@@ -432,6 +427,8 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     cache_utils = importlib.import_module(f"{package}.cache_utils")
     user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify else out
     fa4_cache.install(loaded.interface, cache_utils, cutlass, shipped=out, user=user)
+    # The DSL picks its cu12 or cu13 half at import: the flavour is read from cutlass
+    # after the import (the run time's rule, fa4_cache).
     flavour = fa4_cache.dsl_flavour(cutlass)
     import_s = time.perf_counter() - t0
     results = []
