@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from runtime_fakes import make_build
+from vendored_flash_attn.families import registry
 from vendored_flash_attn.kernels import dtype_problem, head_size_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,8 @@ def test_the_slices_hold_the_hdimdiff_kernels_where_the_docs_say():
 def test_package_refuses_what_is_not_listed_with_the_expected_words(name, pair, dtype):
     build = fake_build(SELECTIONS[name])
     head_dim, head_dim_v = pair
-    problem = dtype_problem(3, build.fa3, dtype) or head_size_problem(3, build.fa3, head_dim, head_dim_v, dtype)
+    fa3 = registry().by_name("fa3")
+    problem = dtype_problem(fa3, build.fa3, dtype) or head_size_problem(fa3, build.fa3, head_dim, head_dim_v, dtype)
     unbuilt = gpu_helpers.hdimdiff_unbuilt(head_dim, head_dim_v, dtype, build)
     if unbuilt is None:
         assert problem is None, f"{name}: the build info lists {pair} {dtype}; the package refuses: {problem}"
