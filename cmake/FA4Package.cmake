@@ -166,7 +166,8 @@ function(vfa_add_fa4_package)
     foreach(arch IN LISTS archs)
       # The CUDA flavour directory is created below kernels/ by the compile itself.
       list(APPEND commands COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
-        --out "${package}/kernels" --arch ${arch} ${selection} --record "${package}/build_info.json" ${flags})
+        --out "${package}/kernels" --arch ${arch} ${selection} --jobs ${VFA_JOBS}
+        --record "${package}/build_info.json" ${flags})
     endforeach()
   endforeach()
   add_custom_command(OUTPUT "${stage}/.staged"
@@ -176,6 +177,11 @@ function(vfa_add_fa4_package)
     COMMENT "vendored-flash-attn: staging FA4 as vendored_flash_attn._fa4.cute (precompile: ${precompile_state} ${archs})"
     VERBATIM)
   add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
+  if(archs)
+    # The precompile runs VFA_JOBS workers (about 1.4 GB each): after the compiled modules,
+    # so it never shares the machine with their compiles (the job pool's budget).
+    add_dependencies(vfa_fa4 ${VFA_COMPILED_MODULES})
+  endif()
   install(DIRECTORY "${package}" DESTINATION vendored_flash_attn
     PATTERN "__pycache__" EXCLUDE)
   set(VFA_FA4_BUILT TRUE PARENT_SCOPE)

@@ -497,11 +497,21 @@ def main(argv: list[str] | None = None) -> int:
                            help="cache root to compile into (verify: to load from; nothing may compile)")
             p.add_argument("--report", type=Path, help="write the report as JSON here")
         if name == "compile":
+            p.add_argument("--jobs", type=int, default=1,
+                           help="worker processes (each imports the DSL: about 1.4 GB); the build passes its job count")
             p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
             p.add_argument("--best-effort", action="store_true",
                            help="a build that did not ask for kernels: on any failure warn, ship none of "
                                 "this run's kernels, exit 0")
+    p_worker = sub.add_parser("compile-worker", help=argparse.SUPPRESS)
+    for flag in ("--stage", "--out", "--calls", "--report"):
+        p_worker.add_argument(flag, type=Path, required=True)
+    p_worker.add_argument("--arch", required=True)
     args = parser.parse_args(argv)
+    if args.command == "compile-worker":  # one share of `compile --jobs N` (compile_in_workers)
+        todo = [KernelCall(**c) for c in json.loads(args.calls.read_text())]
+        args.report.write_text(json.dumps(compile_selection(args.stage, args.out, args.arch, todo)))
+        return 0
     if args.command == "probe":
         print(json.dumps(probe()))
         return 0
@@ -526,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compile" and args.best_effort:
         return compile_best_effort(args, calls)
     verify = args.command == "verify"
-    report = compile_selection(args.stage, args.out, args.arch, calls, verify=verify)
+    report = (compile_selection(args.stage, args.out, args.arch, calls, verify=True) if verify
+              else compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs))
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     failed = [c["call"] for c in report["calls"] if c["error"] or (verify and c["objects"])]
@@ -543,13 +554,53 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], jobs: int) -> dict:
+    """``compile_selection`` over ``jobs`` worker processes of this interpreter (each imports
+    the DSL: about 1.4 GB), the calls dealt round-robin; one report, calls in plan order.
+    Kernels are keyed files, so workers share the output folder; a kernel two workers reach
+    (the split-KV combine) is written under upstream's lock, with the same bytes."""
+    import subprocess
+    import tempfile
+
+    shards = [shard for shard in (calls[i::jobs] for i in range(max(1, jobs))) if shard]
+    if len(shards) <= 1:
+        return compile_selection(stage_root, out, arch, calls)
+    with tempfile.TemporaryDirectory(prefix="vfa-fa4-workers-") as tmp:
+        workers = []
+        for index, shard in enumerate(shards):
+            todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
+            todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
+            command = [sys.executable, "-E", "-s", str(Path(__file__).resolve()), "compile-worker",
+                       "--stage", str(stage_root), "--out", str(out), "--arch", arch,
+                       "--calls", str(todo), "--report", str(report)]
+            workers.append((subprocess.Popen(command), report))
+        reports = []
+        for process, report in workers:
+            code = process.wait()
+            if code != 0 or not report.is_file():
+                raise RuntimeError(f"an FA4 compile worker exited with {code}: see the lines above")
+            reports.append(json.loads(report.read_text()))
+    order = {call.name: i for i, call in enumerate(calls)}
+    merged = {**reports[0], "jobs": len(shards),
+              "import_seconds": max(r["import_seconds"] for r in reports),
+              "peak_rss_mb": max(r["peak_rss_mb"] for r in reports),
+              "calls": sorted((c for r in reports for c in r["calls"]), key=lambda c: order[c["call"]])}
+    return merged
+
+
+def _shipped_objects(report: dict) -> dict[str, int]:
+    """The kernel files a run wrote (each once: with workers, a call's before/after listing
+    of the folder can also hold another worker's kernel)."""
+    return {path: size for call in report["calls"] for path, size in call["objects"].items()}
+
+
 def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> int:
     """``compile`` for a build that did not ask for kernels (VFA_FA4_PRECOMPILE=auto): any
     failure is one warning, the kernels of this run are removed (those of other Pythons or
     archs in the same folder stay), the build goes on."""
     before = set(_objects(args.out))
     try:
-        report = compile_selection(args.stage, args.out, args.arch, calls)
+        report = compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
         failed = [c["call"] for c in report["calls"] if c["error"]]
     except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
         report, failed = None, [f"{type(exc).__name__}: {exc}"]
@@ -571,9 +622,10 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: S
     if report is None or failed:
         return {"arch": arch, "python": python, "kernels": 0, "selection": chosen, "error": "; ".join(failed)[:2000]}
     calls = report["calls"]
-    return {"arch": arch, "kernels": sum(len(c["objects"]) for c in calls), "selection": chosen,
+    shipped = _shipped_objects(report)
+    return {"arch": arch, "kernels": len(shipped), "selection": chosen, "jobs": report.get("jobs", 1),
             "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
-            "bytes": sum(sum(c["objects"].values()) for c in calls),
+            "bytes": sum(shipped.values()),
             **{k: report[k] for k in ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint")}}
 
 

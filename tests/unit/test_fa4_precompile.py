@@ -96,3 +96,15 @@ def test_an_asked_for_precompile_that_fails_fails(precompile, staged):
     dest, record = staged
     with pytest.raises(ModuleNotFoundError, match="cutlass"):
         precompile.main(["compile", "--stage", str(dest), "--out", str(dest / "k"), "--arch", "sm_90a"])
+
+
+def test_a_run_in_workers_counts_each_kernel_once(precompile):
+    # With workers sharing the output folder, a call's before/after listing can also hold a
+    # kernel another worker wrote (and the split-KV combine kernel is reached by many calls).
+    call = {"error": None, "refused": None}
+    report = {"flavour": "cu12.9", "python": "3.12", "cutlass": "4.6.0.dev0", "tvm_ffi": "0.1.15", "fingerprint": "f",
+              "jobs": 2, "calls": [{**call, "call": "a", "objects": {"fwd/a.o": 10, "fwd_combine/c.o": 5}},
+                                   {**call, "call": "b", "objects": {"fwd/b.o": 20, "fwd_combine/c.o": 5}},
+                                   {**call, "call": "c", "objects": {"fwd/b.o": 20}}]}
+    summary = precompile._run_summary("sm_90a", report, [], precompile.Selection())
+    assert (summary["kernels"], summary["bytes"], summary["calls"], summary["jobs"]) == (3, 35, 3, 2)
