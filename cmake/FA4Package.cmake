@@ -15,14 +15,17 @@ include_guard(GLOBAL)
 
 set(_VFA_FA4_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/fa4_precompile.py")
 
-# The DSL target of each arch of the list that FA4 runs on (interface.py at the pin:
-# sm90, sm100, sm120 kernel families; arch-specific "a" targets as upstream compiles).
+# The DSL target of each arch of the list that FA4 runs on: the generations the fa4 family
+# declares (cmake/knobs.json: capabilities.generations, sm120 being declared `excluded` at
+# the pin), as the arch-specific "a" targets upstream compiles.
 #   vfa_fa4_dsl_archs(out "8.0;9.0;10.0")  ->  sm_90a;sm_100a
 function(vfa_fa4_dsl_archs out_var)
   set(targets "")
   foreach(arch IN LISTS ARGN)
-    if(arch MATCHES "^(9|10|12)\\.0")
-      list(APPEND targets "sm_${CMAKE_MATCH_1}0a")
+    string(REGEX MATCH "^[0-9]+" major "${arch}")
+    vfa_family_field(generation fa4 "capabilities;generations;${major}" "")
+    if(NOT generation STREQUAL "")
+      list(APPEND targets "sm_${major}0a")
     endif()
   endforeach()
   list(REMOVE_DUPLICATES targets)
@@ -90,6 +93,7 @@ function(vfa_add_fa4_package)
       endif()
       list(APPEND pythons "${interpreter}")
     endforeach()
+    list(REMOVE_DUPLICATES pythons)  # the build's own Python named again compiles once
     if(pythons AND NOT precompile_reason STREQUAL "")
       message(STATUS "vendored-flash-attn: FA4 kernels precompiled by VFA_FA4_PRECOMPILE_PYTHONS only: ${precompile_reason}")
       set(precompile_reason "")
@@ -100,7 +104,7 @@ function(vfa_add_fa4_package)
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
     vfa_fa4_dsl_archs(archs ${VFA_CUDA_ARCHS})
     if(NOT archs)
-      set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (9.0, 10.0, 12.0)")
+      set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (the fa4 family's generations: 9.0, 10.0)")
     endif()
     if(precompile_reason STREQUAL "")
       set(precompile_state "on")
