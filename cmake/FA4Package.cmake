@@ -147,11 +147,14 @@ function(vfa_add_fa4_package)
   set(python "${Python_EXECUTABLE}" -E -s)
   # From scratch each time: no kernel of an earlier source or selection may stay behind.
   set(commands
-    COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}"
+    COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}" "${stage}/share"
     COMMAND ${python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
   # The kernels of the wheel's selection (its FA3 head dims, dtypes and features, and the
-  # GQA ratios knob), for each arch and each Python: upstream keys kernels on the Python
-  # minor, so each interpreter compiles its own set (cmake/fa4_precompile.py plan lists them).
+  # GQA ratios knob), for each arch and each Python (cmake/fa4_precompile.py plan lists them).
+  # Upstream keys kernels on the Python minor, but their bytes do not depend on it: the first
+  # Python compiles and leaves its keys in the arch's --share file; each other one learns its
+  # own keys without compiling, checks one kernel byte for byte and ships an index of the
+  # first one's files (or compiles its own set when they differ, saying why).
   # One argument per axis, its values joined by commas (a CMake list would become words).
   set(selection "")
   foreach(axis head-dims:VFA_FA3_HEAD_DIMS dtypes:VFA_FA3_DTYPES features:VFA_FA3_FEATURES
@@ -171,7 +174,7 @@ function(vfa_add_fa4_package)
       # The CUDA flavour directory is created below kernels/ by the compile itself.
       list(APPEND commands COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
         --out "${package}/kernels" --arch ${arch} ${selection} --jobs ${VFA_JOBS}
-        --record "${package}/build_info.json" ${flags})
+        --record "${package}/build_info.json" --share "${stage}/share/${arch}.json" ${flags})
     endforeach()
   endforeach()
   add_custom_command(OUTPUT "${stage}/.staged"

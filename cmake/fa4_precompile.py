@@ -26,6 +26,15 @@ why each choice was made and what was measured):
     version string), so the flavour directory above it keeps kernels of one flavour from
     ever loading in the other.
 
+    ``--share FILE`` (the build passes one per arch to every Python): kernels compiled once
+    for every Python. When FILE is absent, this Python compiles and writes there the key
+    hash of every kernel each call looked up. When another Python wrote it, this one makes
+    its calls with every lookup answered by a stand-in (nothing compiles; its own key hashes
+    are noted), compiles one call for real and compares those kernels byte for byte with the
+    other Python's; equal: the kernels ship once and this Python gets
+    ``<flavour>/<its fingerprint>/aliases.json`` (its key hashes -> the other Python's files,
+    read by fa4_cache); else it compiles its own set and says why.
+
 ``verify``
     Loads them back as the installed wheel does; a kernel that compiles instead fails it.
 
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -390,15 +400,36 @@ def _objects(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.o")} if root.is_dir() else {}
 
 
+class _KeyLog:
+    """Upstream's compile cache of one kernel kind (``kind``), noting the key hash of every
+    lookup in ``sink``. ``keys_only``: every lookup is answered as present with a kernel that
+    does nothing, so a call compiles and loads nothing and only its keys are learnt."""
+
+    def __init__(self, inner, kind: str, hasher, sink: list, keys_only: bool):
+        self.inner, self.kind, self.hasher, self.sink, self.keys_only = inner, kind, hasher, sink, keys_only
+
+    def __contains__(self, key) -> bool:
+        self.sink.append([self.kind, self.hasher(key)])
+        return True if self.keys_only else key in self.inner
+
+    def __getitem__(self, key):
+        return (lambda *args, **kwargs: None) if self.keys_only else self.inner[key]
+
+    def __setitem__(self, key, fn) -> None:
+        self.inner[key] = fn
+
+
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE, verify: bool = False) -> dict:
+                      package: str = VENDORED_PACKAGE, verify: bool = False, keys_only: bool = False) -> dict:
     """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
-    FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict.
+    FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict, each
+    call with the ``[kind, key hash]`` of every kernel it looked up (``lookups``).
 
     Going through the adapter, not upstream's public functions, makes the compile keys those
     of run-time calls: the adapter picks split-KV, descales, windows and the like the way it
     does for vLLM's calls. ``verify``: load from ``out`` as the installed wheel does and make
     each call twice; a kernel written to the (temporary) user cache means it compiled.
+    ``keys_only``: note the lookups only (``_KeyLog``); nothing is compiled or written.
     """
     import resource
     import tempfile
@@ -425,8 +456,14 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
 
     loaded = fa4.load()
     cache_utils = importlib.import_module(f"{package}.cache_utils")
-    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify else out
+    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify or keys_only else out
     fa4_cache.install(loaded.interface, cache_utils, cutlass, shipped=out, user=user)
+    lookups: list = []
+    hasher = functools.partial(cache_utils.JITPersistentCache._key_to_hash, None)  # upstream's, uses no state
+    for attribute, kind in fa4_cache.FORWARD_CACHES.items():
+        function = getattr(loaded.interface, attribute, None)
+        if function is not None:
+            function.compile_cache = _KeyLog(function.compile_cache, kind, hasher, lookups, keys_only)
     # The DSL picks its cu12 or cu13 half at import: the flavour is read from cutlass
     # after the import (the run time's rule, fa4_cache).
     flavour = fa4_cache.dsl_flavour(cutlass)
@@ -436,6 +473,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
         before = _objects(user)
         start = time.perf_counter()
         error = refused = None
+        del lookups[:]
         try:
             with FakeTensorMode():
                 args, kwargs = _make_call(loaded.interface, torch, call, gen)
@@ -447,10 +485,11 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
         seconds = time.perf_counter() - start
         new = {k: v for k, v in _objects(user).items() if k not in before}
         results.append({"call": call.name, **dataclasses.asdict(call), "attempt": attempt,
-                        "seconds": round(seconds, 3), "objects": new, "error": error, "refused": refused})
+                        "seconds": round(seconds, 3), "objects": new, "error": error, "refused": refused,
+                        "lookups": [list(x) for x in lookups]})
         status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
         print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
-    if verify:
+    if verify or keys_only:
         shutil.rmtree(user, ignore_errors=True)
     import tvm_ffi
 
@@ -465,6 +504,123 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "calls": results,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# One kernel set for every Python (--share)
+# ---------------------------------------------------------------------------------------
+
+SHARE_SCHEMA = 1
+
+
+def share_record(report: dict) -> dict:
+    """What ``--share`` keeps of a run that compiled: its Python, DSL flavour, upstream
+    fingerprint, arch and, for each call that gave kernels, the ``[kind, key hash]`` of each
+    kernel it looked up, in order."""
+    return {"schema": SHARE_SCHEMA, **{k: report[k] for k in ("arch", "python", "flavour", "fingerprint")},
+            "calls": {c["call"]: c["lookups"] for c in report["calls"]
+                      if c["attempt"] == 1 and not c["error"] and not c["refused"] and c["lookups"]}}
+
+
+def _kernel_file(out: Path, record: dict, kind: str, digest: str) -> Path:
+    return fa4_cache.kernel_dir(out, record["flavour"], record["fingerprint"], kind) / f"{digest}.o"
+
+
+def alias_table(first: dict, own: dict, out: Path) -> tuple[dict, list[str]]:
+    """This Python's key hashes (``own``: the share_record of a keys-only run) mapped to the
+    kernel files another Python compiled (``first``: its share_record), per kind:
+    ``({kind: {own hash: first hash}}, problems)``. Calls match by name, lookups by position;
+    a call whose lookups differ in number or kind, or whose file is missing, is a problem."""
+    table: dict = {}
+    problems = []
+    for name, theirs in first["calls"].items():
+        mine = own["calls"].get(name)
+        if mine is None or [k for k, _ in mine] != [k for k, _ in theirs]:
+            problems.append(f"{name} looks up {mine} here, {theirs} with Python {first['python']}")
+            continue
+        for (kind, own_hash), (_, first_hash) in zip(mine, theirs):
+            if not _kernel_file(out, first, kind, first_hash).is_file():
+                problems.append(f"{name}: {kind}/{first_hash}.o is not among Python {first['python']}'s kernels")
+            else:
+                table.setdefault(kind, {})[own_hash] = first_hash
+    return table, problems
+
+
+def byte_differences(first: dict, sample: dict, out: Path, sample_out: Path) -> list[str]:
+    """Kernels this Python compiled (``sample``: the report of a compile into ``sample_out``)
+    that are not byte for byte the other Python's files for the same calls; [] when all are."""
+    differences = []
+    own = share_record(sample)
+    for name, mine in own["calls"].items():
+        theirs = first["calls"].get(name, [])
+        if len(mine) != len(theirs):
+            differences.append(f"{name}: {len(mine)} kernels here, {len(theirs)} with Python {first['python']}")
+            continue
+        for (kind, own_hash), (_, first_hash) in zip(mine, theirs):
+            here, there = _kernel_file(sample_out, own, kind, own_hash), _kernel_file(out, first, kind, first_hash)
+            if not here.is_file() or not there.is_file() or here.read_bytes() != there.read_bytes():
+                differences.append(f"{name}: {kind} kernel {own_hash[:12]} differs from Python {first['python']}'s "
+                                   f"{first_hash[:12]}")
+    if not own["calls"]:
+        differences.append("the sample call compiled no kernel here: " + "; ".join(
+            str(c["error"] or c["refused"]) for c in sample["calls"]))
+    return differences
+
+
+def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path) -> tuple[dict | None, str]:
+    """``--share`` with another Python's record: ``(report, "")`` when this Python's kernels
+    are that Python's files, now listed in this Python's aliases.json; ``(None, why)`` when it
+    must compile its own set."""
+    import tempfile
+
+    if not share.is_file():
+        return None, "no other Python has compiled these kernels"
+    first = json.loads(share.read_text())
+    if first.get("schema") != SHARE_SCHEMA or first.get("arch") != arch:
+        return None, f"{share} is not a record of this step for {arch}"
+    own = compile_selection(stage_root, out, arch, calls, keys_only=True)
+    if own["flavour"] != first["flavour"]:
+        return None, f"its DSL is the {own['flavour']} build, Python {first['python']}'s the {first['flavour']}"
+    if own["fingerprint"] == first["fingerprint"]:  # another interpreter of the same minor and versions
+        own.update(aliases=0, aliased={}, same_as={"python": first["python"], "fingerprint": first["fingerprint"]})
+        return own, ""
+    table, problems = alias_table(first, share_record(own), out)
+    if problems:
+        return None, f"{len(problems)} calls do not match: {problems[0]}"
+    # The identity check: the call with the most kernel kinds (a split-KV call reaches both),
+    # compiled here for real, must give the other Python's bytes.
+    sample = max(first["calls"], key=lambda name: (len({k for k, _ in first["calls"][name]}), -list(first["calls"]).index(name)))
+    with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
+        compiled = compile_selection(stage_root, Path(tmp), arch, [c for c in calls if c.name == sample])
+        differences = byte_differences(first, compiled, out, Path(tmp))
+    if differences:
+        return None, differences[0]
+    index = out / own["flavour"] / own["fingerprint"] / fa4_cache.ALIASES_FILE
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(json.dumps({"same_as": first["fingerprint"], "python": own["python"], "kinds": table},
+                                indent=1, sort_keys=True) + "\n")
+    own.update(aliases=sum(len(t) for t in table.values()), aliased={str(index.relative_to(out)): index.stat().st_size},
+               same_as={"python": first["python"], "fingerprint": first["fingerprint"], "sample": sample})
+    return own, ""
+
+
+def produce(args: argparse.Namespace, calls: list[KernelCall]) -> dict:
+    """The kernels of ``compile``: another Python's files where ``--share`` finds them the
+    same, else compiled here (then recorded in ``--share`` for the next Python)."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if args.share:
+        report, why = share_run(args.stage, args.out, args.arch, calls, args.share)
+        if report is not None:
+            return report
+        print(f"Python {python} compiles its own FA4 kernels for {args.arch}: {why}", flush=True)
+    return compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
+
+
+def keep_share_record(args: argparse.Namespace, report: dict) -> None:
+    """After a run that compiled every kernel it was asked for: the record the next Python shares."""
+    if args.share and "same_as" not in report:
+        args.share.parent.mkdir(parents=True, exist_ok=True)
+        args.share.write_text(json.dumps(share_record(report), indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--jobs", type=int, default=1,
                            help="worker processes (each imports the DSL: about 1.4 GB); the build passes its job count")
             p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
+            p.add_argument("--share", type=Path,
+                           help="one kernel set for every Python: absent, compile and record the keys here; "
+                                "written by another Python, ship its kernels for this one where they are the same bytes")
             p.add_argument("--best-effort", action="store_true",
                            help="a build that did not ask for kernels: on any failure warn, ship none of "
                                 "this run's kernels, exit 0")
@@ -536,8 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compile" and args.best_effort:
         return compile_best_effort(args, calls)
     verify = args.command == "verify"
-    report = (compile_selection(args.stage, args.out, args.arch, calls, verify=True) if verify
-              else compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs))
+    report = compile_selection(args.stage, args.out, args.arch, calls, verify=True) if verify else produce(args, calls)
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     failed = [c["call"] for c in report["calls"] if c["error"] or (verify and c["objects"])]
@@ -546,10 +704,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(calls) - len(set(failed)) - len(refused)} of {len(calls)} kernels loaded from "
               f"{args.out / report['flavour']} without compiling ({len(refused)} refused by FA4)")
         return 1 if failed else 0
+    if not failed:
+        keep_share_record(args, report)
     if args.record:
         add_precompile_run(args.record, _run_summary(args.arch, report, failed, selection_from_args(args)))
-    print(f"{len(calls) - len(failed) - len(refused)} of {len(calls)} kernels compiled into "
-          f"{args.out / report['flavour']} with Python {report['python']} ({len(refused)} refused by FA4; import "
+    how = (f"shipped once: Python {report['same_as']['python']}'s files, {report['aliases']} listed in this "
+           f"Python's {fa4_cache.ALIASES_FILE}" if "same_as" in report else "compiled")
+    print(f"{len(calls) - len(failed) - len(refused)} of {len(calls)} kernels {how} into "
+          f"{args.out / report['flavour']} for Python {report['python']} ({len(refused)} refused by FA4; import "
           f"{report['import_seconds']} s, peak RSS {report['peak_rss_mb']} MB)")
     return 1 if failed else 0
 
@@ -600,10 +762,12 @@ def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> in
     archs in the same folder stay), the build goes on."""
     before = set(_objects(args.out))
     try:
-        report = compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
+        report = produce(args, calls)
         failed = [c["call"] for c in report["calls"] if c["error"]]
     except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
         report, failed = None, [f"{type(exc).__name__}: {exc}"]
+    if not failed:
+        keep_share_record(args, report)
     if failed:
         for rel in set(_objects(args.out)) - before:
             (args.out / rel).unlink()
@@ -622,10 +786,13 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: S
     if report is None or failed:
         return {"arch": arch, "python": python, "kernels": 0, "selection": chosen, "error": "; ".join(failed)[:2000]}
     calls = report["calls"]
-    shipped = _shipped_objects(report)
-    return {"arch": arch, "kernels": len(shipped), "selection": chosen, "jobs": report.get("jobs", 1),
+    shipped = {**_shipped_objects(report), **report.get("aliased", {})}
+    # A Python sharing another's kernels: its kernels are the aliases its index lists.
+    kernels = report["aliases"] if "same_as" in report else len(shipped)
+    same_as = {"same_as": {k: report["same_as"][k] for k in ("python", "fingerprint")}} if "same_as" in report else {}
+    return {"arch": arch, "kernels": kernels, "selection": chosen, "jobs": report.get("jobs", 1),
             "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
-            "bytes": sum(shipped.values()),
+            "bytes": sum(shipped.values()), **same_as,
             **{k: report[k] for k in ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint")}}
 
 

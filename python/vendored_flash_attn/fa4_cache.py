@@ -22,6 +22,14 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   writes that layout with the same functions.
 * Upstream's fingerprint already covers the sources, Python minor, cutlass and tvm-ffi
   versions, and the key hash is upstream's own ``_key_to_hash``: nothing is recomputed here.
+* **One copy of each kernel for every Python.** Upstream's fingerprint holds the Python
+  minor, yet a kernel's bytes do not depend on it (measured: all of ``minimal``'s, four
+  Pythons). The build compiles with one Python; for each other one it ships
+  ``<flavour>/<that Python's fingerprint>/aliases.json``: that Python's key hashes, per
+  kind, mapped to the compiled Python's files (``{"same_as": <fingerprint>, "kinds": {kind:
+  {hash: hash}}}``), written only after a kernel compiled by that Python was found
+  byte-identical (``cmake/fa4_precompile.py compile --same-as``). Hashes are checked as
+  such, so an index can only name files of the shipped tree.
 
 Nothing here imports cutlass at import time. ``install(interface, cache_utils, cutlass)``
 runs at first FA4 use (fa4.py), after the dependency check.
@@ -29,7 +37,9 @@ runs at first FA4 use (fa4.py), after the dependency check.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import warnings
 from importlib import resources
 from pathlib import Path
@@ -38,6 +48,9 @@ from pathlib import Path
 # interface attribute whose ``compile_cache`` they are (interface.py at the pin).
 FORWARD_CACHES = {"_flash_attn_fwd": "fwd", "_flash_attn_fwd_combine": "fwd_combine"}
 SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
+# <root>/<flavour>/<fingerprint>/ALIASES_FILE: a Python whose kernels are another's files
+ALIASES_FILE = "aliases.json"
+_HASH = re.compile(r"[0-9a-f]{64}")
 # "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
 # or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
 SHIPPED_KERNELS_ENV = "VFA_FA4_SHIPPED_KERNELS"
@@ -57,6 +70,28 @@ def dsl_flavour(cutlass_module) -> str:
 def kernel_dir(root: Path, flavour: str, fingerprint: str, kind: str) -> Path:
     """Where kernels of one kind live under a cache root (shipped or user)."""
     return Path(root) / flavour / fingerprint / kind
+
+
+def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[str, Path]]:
+    """This Python's shipped kernels that are another Python's files: ``{kind: {key hash:
+    .o path}}`` from ``<root>/<flavour>/<fingerprint>/aliases.json`` ({} when there is none).
+    An index that is not what the build writes is ignored with a warning: its kernels then
+    compile at first use."""
+    path = Path(root) / flavour / fingerprint / ALIASES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        same_as, kinds = data["same_as"], data["kinds"]
+        if not _HASH.fullmatch(same_as) or not all(
+                _HASH.fullmatch(a) and _HASH.fullmatch(b) for table in kinds.values() for a, b in table.items()):
+            raise ValueError("a fingerprint or key hash is not 64 hex digits")
+        return {str(kind): {own: kernel_dir(root, flavour, same_as, kind) / f"{theirs}.o"
+                            for own, theirs in table.items()} for kind, table in kinds.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"FA4's kernel index {path} is damaged ({exc}): the kernels it lists compile at first "
+                      "use. Reinstall vendored-flash-attn.", RuntimeWarning, stacklevel=2)
+        return {}
 
 
 def user_cache_root(environ=None) -> Path:
@@ -98,8 +133,9 @@ def two_level_cache_class(persistent_cache, load_module):
     """
 
     class TwoLevelCache(persistent_cache):
-        def __init__(self, shipped_dir: Path | None, user_dir: Path | None):
+        def __init__(self, shipped_dir: Path | None, user_dir: Path | None, aliases: dict | None = None):
             self.shipped_dir = shipped_dir
+            self.aliases = aliases or {}  # key hash -> another Python's shipped file (read_aliases)
             self.writable = user_dir is not None
             if self.writable:
                 try:
@@ -132,10 +168,13 @@ def two_level_cache_class(persistent_cache, load_module):
 
         def _try_load_shipped(self, key) -> bool:
             # Immutable files of the install: no lock, nothing opened for writing.
-            if self.shipped_dir is None:
+            if self.shipped_dir is None and not self.aliases:
                 return False
-            path = self.shipped_dir / f"{self._key_to_hash(key)}.o"
-            if not path.is_file():
+            digest = self._key_to_hash(key)
+            path = self.shipped_dir / f"{digest}.o" if self.shipped_dir is not None else None
+            if path is None or not path.is_file():
+                path = self.aliases.get(digest)
+            if path is None or not path.is_file():
                 return False
             self.cache[key] = load_module(path)
             return True
@@ -174,15 +213,17 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
     user = user_cache_root() if user is None else user
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
     layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off, "kinds": {}}
+    aliases = read_aliases(shipped, flavour, fingerprint) if shipped else {}
     for attribute, kind in FORWARD_CACHES.items():
         function = getattr(interface, attribute, None)
         if function is None:
             continue
         shipped_dir = kernel_dir(shipped, flavour, fingerprint, kind) if shipped else None
         if shipped_dir is not None and not shipped_dir.is_dir():
-            shipped_dir = None  # nothing shipped for this flavour / Python / kind
+            shipped_dir = None  # nothing compiled by this Python for this flavour / kind
         user_dir = kernel_dir(user, flavour, fingerprint, kind) if user else None
-        function.compile_cache = cache_class(shipped_dir, user_dir)
+        function.compile_cache = cache_class(shipped_dir, user_dir, aliases.get(kind))
         layout["kinds"][kind] = {"shipped": str(shipped_dir) if shipped_dir else None,
+                                 "aliases": len(aliases.get(kind, {})),
                                  "user": str(user_dir) if user_dir else None}
     return layout

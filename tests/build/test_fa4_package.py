@@ -161,7 +161,7 @@ kept, skip = [], False
 for arg in rest:
     if skip:
         skip = False
-    elif arg in ("--stage", "--out", "--record", "--report", "--jobs"):
+    elif arg in ("--stage", "--out", "--record", "--report", "--jobs", "--share"):
         skip = True
     elif arg != "--best-effort":
         kept.append(arg)
@@ -198,3 +198,30 @@ def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sourc
     assert len(plan) == 108
     assert "paged_cpasync-hd128-bf16-local-gqa8-split-lse" in plan
     assert not [name for name in plan if "e4m3" in name]
+
+
+def test_every_python_of_the_build_shares_one_kernel_set_per_arch(sources, tmp_path):
+    # Two named Pythons: both compile steps get the same --share file for the arch (the
+    # first compiles and records its keys there, the second ships an index of those files),
+    # and the file starts absent on every build (a stale one would alias to old kernels).
+    log = tmp_path / "precompile.jsonl"
+    fakes = []
+    for name in ("fa4-python-a", "fa4-python-b"):
+        fake = tmp_path / name
+        fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(log)))
+        fake.chmod(0o755)
+        fakes.append(str(fake))
+    build = tmp_path / "build"
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_FA4_PRECOMPILE": "on",
+                               "VFA_FA4_PRECOMPILE_PYTHONS": ";".join(fakes)})
+    assert result.returncode == 0, result.text[-5000:]
+    stale = build / "fa4/share/sm_90a.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    built = run([tool("cmake"), "--build", str(build), "--target", "vfa_fa4"])
+    assert built.returncode == 0, built.text[-5000:]
+    runs = [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+    assert len(runs) == 2
+    shares = {argv[argv.index("--share") + 1] for argv in runs}
+    assert shares == {str(stale)}
+    assert not stale.exists()  # removed before the first Python compiled; the stand-ins write none

@@ -152,7 +152,7 @@ def test_install_replaces_the_forward_caches_with_flavour_and_fingerprint_in_the
     layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
                                shipped=tmp_path / "site", user=tmp_path / "user")
     assert layout["flavour"] == "cu12.9" and layout["fingerprint"] == FINGERPRINT
-    assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent),
+    assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent), "aliases": 0,
                                        "user": str(tmp_path / "user/cu12.9" / FINGERPRINT / "fwd")}}
     assert KEY in fwd.compile_cache and fwd.compile_cache[KEY] == ("shipped", obj)
 
@@ -188,3 +188,65 @@ def test_a_typo_in_the_shipped_kernels_switch_warns_and_keeps_them():
         assert not fa4_cache.shipped_kernels_disabled({"VFA_FA4_SHIPPED_KERNELS": word})
     with pytest.warns(RuntimeWarning, match="'of' is not a valid value.*Valid values"):
         assert not fa4_cache.shipped_kernels_disabled({"VFA_FA4_SHIPPED_KERNELS": "of"})
+
+
+OTHER_FINGERPRINT = "e" * 64  # another Python's: upstream's fingerprint holds the Python minor
+
+
+def _install_as(tmp_path, fingerprint):
+    def fwd():
+        pass
+
+    interface = types.SimpleNamespace(_flash_attn_fwd=fwd)
+    cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
+                                        _compute_source_fingerprint=lambda: fingerprint)
+    cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
+    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
+                               shipped=tmp_path / "site", user=tmp_path / "user")
+    return fwd.compile_cache, layout
+
+
+def _index(tmp_path, table, same_as=FINGERPRINT) -> Path:
+    path = tmp_path / "site/cu12.9" / OTHER_FINGERPRINT / fa4_cache.ALIASES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(__import__("json").dumps({"same_as": same_as, "python": "3.14", "kinds": table}))
+    return path
+
+
+def test_a_python_without_kernels_of_its_own_loads_another_pythons_files_through_its_index(tmp_path):
+    # The wheel ships each kernel once (compiled by one Python); another Python's key hash
+    # (3.14 pickles keys with protocol 5: another hash for the same key) is listed in its
+    # fingerprint's aliases.json, pointing at the compiled file. No lock, no write.
+    compiled_key = ("the same kernel, as the compiling Python hashed it",)
+    obj = _ship(tmp_path / "site", "cu12.9", key=compiled_key)
+    own_hash = hashlib.sha256(pickle.dumps(KEY)).hexdigest()
+    _index(tmp_path, {"fwd": {own_hash: obj.stem}})
+    before = _tree(tmp_path / "site")
+    cache, layout = _install_as(tmp_path, OTHER_FINGERPRINT)
+    assert layout["kinds"]["fwd"]["shipped"] is None and layout["kinds"]["fwd"]["aliases"] == 1
+    assert KEY in cache and cache[KEY] == ("shipped", obj)
+    assert not [p for p in UpstreamPersistentCache.opened_locks if "site" in p.parts]
+    assert _tree(tmp_path / "site") == before
+    # a key the index does not list compiles into the user cache as before
+    assert ("other",) not in cache
+
+
+@pytest.mark.parametrize("table, same_as", [
+    ({"fwd": {"0" * 64: "../../../../evil"}}, FINGERPRINT),  # a path, not a key hash
+    ({"fwd": {"0" * 64: "1" * 64}}, "../x"),
+    ("not a table", FINGERPRINT),
+])
+def test_an_index_that_is_not_the_builds_is_ignored_with_a_warning(tmp_path, table, same_as):
+    _ship(tmp_path / "site", "cu12.9")
+    _index(tmp_path, table, same_as)
+    with pytest.warns(RuntimeWarning, match="kernel index .* is damaged.*Reinstall"):
+        cache, layout = _install_as(tmp_path, OTHER_FINGERPRINT)
+    assert layout["kinds"]["fwd"]["aliases"] == 0
+    assert KEY not in cache  # compiles at first use instead
+
+
+def test_an_unreadable_index_is_ignored_with_a_warning(tmp_path):
+    path = _index(tmp_path, {})
+    path.write_text("{truncated")
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        assert fa4_cache.read_aliases(tmp_path / "site", "cu12.9", OTHER_FINGERPRINT) == {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +109,115 @@ def test_a_run_in_workers_counts_each_kernel_once(precompile):
                                    {**call, "call": "c", "objects": {"fwd/b.o": 20}}]}
     summary = precompile._run_summary("sm_90a", report, [], precompile.Selection())
     assert (summary["kernels"], summary["bytes"], summary["calls"], summary["jobs"]) == (3, 35, 3, 2)
+
+
+# --share: one kernel set for every Python. A stand-in for the DSL's compile: each call looks
+# up its kernel (and split-KV calls the combine kernel); the key hash can depend on the
+# Python (3.14 pickles keys with protocol 5), the fingerprint always does (upstream's), the
+# bytes only where a test says so.
+class FakeDSL:
+    def __init__(self, python, flavour="cu12.9", bytes_hold_python=False, combine_kinds=("fwd_combine",)):
+        self.python, self.flavour, self.bytes_hold_python = python, flavour, bytes_hold_python
+        self.combine_kinds = combine_kinds
+        self.compiled: list[str] = []
+
+    @staticmethod
+    def digest(text: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def __call__(self, stage_root, out, arch, calls, package=None, verify=False, keys_only=False):
+        fingerprint = self.digest(f"fingerprint-py{self.python}")
+        results = []
+        for call in calls:
+            lookups, objects = [], {}
+            for kind, name in [("fwd", call.name)] + [(k, "combine") for k in self.combine_kinds if call.split]:
+                key_hash = self.digest(f"{name}-pickled-by-{self.python}")
+                lookups.append([kind, key_hash])
+                path = Path(out) / self.flavour / fingerprint / kind / f"{key_hash}.o"
+                if not keys_only and not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(f"sass of {name}".encode() + (self.python.encode() if self.bytes_hold_python else b""))
+                    objects[str(path.relative_to(out))] = path.stat().st_size
+                    self.compiled.append(name)
+            results.append({"call": call.name, "attempt": 1, "objects": objects, "error": None,
+                            "refused": None, "lookups": lookups})
+        return {"arch": arch, "flavour": self.flavour, "python": self.python, "cutlass": "4.6.0.dev0",
+                "tvm_ffi": "0.1.15", "fingerprint": fingerprint, "import_seconds": 0.0, "peak_rss_mb": 1,
+                "calls": results}
+
+
+def _compile_as(precompile, monkeypatch, dsl, dest, record, *extra):
+    monkeypatch.setattr(precompile, "compile_selection", dsl)
+    out = dest / "vendored_flash_attn/_fa4/kernels"
+    share = dest / "share/sm_90a.json"
+    # varlen, full/causal, with and without split-KV: 4 calls, 5 kernels
+    code = precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a",
+                            "--features", "split", "--gqa-ratios", "4", "--lse", "no", "--share", str(share),
+                            "--record", str(record), *extra])
+    return code, out, share
+
+
+def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, staged, monkeypatch, capsys):
+    from vendored_flash_attn import fa4_cache
+
+    dest, record = staged
+    first = FakeDSL("3.12")
+    code, out, share = _compile_as(precompile, monkeypatch, first, dest, record)
+    assert code == 0 and len(first.compiled) == 5 and share.is_file()
+    second = FakeDSL("3.14")
+    code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
+    assert code == 0
+    # one sample call (a split-KV one: both kinds) compiled to compare, into a folder that is gone
+    assert len(second.compiled) == 2 and second.compiled[0].endswith("-split") and second.compiled[1] == "combine"
+    assert len(list(out.rglob("*.o"))) == 5
+    fingerprint = FakeDSL.digest("fingerprint-py3.14")
+    aliases = fa4_cache.read_aliases(out, "cu12.9", fingerprint)
+    assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 4, "fwd_combine": 1}
+    own = FakeDSL.digest("varlen-hd128-bf16-causal-gqa4-pickled-by-3.14")
+    assert aliases["fwd"][own].read_bytes() == b"sass of varlen-hd128-bf16-causal-gqa4"
+    runs = json.loads(record.read_text())["precompile"]["runs"]
+    assert [(r["python"], r["kernels"]) for r in runs] == [("3.12", 5), ("3.14", 5)]
+    assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12")}
+    assert "shipped once: Python 3.12's files, 5 listed" in capsys.readouterr().out
+    # the record the next Python shares stays the compiling Python's
+    assert json.loads(share.read_text())["python"] == "3.12"
+
+
+@pytest.mark.parametrize("second, why", [
+    (FakeDSL("3.14", bytes_hold_python=True), "kernel .* differs from Python 3.12's"),
+    (FakeDSL("3.14", flavour="cu13.0"), "its DSL is the cu13.0 build, Python 3.12's the cu12.9"),
+    (FakeDSL("3.14", combine_kinds=()), "calls do not match"),
+])
+def test_a_python_whose_kernels_are_not_the_first_ones_compiles_its_own_set(precompile, staged, monkeypatch,
+                                                                             capsys, second, why):
+    dest, record = staged
+    _compile_as(precompile, monkeypatch, FakeDSL("3.12"), dest, record)
+    code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"Python [\d.]+ compiles its own FA4 kernels for sm_90a: .*" + why, printed), printed
+    assert not list(out.rglob(precompile.fa4_cache.ALIASES_FILE))
+    runs = json.loads(record.read_text())["precompile"]["runs"]
+    assert runs[1]["python"] == "3.14" and "same_as" not in runs[1] and runs[1]["kernels"] >= 4
+
+
+def test_without_another_pythons_record_the_first_compiles_and_records_its_keys(precompile, staged, monkeypatch):
+    dest, record = staged
+    code, out, share = _compile_as(precompile, monkeypatch, FakeDSL("3.12"), dest, record)
+    kept = json.loads(share.read_text())
+    assert code == 0 and kept["python"] == "3.12" and kept["arch"] == "sm_90a"
+    assert kept["calls"]["varlen-hd128-bf16-full-gqa4-split"] == [
+        ["fwd", FakeDSL.digest("varlen-hd128-bf16-full-gqa4-split-pickled-by-3.12")],
+        ["fwd_combine", FakeDSL.digest("combine-pickled-by-3.12")]]
+
+
+def test_a_failed_best_effort_run_leaves_no_record_to_share(precompile, staged, monkeypatch):
+    dest, record = staged
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("the DSL died")
+
+    code, out, share = _compile_as(precompile, monkeypatch, dies, dest, record, "--best-effort")
+    assert code == 0 and not share.exists()
