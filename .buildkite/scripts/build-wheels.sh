@@ -27,6 +27,14 @@ dist_client_for_build "$ARCH"
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
 export SOURCE_DATE_EPOCH
 
+# FA4's kernels for every Python the fa4 family declares (cmake/knobs.json "pythons"): the
+# build's Python compiles them, each other one ships an index of the same files. An agent
+# that sets VFA_FA4_PRECOMPILE_PYTHONS (empty included) keeps its own choice.
+if [ -z "${VFA_FA4_PRECOMPILE_PYTHONS+set}" ]; then
+  VFA_FA4_PRECOMPILE_PYTHONS=$(python3 .buildkite/scripts/cibw_fa4_deps.py --release-pythons)
+fi
+export VFA_FA4_PRECOMPILE_PYTHONS
+
 out="wheelhouse/cu${CUDA}-${ARCH}"
 rm -rf "$out" && mkdir -p "$out"
 echo "--- cibuildwheel: CUDA $CUDA, $ARCH, image $image, torch $VFA_TORCH_VERSION"

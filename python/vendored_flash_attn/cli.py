@@ -113,7 +113,8 @@ def _precompiled_text(runs: list) -> str:
     if not runs:
         return "none (each kernel compiles at its first use, then comes from the user cache)"
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    text = ", ".join(f"{run.get('arch')} Python {run.get('python')}: {run.get('kernels')} ({run.get('flavour')})"
+    text = ", ".join(f"{run.get('arch')} Python {run.get('python')}: {run.get('kernels')} ({run.get('flavour')}"
+                     + (f", Python {run['files_of']}'s files" if run.get("files_of") else "") + ")"
                      for run in runs)
     if not any(run.get("python") == here for run in runs):
         text += f"; none for this Python ({here}): its kernels compile at first use"

@@ -16,6 +16,7 @@ runs with no torch, and ``import vendored_flash_attn`` must import no family's c
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -90,6 +91,8 @@ class Family:
     probe: str = ""
     deps_check: str = ""
     install: str = ""
+    # cute_dsl: the Python minors release wheels precompile its kernels for ("3.12", ...)
+    pythons: tuple[str, ...] = ()
     # The features its build selects (the choices of features_knob): present only when built.
     selectable_features: tuple[str, ...] = ()
     raw: dict = field(default_factory=dict, compare=False, repr=False)
@@ -155,7 +158,7 @@ class Family:
 _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
-           "install", "head_size_rule", "call"}
+           "install", "head_size_rule", "call", "pythons"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
 _REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op"},
@@ -185,6 +188,9 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         raise FamilyDeclarationError(f"{where}: call must be an object of {sorted(_CALL_FIELDS)}")
     if set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
         raise FamilyDeclarationError(f"{where}: call.kv_layouts must be of {', '.join(KV_LAYOUTS)}")
+    pythons = entry.get("pythons", [])
+    if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
+        raise FamilyDeclarationError(f"{where}: pythons must be a list of Python minors such as \"3.12\"")
     default_on = entry["default_on"]
     caps = entry["capabilities"]
     return Family(
@@ -204,7 +210,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         module=entry.get("module", ""), op_namespace=entry.get("op_namespace", ""),
         forward_op=entry.get("forward_op", ""), subpackage=entry.get("subpackage", ""),
         probe=entry.get("probe", ""), deps_check=entry.get("deps_check", ""),
-        install=entry.get("install", ""),
+        install=entry.get("install", ""), pythons=tuple(pythons),
         selectable_features=tuple(knobs[entry["features_knob"]].get("choices", ()))
         if entry.get("features_knob") else (),
         raw=entry)

@@ -77,20 +77,62 @@ def test_the_test_command_checks_the_build_info():
     assert CIBW["audit-command"].startswith("abi3audit --strict")
 
 
-def test_the_build_python_gets_fa4s_pinned_dependencies_unless_fa4_is_off():
+def _fa4_deps_script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("cibw_fa4_deps", PROJECT / ".buildkite/scripts/cibw_fa4_deps.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pip = module.command({})
+    return module
+
+
+def test_the_build_python_gets_fa4s_pinned_dependencies_unless_fa4_is_off():
+    module = _fa4_deps_script()
     from vendored_flash_attn import fa4_deps
 
-    assert pip[1:4] == ["-m", "pip", "install"]
+    [(pip, added)] = module.commands({})
+    assert pip[1:4] == ["-m", "pip", "install"] and added == {}
     assert tuple(pip[4:]) == fa4_deps.extra_from_pyproject(PROJECT / "pyproject.toml")
     assert "nvidia-cutlass-dsl==4.6.0.dev0" in pip
     for knob in ("VFA_BUILD_FA4", "VFA_FA4_PRECOMPILE"):
         for word in ("off", "OFF", "0", "false"):
-            assert module.command({knob: word}) is None
-    assert module.command({"VFA_FA4_PRECOMPILE": "on"}) == pip
+            assert module.commands({knob: word}) == []
+            assert module.release_pythons({knob: word}) == []
+    assert module.commands({"VFA_FA4_PRECOMPILE": "on"}) == [(pip, added)]
     assert "cibw_fa4_deps.py" in (PROJECT / ".buildkite/scripts/cibw-before-build.sh").read_text()
+
+
+def test_release_wheels_precompile_fa4_for_every_declared_python_besides_the_build_ones():
+    # The fa4 family's declared Pythons, as the manylinux image's interpreters, less the
+    # minor cibuildwheel builds with (its own Python compiles; listing it again would only
+    # install torch twice).
+    module = _fa4_deps_script()
+    from vendored_flash_attn.families import registry
+
+    declared = registry().by_name("fa4").pythons
+    assert CIBW["build"].startswith("cp310-") and "3.10" in declared
+    found = module.release_pythons({})
+    assert found == [f"/opt/python/cp3{m[2:]}-cp3{m[2:]}/bin/python" for m in declared if m != "3.10"]
+    assert "/opt/python/cp314-cp314/bin/python" in found
+    build = (PROJECT / ".buildkite/scripts/build-wheels.sh").read_text()
+    assert "cibw_fa4_deps.py --release-pythons" in build and "export VFA_FA4_PRECOMPILE_PYTHONS" in build
+    assert "VFA_FA4_PRECOMPILE_PYTHONS" in CIBW["linux"]["environment-pass"]
+
+
+def test_each_precompile_python_gets_torch_and_the_extra_with_the_index_off_the_command_line():
+    module = _fa4_deps_script()
+    secret = "https://user:s3cret@index.invalid/cu130"
+    found = module.commands({"VFA_FA4_PRECOMPILE_PYTHONS": f"{sys.executable};", "VFA_TORCH_VERSION": "2.14.1",
+                             "VFA_TORCH_INDEX_URL": secret})
+    assert [pip[0] for pip, _ in found] == [sys.executable] * 3
+    (build, _), (torch, torch_env), (extra, extra_env) = found
+    assert torch[3:] == ["install", "torch==2.14.1"] and torch_env == {"PIP_INDEX_URL": secret}
+    assert extra[4:] == build[4:] and extra_env == {}
+    assert not [arg for pip, _ in found for arg in pip if "s3cret" in arg]
+
+
+def test_a_precompile_python_the_image_lacks_stops_naming_the_knob():
+    module = _fa4_deps_script()
+    with pytest.raises(SystemExit, match="VFA_FA4_PRECOMPILE_PYTHONS names /opt/python/cp399-cp399/bin/python, "
+                                         "which this image does not have"):
+        module.commands({"VFA_FA4_PRECOMPILE_PYTHONS": "/opt/python/cp399-cp399/bin/python"})

@@ -334,14 +334,18 @@ def test_info_lists_the_precompiled_fa4_kernels_per_python(describe):
 
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     runs = [{"arch": "sm_90a", "python": "3.99", "flavour": "cu12.9", "kernels": 146, "calls": 144},
-            {"arch": "sm_90a", "python": "3.98", "kernels": 0, "error": "the DSL died"}]
+            {"arch": "sm_90a", "python": "3.98", "kernels": 0, "error": "the DSL died"},
+            {"arch": "sm_90a", "python": "3.97", "flavour": "cu12.9", "kernels": 146,
+             "same_as": {"python": "3.99", "fingerprint": "f" * 64}}]
     describe(caps=(HOPPER,), build=make_build("full", fa4={**FA4_RECORD, "precompile": {
         **FA4_RECORD["precompile"], "runs": runs}}))
     report = cli.collect()
     assert report["build"]["fa4"]["precompiled"] == [
-        {"arch": "sm_90a", "python": "3.99", "flavour": "cu12.9", "kernels": 146}]  # a failed run ships none
+        {"arch": "sm_90a", "python": "3.99", "flavour": "cu12.9", "kernels": 146},  # a failed run ships none
+        {"arch": "sm_90a", "python": "3.97", "flavour": "cu12.9", "kernels": 146, "files_of": "3.99"}]
     text = cli.render(report)
-    assert "precompiled kernels: sm_90a Python 3.99: 146 (cu12.9)" in text
+    assert ("precompiled kernels: sm_90a Python 3.99: 146 (cu12.9), "
+            "sm_90a Python 3.97: 146 (cu12.9, Python 3.99's files)") in text
     assert f"none for this Python ({here}): its kernels compile at first use" in text
     describe(caps=(HOPPER,), build=WITH_FA4)
     assert "precompiled kernels: none (each kernel compiles at its first use" in cli.render(cli.collect())
