@@ -595,11 +595,19 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
         differences = byte_differences(first, compiled, out, Path(tmp))
     if differences:
         return None, differences[0]
+    # One index per fingerprint, for every arch: an earlier arch's entries stay.
     index = out / own["flavour"] / own["fingerprint"] / fa4_cache.ALIASES_FILE
+    entries = sum(len(t) for t in table.values())
+    if index.is_file():
+        earlier = json.loads(index.read_text())
+        if earlier["same_as"] != first["fingerprint"]:
+            return None, f"its index already names Python {earlier.get('python')}'s kernels of another build Python"
+        for kind, more in earlier["kinds"].items():
+            table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(json.dumps({"same_as": first["fingerprint"], "python": own["python"], "kinds": table},
                                 indent=1, sort_keys=True) + "\n")
-    own.update(aliases=sum(len(t) for t in table.values()), aliased={str(index.relative_to(out)): index.stat().st_size},
+    own.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size},
                same_as={"python": first["python"], "fingerprint": first["fingerprint"], "sample": sample})
     return own, ""
 

@@ -297,6 +297,58 @@ def packaged_families(names: Iterable[str]) -> dict[str, list[str]]:
     return found
 
 
+def shipped_kernel_problems(names: Iterable[str], read: Callable[[str], bytes]) -> list[str]:
+    """What a wheel's precompiled kernels (families of staged Python kernels: FA4) lack
+    against the runs their build record lists: the kernel files of each Python that compiled
+    (``<kernels>/<flavour>/<fingerprint>/<kind>/<hash>.o``), and for a Python that shares
+    another's (``same_as``), an index listing as many entries, each a file the wheel holds.
+    ``read(member)`` gives a member's bytes."""
+    from . import fa4_cache
+
+    present = set(names)
+    problems = []
+    for family in registry():
+        record_name = f"{PACKAGE}/{family.record}"
+        if family.record_key is not None or record_name not in present:
+            continue
+        root = f"{PACKAGE}/{family.record.rsplit('/', 1)[0]}/{fa4_cache.SHIPPED_DIR}"
+        try:
+            runs = json.loads(read(record_name)).get("precompile", {}).get("runs") or []
+        except (ValueError, AttributeError) as exc:
+            problems.append(f"{record_name} is not a build record: {exc}")
+            continue
+        expected: dict[tuple[str, str, bool], int] = {}
+        targets: dict[tuple[str, str], str] = {}
+        for run in runs:
+            if isinstance(run, dict) and run.get("kernels"):
+                shared = isinstance(run.get("same_as"), dict)
+                place = (str(run.get("flavour")), str(run.get("fingerprint")), shared)
+                expected[place] = expected.get(place, 0) + int(run["kernels"])
+                if shared:
+                    targets[place[:2]] = str(run["same_as"].get("fingerprint"))
+        for (flavour, fingerprint, shared), count in sorted(expected.items()):
+            folder = f"{root}/{flavour}/{fingerprint}"
+            if not shared:
+                found = [n for n in present if n.startswith(folder + "/") and n.endswith(".o")]
+                if len(found) != count:
+                    problems.append(f"{family.title}: {folder} holds {len(found)} kernel files, its build record {count}")
+                continue
+            index = f"{folder}/{fa4_cache.ALIASES_FILE}"
+            if index not in present:
+                problems.append(f"{family.title}: {index} is missing (its build record lists {count} shared kernels)")
+                continue
+            table = json.loads(read(index))
+            entries = [(kind, theirs) for kind, kinds in table.get("kinds", {}).items() for theirs in kinds.values()]
+            if table.get("same_as") != targets[(flavour, fingerprint)] or len(entries) != count:
+                problems.append(f"{family.title}: {index} lists {len(entries)} kernels of {table.get('same_as')}, "
+                                f"its build record {count} of {targets[(flavour, fingerprint)]}")
+            absent = [f"{kind}/{theirs}.o" for kind, theirs in entries
+                      if f"{root}/{flavour}/{table.get('same_as')}/{kind}/{theirs}.o" not in present]
+            if absent:
+                problems.append(f"{family.title}: {index} names {len(absent)} kernel files the wheel lacks ({absent[0]}, ...)")
+    return problems
+
+
 def _module_name(member: str) -> str:
     """``vendored_flash_attn/_vendored_fa2_C.abi3.so`` -> ``_vendored_fa2_C``."""
     return Path(member).name.split(".")[0]
@@ -386,6 +438,8 @@ def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
     for comp, lacking in packaged.items():
         missing += [f"{comp} is in the wheel (its build record) but {wheel.name} has no {member}"
                     for member in lacking]
+    with zipfile.ZipFile(wheel) as zf:
+        missing += shipped_kernel_problems(names, zf.read)
     for comp in expect.require:
         family = registry().by_name(comp)
         if family.record_key is None and comp not in packaged:

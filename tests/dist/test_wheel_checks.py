@@ -269,3 +269,40 @@ def test_installed_fails_clearly_on_a_damaged_build_info(tmp_path):
                  env=clean_env(PYTHONPATH=str(site)), cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.output, result.output
     assert "FAIL build-info: build_info.json is not valid JSON" in result.stdout, result.output
+
+
+# FA4's precompiled kernels against its build record: a Python that compiled ships its files,
+# a Python that shares them ships an index naming files the wheel holds.
+FP_A, FP_B, KERNELS = "a" * 64, "b" * 64, "vendored_flash_attn/_fa4/kernels/cu12.9"
+
+
+def fa4_wheel(tmp: Path, *, drop: str = "", index_entries: int = 2, same_as: str = FP_A) -> Path:
+    wheel = make_wheel(tmp)
+    runs = [{"arch": "sm_90a", "python": "3.11", "flavour": "cu12.9", "fingerprint": FP_A, "kernels": 2},
+            {"arch": "sm_90a", "python": "3.12", "flavour": "cu12.9", "fingerprint": FP_B, "kernels": 2,
+             "same_as": {"python": "3.11", "fingerprint": FP_A}}]
+    members = {"vendored_flash_attn/_fa4/build_info.json": json.dumps({"precompile": {"runs": runs}}),
+               "vendored_flash_attn/_fa4/cute/interface.py": "",
+               f"{KERNELS}/{FP_A}/fwd/{'1' * 64}.o": "k1", f"{KERNELS}/{FP_A}/fwd_combine/{'2' * 64}.o": "k2",
+               f"{KERNELS}/{FP_B}/aliases.json": json.dumps({"same_as": same_as, "python": "3.12", "kinds": dict(
+                   list({"fwd": {"3" * 64: "1" * 64}, "fwd_combine": {"4" * 64: "2" * 64}}.items())[:index_entries])})}
+    with zipfile.ZipFile(wheel, "a") as zf:
+        for name, text in members.items():
+            if name != drop:
+                zf.writestr(name, text)
+    return wheel
+
+
+def test_shipped_fa4_kernels_match_their_record(tmp_path):
+    assert check_build_info(fa4_wheel(tmp_path), Expectations()).ok
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"drop": f"{KERNELS}/{FP_A}/fwd/{'1' * 64}.o"}, f"{FP_A} holds 1 kernel files, its build record 2"),
+    ({"drop": f"{KERNELS}/{FP_B}/aliases.json"}, "aliases.json is missing (its build record lists 2 shared kernels)"),
+    ({"index_entries": 1}, "lists 1 kernels of"),
+    ({"same_as": "c" * 64}, "names 2 kernel files the wheel lacks"),
+])
+def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwargs, message):
+    result = check_build_info(fa4_wheel(tmp_path, **kwargs), Expectations())
+    assert not result.ok and any(message in p for p in result.details), result.render()

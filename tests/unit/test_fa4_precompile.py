@@ -116,8 +116,10 @@ def test_a_run_in_workers_counts_each_kernel_once(precompile):
 # Python (3.14 pickles keys with protocol 5), the fingerprint always does (upstream's), the
 # bytes only where a test says so.
 class FakeDSL:
-    def __init__(self, python, flavour="cu12.9", bytes_hold_python=False, combine_kinds=("fwd_combine",)):
+    def __init__(self, python, flavour="cu12.9", bytes_hold_python=False, combine_kinds=("fwd_combine",),
+                 arch_salt=""):
         self.python, self.flavour, self.bytes_hold_python = python, flavour, bytes_hold_python
+        self.arch_salt = arch_salt  # the arch is in upstream's key
         self.combine_kinds = combine_kinds
         self.compiled: list[str] = []
 
@@ -133,7 +135,7 @@ class FakeDSL:
         for call in calls:
             lookups, objects = [], {}
             for kind, name in [("fwd", call.name)] + [(k, "combine") for k in self.combine_kinds if call.split]:
-                key_hash = self.digest(f"{name}-pickled-by-{self.python}")
+                key_hash = self.digest(f"{name}{self.arch_salt}-pickled-by-{self.python}")
                 lookups.append([kind, key_hash])
                 path = Path(out) / self.flavour / fingerprint / kind / f"{key_hash}.o"
                 if not keys_only and not path.exists():
@@ -221,3 +223,20 @@ def test_a_failed_best_effort_run_leaves_no_record_to_share(precompile, staged, 
 
     code, out, share = _compile_as(precompile, monkeypatch, dies, dest, record, "--best-effort")
     assert code == 0 and not share.exists()
+
+
+def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch):
+    # Every arch's kernels of one Python live under one fingerprint: its index keeps them all.
+    from vendored_flash_attn import fa4_cache
+
+    dest, record = staged
+    for arch in ("sm_90a", "sm_100a"):
+        for python in ("3.12", "3.14"):
+            monkeypatch.setattr(precompile, "compile_selection", FakeDSL(python, arch_salt=arch))
+            out = dest / "vendored_flash_attn/_fa4/kernels"
+            assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", arch,
+                                    "--features", "split", "--gqa-ratios", "4", "--lse", "no",
+                                    "--share", str(dest / f"share/{arch}.json"), "--record", str(record)]) == 0
+    aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
+    assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
+    assert all(path.is_file() for table in aliases.values() for path in table.values())
