@@ -225,3 +225,15 @@ def test_every_python_of_the_build_shares_one_kernel_set_per_arch(sources, tmp_p
     shares = {argv[argv.index("--share") + 1] for argv in runs}
     assert shares == {str(stale)}
     assert not stale.exists()  # removed before the first Python compiled; the stand-ins write none
+
+
+def test_a_precompile_beside_one_compiled_family_configures(sources, tmp_path):
+    # FA3 off, FA4 precompiled: the precompile waits for the modules this build makes only
+    # (it named FA3's absent target: "The dependency target _vendored_fa3_C ... does not exist").
+    fake = tmp_path / "fa4-python"
+    fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(tmp_path / "log.jsonl")))
+    fake.chmod(0o755)
+    result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA3": "off",
+                                            "VFA_FA4_PRECOMPILE": "on", "VFA_FA4_PRECOMPILE_PYTHONS": str(fake)})
+    assert result.returncode == 0, result.text[-5000:]
+    assert "FA3 not built: VFA_BUILD_FA3=off" in result.text and "precompile: on sm_90a" in result.text
