@@ -589,7 +589,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
         return None, f"{len(problems)} calls do not match: {problems[0]}"
     # The identity check: the call with the most kernel kinds (a split-KV call reaches both),
     # compiled here for real, must give the other Python's bytes.
-    sample = max(first["calls"], key=lambda name: (len({k for k, _ in first["calls"][name]}), -list(first["calls"]).index(name)))
+    sample = max(first["calls"], key=lambda name: len({kind for kind, _ in first["calls"][name]}))  # the first such
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
         compiled = compile_selection(stage_root, Path(tmp), arch, [c for c in calls if c.name == sample])
         differences = byte_differences(first, compiled, out, Path(tmp))
