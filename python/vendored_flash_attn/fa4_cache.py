@@ -28,7 +28,7 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   ``<flavour>/<that Python's fingerprint>/aliases.json``: that Python's key hashes, per
   kind, mapped to the compiled Python's files (``{"same_as": <fingerprint>, "kinds": {kind:
   {hash: hash}}}``), written only after a kernel compiled by that Python was found
-  byte-identical (``cmake/fa4_precompile.py compile --same-as``). Hashes are checked as
+  byte-identical (``cmake/fa4_precompile.py compile --share``). Hashes are checked as
   such, so an index can only name files of the shipped tree.
 
 Nothing here imports cutlass at import time. ``install(interface, cache_utils, cutlass)``

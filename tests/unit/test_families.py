@@ -65,6 +65,8 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     (lambda s: s["fa4"].update(made="wasm"), "made 'wasm'"),
     (lambda s: s["fa4"].update(build_knob="VFA_BUILD_FA9"), "VFA_BUILD_FA9 is not a knob"),
     (lambda s: s.update(default_order=["fa3", "fa2"]), "every family once"),
+    (lambda s: s["fa4"].update(pythons=["3.12", "py3.13"]), "pythons must be a list of Python minors"),
+    (lambda s: s["fa4"].update(pythons="3.12"), "pythons must be a list of Python minors"),
 ])
 def test_a_malformed_family_is_refused(edit, message):
     data = declaration.load()
