@@ -46,10 +46,15 @@ def fa4_off(environ) -> str | None:
 
 def build_minor(pyproject: Path = PROJECT / "pyproject.toml") -> str:
     """The Python minor cibuildwheel builds with (``[tool.cibuildwheel] build = "cp310-..."``)."""
-    text = pyproject.read_text(encoding="utf-8")
-    found = re.search(r'^build\s*=\s*"cp3(\d+)-', text, re.MULTILINE)
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # an agent's Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    with open(pyproject, "rb") as f:
+        build = tomllib.load(f)["tool"]["cibuildwheel"]["build"]
+    found = re.match(r"cp3(\d+)-", build)
     if not found:
-        raise SystemExit(f"{pyproject}: [tool.cibuildwheel] build names no cp3XX identifier")
+        raise SystemExit(f"{pyproject}: [tool.cibuildwheel] build {build!r} names no cp3XX identifier")
     return f"3.{found.group(1)}"
 
 
