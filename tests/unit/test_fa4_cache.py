@@ -140,43 +140,42 @@ def test_user_cache_root_prefers_upstreams_knob_then_xdg_then_home():
     assert fa4_cache.user_cache_root({}) == Path(os.path.expanduser("~")) / ".cache/vendored-flash-attn/fa4"
 
 
-def test_install_replaces_the_forward_caches_with_flavour_and_fingerprint_in_the_path(tmp_path):
-    def fwd():
-        pass
-
-    interface = types.SimpleNamespace(_flash_attn_fwd=fwd)  # no combine: skipped
-    cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
-                                        _compute_source_fingerprint=lambda: FINGERPRINT)
-    cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
-    obj = _ship(tmp_path / "site", "cu12.9")
-    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
-                               shipped=tmp_path / "site", user=tmp_path / "user")
-    assert layout["flavour"] == "cu12.9" and layout["fingerprint"] == FINGERPRINT
-    assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent), "aliases": 0,
-                                       "user": str(tmp_path / "user/cu12.9" / FINGERPRINT / "fwd")}}
-    assert KEY in fwd.compile_cache and fwd.compile_cache[KEY] == ("shipped", obj)
-
-
-@pytest.mark.parametrize("value", ["off", "0", "OFF "])
-def test_shipped_kernels_off_leaves_the_user_cache_alone_to_serve(tmp_path, monkeypatch, value):
-    # benchmarks/first_call.py's "jit" state: a wheel that ships the kernel must compile it.
+def _install_as(tmp_path, fingerprint=FINGERPRINT):
+    """fa4_cache.install on a stand-in interface (a forward entry point, no combine) in a
+    process whose upstream fingerprint is ``fingerprint`` and DSL flavour cu12.9: the forward
+    cache and the layout."""
     def fwd():
         pass
 
     interface = types.SimpleNamespace(_flash_attn_fwd=fwd)
     cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
-                                        _compute_source_fingerprint=lambda: FINGERPRINT)
+                                        _compute_source_fingerprint=lambda: fingerprint)
     cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
+    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
+                               shipped=tmp_path / "site", user=tmp_path / "user")
+    return fwd.compile_cache, layout
+
+
+def test_install_replaces_the_forward_caches_with_flavour_and_fingerprint_in_the_path(tmp_path):
+    obj = _ship(tmp_path / "site", "cu12.9")
+    cache, layout = _install_as(tmp_path)  # no combine entry point: skipped
+    assert layout["flavour"] == "cu12.9" and layout["fingerprint"] == FINGERPRINT
+    assert layout["kinds"] == {"fwd": {"shipped": str(obj.parent), "aliases": 0,
+                                       "user": str(tmp_path / "user/cu12.9" / FINGERPRINT / "fwd")}}
+    assert KEY in cache and cache[KEY] == ("shipped", obj)
+
+
+@pytest.mark.parametrize("value", ["off", "0", "OFF "])
+def test_shipped_kernels_off_leaves_the_user_cache_alone_to_serve(tmp_path, monkeypatch, value):
+    # benchmarks/first_call.py's "jit" state: a wheel that ships the kernel must compile it.
     _ship(tmp_path / "site", "cu12.9")
     monkeypatch.setenv(fa4_cache.SHIPPED_KERNELS_ENV, value)
-    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
-                               shipped=tmp_path / "site", user=tmp_path / "user")
+    cache, layout = _install_as(tmp_path)
     assert layout["shipped_off"] is True and layout["kinds"]["fwd"]["shipped"] is None
-    assert KEY not in fwd.compile_cache
+    assert KEY not in cache
     monkeypatch.setenv(fa4_cache.SHIPPED_KERNELS_ENV, "on")
-    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
-                               shipped=tmp_path / "site", user=tmp_path / "user")
-    assert layout["shipped_off"] is False and KEY in fwd.compile_cache
+    cache, layout = _install_as(tmp_path)
+    assert layout["shipped_off"] is False and KEY in cache
 
 
 def test_a_typo_in_the_shipped_kernels_switch_warns_and_keeps_them():
@@ -191,19 +190,6 @@ def test_a_typo_in_the_shipped_kernels_switch_warns_and_keeps_them():
 
 
 OTHER_FINGERPRINT = "e" * 64  # another Python's: upstream's fingerprint holds the Python minor
-
-
-def _install_as(tmp_path, fingerprint):
-    def fwd():
-        pass
-
-    interface = types.SimpleNamespace(_flash_attn_fwd=fwd)
-    cache_utils = types.SimpleNamespace(JITPersistentCache=UpstreamPersistentCache,
-                                        _compute_source_fingerprint=lambda: fingerprint)
-    cutlass = types.SimpleNamespace(CUDA_VERSION=types.SimpleNamespace(major=12, minor=9))
-    layout = fa4_cache.install(interface, cache_utils, cutlass, load_module=_loader,
-                               shipped=tmp_path / "site", user=tmp_path / "user")
-    return fwd.compile_cache, layout
 
 
 def _index(tmp_path, table, same_as=FINGERPRINT) -> Path:
