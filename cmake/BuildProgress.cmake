@@ -27,7 +27,7 @@
 # compile of the build, in sccache's server too, and the monitor says so in one line.
 #
 # Example, after the targets and the job pool (VFA_JOBS) exist:
-#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)   (CMakeLists.txt: the compiled families' modules)
+#   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)   (CMakeLists.txt: the modules this build makes)
 #   -- vendored-flash-attn: build progress every 30 s and per finished unit; warnings located
 #      in upstream code go only to <build>/vfa-compile.log, with all compiler output
 
@@ -65,9 +65,6 @@ function(vfa_setup_build_progress)
   set(targets "")
   set(unit_kinds "")
   foreach(target IN LISTS ARGN)
-    if(NOT TARGET ${target})
-      continue()
-    endif()
     list(APPEND targets ${target})
     get_target_property(kinds ${target} VFA_UNIT_KINDS)
     foreach(kind IN LISTS kinds)

@@ -217,9 +217,7 @@ function(vfa_add_compiler_cache_stats_target)
             --settings "${VFA_SCCACHE_SETTINGS}"
     COMMENT "Compiler cache statistics for this build (sccache --show-stats)"
     VERBATIM)
-  foreach(target IN LISTS ARGN)
-    if(TARGET ${target})
-      add_dependencies(compiler_cache_stats ${target})
-    endif()
-  endforeach()
+  if(ARGN)
+    add_dependencies(compiler_cache_stats ${ARGN})
+  endif()
 endfunction()

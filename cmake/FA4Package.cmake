@@ -186,13 +186,10 @@ function(vfa_add_fa4_package)
   add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
   if(archs)
     # The precompile runs VFA_JOBS workers (about 1.4 GB each): after the compiled modules
-    # this build makes (a family turned off has no target), so it never shares the machine
-    # with their compiles (the job pool's budget).
-    foreach(module IN LISTS VFA_COMPILED_MODULES)
-      if(TARGET ${module})
-        add_dependencies(vfa_fa4 ${module})
-      endif()
-    endforeach()
+    # this build makes, so it never shares the machine with their compiles (the job pool's budget).
+    if(VFA_BUILT_MODULES)
+      add_dependencies(vfa_fa4 ${VFA_BUILT_MODULES})
+    endif()
   endif()
   install(DIRECTORY "${package}" DESTINATION vendored_flash_attn
     PATTERN "__pycache__" EXCLUDE)
