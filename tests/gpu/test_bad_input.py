@@ -199,9 +199,11 @@ BAD = [
         "multiple of the number of k/v heads"),
     Bad("k-v-heads-differ", 3, lambda b: b.call(3, v=lambda kw: heads(kw, "v", 1)),
         "k and v must agree"),
-    Bad("v-head-size-differs-fa3", 3, lambda b: b.call(3, v=lambda kw: head_size(kw, "v", 64)),
+    # Half the base's head size: never a pair of the hdimdiff kernels (64 -> 256/512,
+    # 192 -> 128), so refused whatever head dim the wheel's base call has.
+    Bad("v-head-size-differs-fa3", 3, lambda b: b.call(3, v=lambda kw: head_size(kw, "v", kw["v"].shape[-1] // 2)),
         "V head size"),
-    Bad("v-head-size-differs-fa2", 2, lambda b: b.call(2, v=lambda kw: head_size(kw, "v", 64)),
+    Bad("v-head-size-differs-fa2", 2, lambda b: b.call(2, v=lambda kw: head_size(kw, "v", kw["v"].shape[-1] // 2)),
         "same head size for V"),
     Bad("cu_seqlens_q-2d", 3, lambda b: b.call(3, cu_seqlens_q=lambda kw: kw["cu_seqlens_q"].view(1, -1)),
         "cu_seqlens_q must be 1-D"),
