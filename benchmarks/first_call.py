@@ -337,8 +337,11 @@ def fa4_table(result: dict) -> tuple[list[str], list[list[str]], list[str]]:
         compiled = fa4_compiled(r)
         kinds = ((r.get("fa4_cache_layout") or {}).get("kinds") or {})
         shipped = (kinds.get("fwd") or {}).get("shipped")
+        # A Python that shares another's kernels has no folder of its own, only their index.
+        aliases = (kinds.get("fwd") or {}).get("aliases")
         shipped_text = "off" if (r.get("fa4_cache_layout") or {}).get("shipped_off") else (
-            "yes" if shipped else ("none" if r.get("fa4_cache_layout") else "-"))
+            "yes" if shipped else (f"shared ({aliases})" if aliases else (
+                "none" if r.get("fa4_cache_layout") else "-")))
         for i, (shape, key) in enumerate(SHAPES.items()):
             rows.append([r["fa4_cache"], shape, common.fmt(t.get("import_vfa_s"), 4) if i == 0 else "",
                          common.fmt(r.get("cutlass_after_import")) if i == 0 else "",
@@ -349,7 +352,8 @@ def fa4_table(result: dict) -> tuple[list[str], list[list[str]], list[str]]:
     notes = [f"BAR {b['verdict']}: {b['bar']}: {b.get('why', '')}" for b in result.get("fa4_bars", [])]
     notes.append("fa_version=4 on every call; 1st call is timed after fa4.load() (cutlass + FA4 sources); "
                  "compiled = kernels the call added to the user cache; shipped dir: the wheel's kernels for "
-                 "this Python and DSL flavour (none: the wheel ships none for them; off: VFA_FA4_SHIPPED_KERNELS=off)")
+                 "this Python and DSL flavour (shared (N): N kernels through its index of another Python's files; "
+                 "none: the wheel ships none for them; off: VFA_FA4_SHIPPED_KERNELS=off)")
     return columns, rows, notes
 
 

@@ -304,3 +304,16 @@ def test_import_time_arguments():
 @pytest.mark.parametrize("module", [first_call, import_time], ids=["first_call", "import_time"])
 def test_child_scripts_compile(module):
     compile(module.CHILD, f"<{module.__name__} child>", "exec")
+
+
+@pytest.mark.parametrize("fwd,shipped_off,expected", [
+    ({"shipped": "/site/k/fwd", "aliases": 0}, False, "yes"),
+    # Python 3.12 on the H200 loading the wheel's Python 3.11 files through its index
+    ({"shipped": None, "aliases": 108}, False, "shared (108)"),
+    ({"shipped": None, "aliases": 0}, False, "none"),
+    ({"shipped": None, "aliases": 0}, True, "off"),
+])
+def test_fa4_table_says_where_the_shipped_kernels_come_from(fwd, shipped_off, expected):
+    run = _fa4_run("shipped", fa4_cache_layout={"shipped_off": shipped_off, "kinds": {"fwd": fwd}})
+    columns, rows, _notes = first_call.fa4_table({"runs": [run]})
+    assert rows[0][columns.index("shipped dir")] == expected
