@@ -12,11 +12,13 @@ Run on the GPU machine against the installed wheel, not the source tree:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from gpu_helpers import MEASURED, Rand, gpu_skip_reason, version_skip_reason
+from kernel_log import ENV as KERNEL_LOG_ENV, KernelLog
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,6 +28,13 @@ def _in_this_dir(item) -> bool:
         return Path(str(getattr(item, "path", None) or item.fspath)).resolve().is_relative_to(HERE)
     except (OSError, ValueError):
         return False
+
+
+def pytest_configure(config):
+    """``VFA_KERNEL_LOG=<file>``: log the kernels each test launched (tests/gpu/kernel_log.py)."""
+    path = os.environ.get(KERNEL_LOG_ENV)
+    if path:
+        config.pluginmanager.register(KernelLog(Path(path)), "vfa_kernel_log")
 
 
 def pytest_collection_modifyitems(config, items):

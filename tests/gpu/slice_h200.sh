@@ -12,7 +12,9 @@
 #   tests/gpu/slice_h200.sh test         sizes (modules, wheel members, objects), install the
 #                                        wheel, info, wheel check, smoke check, the GPU suite
 #                                        (`-m gpu -o pythonpath=`: every tests/gpu/test_*.py,
-#                                        test_hdimdiff_gpu.py's hdimdiff kernels included)
+#                                        test_hdimdiff_gpu.py's hdimdiff kernels included), and
+#                                        which CUDA units ran in a passing test
+#                                        (tests/gpu/kernel_coverage.py: fails on a unit that did not)
 #   tests/gpu/slice_h200.sh fp8          benchmarks/fp8_accuracy.py's long-context cases at
 #                                        the slice's FA3 head dim (when it has e4m3)
 #
@@ -95,9 +97,16 @@ for i in zipfile.ZipFile(sys.argv[1]).infolist():
     > "$RES/wheel_check.txt" 2>&1 || true
   (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$RES/smoke.log" 2>&1 || true
   rc=0
-  "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
+  rm -f "$RES/kernels.jsonl"
+  VFA_KERNEL_LOG="$RES/kernels.jsonl" "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
     --junitxml="$RES/gpu-junit.xml" -q -ra > "$RES/gpu-tests.log" 2>&1 || rc=1
   tail -n 40 "$RES/gpu-tests.log"
+  # Every CUDA unit the slice compiled must have run in a passing test: the kernels each test
+  # launched (tests/gpu/kernel_log.py) against each unit's kernels (its object file).
+  { "$PY" "$ROOT/tests/gpu/kernel_coverage.py" table --build "$SESSION/build" --out "$RES/kernel-table.json" &&
+    "$PY" "$ROOT/tests/gpu/kernel_coverage.py" report --table "$RES/kernel-table.json" --log "$RES/kernels.jsonl" \
+      --out "$RES/kernel-coverage.json"; } > "$RES/kernel-coverage.txt" 2>&1 || rc=1
+  cat "$RES/kernel-coverage.txt"
   # A version the build info says is built must run, not skip; one the slice leaves out
   # (VFA_BUILD_FA2=OFF in fa3-hd64 and fa3-hd192) is skipped with that reason.
   mapfile -t FORBID < <("$PY" benchmarks/dist_model.py --slice-forbid-skips "$RES/build_info-slice.json")
