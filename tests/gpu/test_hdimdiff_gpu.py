@@ -7,7 +7,8 @@ against the float64 reference, and the selector's answer for them.
 * 64/512 with ``q_v`` (vLLM's MLA decode: Q/K = the rope part 64, V = the latent 512,
   ``q_v`` = the nope query absorbed into the latent, one KV head, a paged cache, its own
   softmax scale), 64/512 without ``q_v`` and 64/256, bf16/fp16: paged decode, paged
-  chunked prefill, paged split-KV, packed prefill.
+  chunked prefill, paged split-KV, packed prefill, unpaged decode and split-KV; and softcap
+  in each of those (without ``q_v``).
 
 Each kernel the build info lists must run and match the reference; one it does not list
 must be refused before any kernel (a FlashAttention input error naming the cause), and
@@ -43,6 +44,10 @@ SCENARIOS_64 = {
     "mla-chunked-paged": (16, 1, chunked_lengths, 64, 0, None),
     "mla-decode-split": (16, 1, decode_lengths, 64, 4, None),
     "prefill-packed": (16, 1, prefill_lengths, None, 0, None),
+    # Unpaged decode and split-KV: each head dim's files are picked by paged (without TMA),
+    # split and PackGQA, so these reach the packgqa and the unpaged split files.
+    "decode-packed": (16, 1, decode_lengths, None, 0, None),
+    "chunked-packed-split": (16, 1, chunked_lengths, None, 3, None),
 }
 # (V head dim, with q_v)
 CALLS_64 = {"512-q_v": (512, True), "512": (512, False), "256": (256, False)}
@@ -115,6 +120,15 @@ def test_hdimdiff_64(rng, dtype, call, scenario, causal):
     head_dim_v, with_q_v = CALLS_64[call]
     _run(rng, dtype, 64, head_dim_v, SCENARIOS_64[scenario], causal=causal, with_q_v=with_q_v,
          softmax_scale=MLA_SCALE, label=f"FA3 64/{call} {dtype} {scenario} {'causal' if causal else 'full'}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS_64)
+@pytest.mark.parametrize("head_dim_v", [512, 256])
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
+def test_hdimdiff_64_softcap(rng, dtype, head_dim_v, scenario):
+    """The softcap files of 64/256 and 64/512 (plain, paged, split, paged split, PackGQA)."""
+    _run(rng, dtype, 64, head_dim_v, SCENARIOS_64[scenario], causal=True, softcap=20.0,
+         softmax_scale=MLA_SCALE, label=f"FA3 64/{head_dim_v} {dtype} {scenario} softcap 20")
 
 
 @pytest.mark.parametrize("pair,dtype", [(f"{d}/{dv}", dtype) for (d, dv), dtypes in HDIMDIFF_KERNELS.items()
