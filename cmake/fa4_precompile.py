@@ -599,14 +599,13 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
     index = out / own["flavour"] / own["fingerprint"] / fa4_cache.ALIASES_FILE
     entries = sum(len(t) for t in table.values())
     if index.is_file():
-        earlier = json.loads(index.read_text())
-        if earlier["same_as"] != first["fingerprint"]:
-            return None, f"its index already names Python {earlier.get('python')}'s kernels of another build Python"
-        for kind, more in earlier["kinds"].items():
+        earlier_same_as, earlier = fa4_cache.parse_aliases(index.read_bytes())
+        if earlier_same_as != first["fingerprint"]:
+            return None, f"its index already names the kernels of another build Python ({earlier_same_as[:12]})"
+        for kind, more in earlier.items():
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(json.dumps({"same_as": first["fingerprint"], "python": own["python"], "kinds": table},
-                                indent=1, sort_keys=True) + "\n")
+    index.write_text(fa4_cache.aliases_text(first["fingerprint"], own["python"], table))
     own.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size},
                same_as={"python": first["python"], "fingerprint": first["fingerprint"], "sample": sample})
     return own, ""

@@ -72,6 +72,29 @@ def kernel_dir(root: Path, flavour: str, fingerprint: str, kind: str) -> Path:
     return Path(root) / flavour / fingerprint / kind
 
 
+def parse_aliases(text: str | bytes) -> tuple[str, dict[str, dict[str, str]]]:
+    """An index as the build writes it (aliases_text): ``(the fingerprint whose files it names,
+    {kind: {this Python's key hash: that file's key hash}})``. ValueError for anything else:
+    every fingerprint and hash must be 64 hex digits, so an index can only name files of the
+    shipped tree."""
+    try:
+        data = json.loads(text)
+        same_as, kinds = data["same_as"], data["kinds"]
+        table = {str(kind): dict(entries) for kind, entries in kinds.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not an index of FA4 kernels: {exc}") from None
+    if not isinstance(same_as, str) or not _HASH.fullmatch(same_as) or not all(
+            isinstance(a, str) and isinstance(b, str) and _HASH.fullmatch(a) and _HASH.fullmatch(b)
+            for entries in table.values() for a, b in entries.items()):
+        raise ValueError("a fingerprint or key hash is not 64 hex digits")
+    return same_as, table
+
+
+def aliases_text(same_as: str, python: str, kinds: dict[str, dict[str, str]]) -> str:
+    """The index parse_aliases reads (``python``: the Python it serves, for people)."""
+    return json.dumps({"same_as": same_as, "python": python, "kinds": kinds}, indent=1, sort_keys=True) + "\n"
+
+
 def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[str, Path]]:
     """This Python's shipped kernels that are another Python's files: ``{kind: {key hash:
     .o path}}`` from ``<root>/<flavour>/<fingerprint>/aliases.json`` ({} when there is none).
@@ -81,17 +104,13 @@ def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[s
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-        same_as, kinds = data["same_as"], data["kinds"]
-        if not _HASH.fullmatch(same_as) or not all(
-                _HASH.fullmatch(a) and _HASH.fullmatch(b) for table in kinds.values() for a, b in table.items()):
-            raise ValueError("a fingerprint or key hash is not 64 hex digits")
-        return {str(kind): {own: kernel_dir(root, flavour, same_as, kind) / f"{theirs}.o"
-                            for own, theirs in table.items()} for kind, table in kinds.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        same_as, kinds = parse_aliases(path.read_bytes())
+    except (OSError, ValueError) as exc:
         warnings.warn(f"FA4's kernel index {path} is damaged ({exc}): the kernels it lists compile at first "
                       "use. Reinstall vendored-flash-attn.", RuntimeWarning, stacklevel=2)
         return {}
+    return {kind: {own: kernel_dir(root, flavour, same_as, kind) / f"{theirs}.o" for own, theirs in table.items()}
+            for kind, table in kinds.items()}
 
 
 def user_cache_root(environ=None) -> Path:

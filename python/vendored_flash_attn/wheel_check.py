@@ -337,13 +337,17 @@ def shipped_kernel_problems(names: Iterable[str], read: Callable[[str], bytes]) 
             if index not in present:
                 problems.append(f"{family.title}: {index} is missing (its build record lists {count} shared kernels)")
                 continue
-            table = json.loads(read(index))
-            entries = [(kind, theirs) for kind, kinds in table.get("kinds", {}).items() for theirs in kinds.values()]
-            if table.get("same_as") != targets[(flavour, fingerprint)] or len(entries) != count:
-                problems.append(f"{family.title}: {index} lists {len(entries)} kernels of {table.get('same_as')}, "
+            try:
+                same_as, kinds = fa4_cache.parse_aliases(read(index))
+            except ValueError as exc:
+                problems.append(f"{family.title}: {index}: {exc}")
+                continue
+            entries = [(kind, theirs) for kind, table in kinds.items() for theirs in table.values()]
+            if same_as != targets[(flavour, fingerprint)] or len(entries) != count:
+                problems.append(f"{family.title}: {index} lists {len(entries)} kernels of {same_as}, "
                                 f"its build record {count} of {targets[(flavour, fingerprint)]}")
             absent = [f"{kind}/{theirs}.o" for kind, theirs in entries
-                      if f"{root}/{flavour}/{table.get('same_as')}/{kind}/{theirs}.o" not in present]
+                      if f"{root}/{flavour}/{same_as}/{kind}/{theirs}.o" not in present]
             if absent:
                 problems.append(f"{family.title}: {index} names {len(absent)} kernel files the wheel lacks ({absent[0]}, ...)")
     return problems

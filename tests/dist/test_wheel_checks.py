@@ -276,7 +276,7 @@ def test_installed_fails_clearly_on_a_damaged_build_info(tmp_path):
 FP_A, FP_B, KERNELS = "a" * 64, "b" * 64, "vendored_flash_attn/_fa4/kernels/cu12.9"
 
 
-def fa4_wheel(tmp: Path, *, drop: str = "", index_entries: int = 2, same_as: str = FP_A) -> Path:
+def fa4_wheel(tmp: Path, *, drop: str = "", index_entries: int = 2, same_as: str = FP_A, index: str = "") -> Path:
     wheel = make_wheel(tmp)
     runs = [{"arch": "sm_90a", "python": "3.11", "flavour": "cu12.9", "fingerprint": FP_A, "kernels": 2},
             {"arch": "sm_90a", "python": "3.12", "flavour": "cu12.9", "fingerprint": FP_B, "kernels": 2,
@@ -286,6 +286,8 @@ def fa4_wheel(tmp: Path, *, drop: str = "", index_entries: int = 2, same_as: str
                f"{KERNELS}/{FP_A}/fwd/{'1' * 64}.o": "k1", f"{KERNELS}/{FP_A}/fwd_combine/{'2' * 64}.o": "k2",
                f"{KERNELS}/{FP_B}/aliases.json": json.dumps({"same_as": same_as, "python": "3.12", "kinds": dict(
                    list({"fwd": {"3" * 64: "1" * 64}, "fwd_combine": {"4" * 64: "2" * 64}}.items())[:index_entries])})}
+    if index:
+        members[f"{KERNELS}/{FP_B}/aliases.json"] = index
     with zipfile.ZipFile(wheel, "a") as zf:
         for name, text in members.items():
             if name != drop:
@@ -302,6 +304,9 @@ def test_shipped_fa4_kernels_match_their_record(tmp_path):
     ({"drop": f"{KERNELS}/{FP_B}/aliases.json"}, "aliases.json is missing (its build record lists 2 shared kernels)"),
     ({"index_entries": 1}, "lists 1 kernels of"),
     ({"same_as": "c" * 64}, "names 2 kernel files the wheel lacks"),
+    # a damaged index is a finding, not a crash of the check (the run time ignores it too)
+    ({"index": "{not json"}, "aliases.json: not an index of FA4 kernels"),
+    ({"index": json.dumps({"same_as": "../x", "kinds": {}})}, "not 64 hex digits"),
 ])
 def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwargs, message):
     result = check_build_info(fa4_wheel(tmp_path, **kwargs), Expectations())

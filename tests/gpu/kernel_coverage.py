@@ -51,8 +51,9 @@ def unit_name(obj: Path) -> str:
 
 
 def cuda_objects(build: Path) -> list[Path]:
-    """The CUDA units' objects of the build's compiled modules (``_vendored_fa*_C``)."""
-    return sorted(p for p in build.glob("CMakeFiles/_vendored_fa*_C.dir/**/*.cu.o"))
+    """The CUDA units' objects of the build's targets (CMake keeps each target's objects in
+    ``CMakeFiles/<target>.dir``; only the compiled modules have CUDA units)."""
+    return sorted(build.glob("CMakeFiles/*.dir/**/*.cu.o"))
 
 
 def _tool(name: str) -> str:
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
     if args.command == "table":
         objects = cuda_objects(args.build)
         if not objects:
-            print(f"kernel_coverage: no CUDA object under {args.build}/CMakeFiles/_vendored_fa*_C.dir",
+            print(f"kernel_coverage: no CUDA object under {args.build}/CMakeFiles/*.dir",
                   file=sys.stderr)
             return 2
         table = kernel_table(objects)
