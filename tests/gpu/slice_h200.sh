@@ -17,6 +17,14 @@
 #                                        (tests/gpu/kernel_coverage.py: fails on a unit that did not)
 #   tests/gpu/slice_h200.sh fp8          benchmarks/fp8_accuracy.py's long-context cases at
 #                                        the slice's FA3 head dim (when it has e4m3)
+#   tests/gpu/slice_h200.sh check DIR    the GPU suite and which units ran, for a slice wheel
+#                                        built on another machine: DIR holds the wheel and the
+#                                        kernel table of the build dir that made it
+#                                        (`tests/gpu/kernel_coverage.py table --out
+#                                        DIR/kernel-table.json`); the wheel goes into a folder
+#                                        of its own (pip --target), so it can run at `nice 19`
+#                                        beside a slice's build and leaves that slice's install
+#                                        alone. Results under results/check-<DIR's name>/
 #
 # The build: `pip wheel --no-build-isolation` of the copy, the slice's knobs
 # (`benchmarks/dist_model.py --slice-defines NAME`) over a Hopper-only machine's arch
@@ -47,6 +55,9 @@ if [[ "$STAGE" == start ]]; then
   mapfile -t SLICE_DEFINES < <("$PY" benchmarks/dist_model.py --slice-defines "$NAME")
   (( ${#SLICE_DEFINES[@]} )) || exit 2
   SESSION=$(new_session_dir "$POINTER" vfa-slice)
+elif [[ "$STAGE" == check ]]; then
+  # Beside a running slice, in its session; on a machine with none, in a session of its own.
+  SESSION=$(session_dir "$POINTER" 2>/dev/null || new_session_dir "$POINTER" vfa-slice)
 else
   SESSION=$(session_dir "$POINTER")
 fi
@@ -59,6 +70,38 @@ export SCCACHE_DIR=$SESSION/sccache SCCACHE_SERVER_PORT=${SCCACHE_SERVER_PORT:-4
 read -r -a EXTRA <<< "${EXTRA_DEFINES:-}"
 COMMON=(-Ccmake.define.TORCH_CUDA_ARCH_LIST=9.0 -Ccmake.define.VFA_FA2_SM90_SASS=ON
         -Ccmake.define.VFA_FA2_PTX=OFF "${EXTRA[@]}")
+
+# <results dir> <kernel table> <build info>: the GPU suite against the wheel on the import
+# path, under the kernel log; then every CUDA unit of the table must have run in a passing
+# test, and every family the build info lists as built must have run, not skipped (a family
+# the slice leaves out, VFA_BUILD_FA2=OFF in fa3-hd64, is skipped with that reason).
+# Returns 1 when any of the three fails.
+suite_and_coverage() {
+  local out=$1 table=$2 info=$3 rc=0
+  rm -f "$out/kernels.jsonl"
+  VFA_KERNEL_LOG="$out/kernels.jsonl" "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
+    --junitxml="$out/gpu-junit.xml" -q -ra > "$out/gpu-tests.log" 2>&1 || rc=1
+  tail -n 40 "$out/gpu-tests.log"
+  "$PY" "$ROOT/tests/gpu/kernel_coverage.py" report --table "$table" --log "$out/kernels.jsonl" \
+    --out "$out/kernel-coverage.json" > "$out/kernel-coverage.txt" 2>&1 || rc=1
+  cat "$out/kernel-coverage.txt"
+  local forbid
+  mapfile -t forbid < <("$PY" "$ROOT/benchmarks/dist_model.py" --slice-forbid-skips "$info")
+  "$PY" "$ROOT/.buildkite/scripts/check_gpu_junit.py" "$out/gpu-junit.xml" "${forbid[@]}" \
+    > "$out/gpu-junit-check.txt" 2>&1 || rc=1
+  tail -n 30 "$out/gpu-junit-check.txt"
+  return "$rc"
+}
+
+# <results dir>: the installed wheel's info, wheel check and smoke check (never fatal: the
+# suite says what failed)
+installed_checks() {
+  (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$1/info.txt"
+  (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$1/info.json" || true
+  (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
+    > "$1/wheel_check.txt" 2>&1 || true
+  (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$1/smoke.log" 2>&1 || true
+}
 
 case "$STAGE" in
 start)
@@ -91,28 +134,13 @@ for i in zipfile.ZipFile(sys.argv[1]).infolist():
     if i.filename.endswith(".so"): print(i.filename, i.file_size, i.compress_size)' "$wheel" >> "$RES/sizes.txt"
   "$PY" benchmarks/build.py --analyse "$SESSION/build" --plain > "$RES/analysis.txt" 2>&1 || true
   "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
-  (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$RES/info.txt"
-  (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$RES/info.json" || true
-  (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
-    > "$RES/wheel_check.txt" 2>&1 || true
-  (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$RES/smoke.log" 2>&1 || true
-  rc=0
-  rm -f "$RES/kernels.jsonl"
-  VFA_KERNEL_LOG="$RES/kernels.jsonl" "$PY" -m pytest "$ROOT/tests/gpu" -m gpu -p no:cacheprovider -o pythonpath= \
-    --junitxml="$RES/gpu-junit.xml" -q -ra > "$RES/gpu-tests.log" 2>&1 || rc=1
-  tail -n 40 "$RES/gpu-tests.log"
+  installed_checks "$RES"
   # Every CUDA unit the slice compiled must have run in a passing test: the kernels each test
   # launched (tests/gpu/kernel_log.py) against each unit's kernels (its object file).
-  { "$PY" "$ROOT/tests/gpu/kernel_coverage.py" table --build "$SESSION/build" --out "$RES/kernel-table.json" &&
-    "$PY" "$ROOT/tests/gpu/kernel_coverage.py" report --table "$RES/kernel-table.json" --log "$RES/kernels.jsonl" \
-      --out "$RES/kernel-coverage.json"; } > "$RES/kernel-coverage.txt" 2>&1 || rc=1
-  cat "$RES/kernel-coverage.txt"
-  # A version the build info says is built must run, not skip; one the slice leaves out
-  # (VFA_BUILD_FA2=OFF in fa3-hd64 and fa3-hd192) is skipped with that reason.
-  mapfile -t FORBID < <("$PY" benchmarks/dist_model.py --slice-forbid-skips "$RES/build_info-slice.json")
-  "$PY" "$ROOT/.buildkite/scripts/check_gpu_junit.py" "$RES/gpu-junit.xml" "${FORBID[@]}" \
-    > "$RES/gpu-junit-check.txt" 2>&1 || rc=1
-  tail -n 30 "$RES/gpu-junit-check.txt"
+  rc=0
+  "$PY" "$ROOT/tests/gpu/kernel_coverage.py" table --build "$SESSION/build" --out "$RES/kernel-table.json" \
+    > "$RES/kernel-table.txt" 2>&1 || { cat "$RES/kernel-table.txt"; rc=1; }
+  suite_and_coverage "$RES" "$RES/kernel-table.json" "$RES/build_info-slice.json" || rc=1
   exit "$rc"
   ;;
 fp8)
@@ -127,8 +155,29 @@ print(128 if 128 in dims else (dims[0] if dims else ""))' "$RES/build_info-slice
   "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" --long-head-dim "$head_dim" --shapes --distributions \
     --no-speed --plain 2>&1 | tee "$RES/fp8.log"
   ;;
+check)
+  from=${2:?usage: slice_h200.sh check DIR (the wheel and kernel-table.json of a slice built elsewhere)}
+  wheels=("$from"/vendored_flash_attn-*.whl)
+  [[ ${#wheels[@]} == 1 && -f ${wheels[0]} && -f $from/kernel-table.json ]] || {
+    echo "$from must hold one vendored_flash_attn wheel and kernel-table.json (kernel_coverage.py table)" >&2; exit 2; }
+  out=$RES/check-$(basename "$from")
+  rm -rf "$out" && mkdir -p "$out"
+  cp "$from/kernel-table.json" "$out/"
+  site=$out/site
+  "$PY" -m pip install -q --no-deps --no-compile --target "$site" "${wheels[0]}"
+  export PYTHONPATH=$site:$PYTHONPATH
+  # The build info the wheel carries decides which families must run.
+  cp "$site/vendored_flash_attn/build_info.json" "$out/build_info.json"
+  # Lowest CPU priority, inherited by every child: a slice building beside keeps its unit times.
+  renice -n 19 -p $$ > /dev/null
+  rc=0
+  installed_checks "$out"
+  suite_and_coverage "$out" "$out/kernel-table.json" "$out/build_info.json" || rc=1
+  rm -rf "$site"
+  exit "$rc"
+  ;;
 *)
-  echo "unknown stage $STAGE (start NAME, wait, test, fp8)" >&2
+  echo "unknown stage $STAGE (start NAME, wait, test, fp8, check DIR)" >&2
   exit 2
   ;;
 esac

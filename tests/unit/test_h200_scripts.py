@@ -83,3 +83,17 @@ def test_later_stages_need_the_start_stage(stand_ins):
     env, _args, _tmp = stand_ins
     result = run("slice_h200.sh", "wait", env=env)
     assert result.returncode != 0 and "run the start stage first" in result.stderr
+
+
+def test_check_stage_needs_a_wheel_and_its_kernel_table(stand_ins, tmp_path):
+    """`check DIR` runs a wheel built elsewhere; without the kernel table of the build that
+    made it, coverage cannot be judged, so it refuses before installing anything."""
+    env, _args, tmp = stand_ins
+    built = tmp_path / "fa2-hd32-64"
+    built.mkdir()
+    (built / "vendored_flash_attn-0.1.0-cp310-abi3-linux_x86_64.whl").write_bytes(b"")
+    result = run("slice_h200.sh", "check", str(built), env=env)
+    assert result.returncode == 2 and "kernel-table.json" in result.stderr, result.stdout + result.stderr
+    # With no slice session on the machine, the check made one of its own.
+    session = Path((tmp_path / "slice.ptr").read_text().strip())
+    assert session.parent == tmp and session.is_dir()
