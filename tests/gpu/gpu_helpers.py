@@ -167,8 +167,87 @@ def hdimdiff_unbuilt(head_dim: int, head_dim_v: int, dtype: str, build=None) -> 
     return None
 
 
-def has_feature(feature: str) -> bool:
-    comp = component(3)
+# --- one call per compiled kernel file (test_kernel_files_gpu.py) -----------------------
+# Upstream compiles a (head dims, dtype) pair's kernels into several files and picks one from
+# the call. The other suites test scenarios at one head dim (128, else the smallest built);
+# these calls reach every file of every head dim and dtype the build info lists, so that each
+# translation unit runs in a passing test (tests/gpu/kernel_coverage.py checks it per unit
+# from the kernels the tests launched).
+
+@dataclass(frozen=True)
+class CallShape:
+    """A call that upstream's dispatch sends to one kernel file of a (head dims, dtype)."""
+
+    name: str
+    heads: Tuple[int, int]  # (q heads, KV heads)
+    page_size: Optional[int]  # None: packed K/V
+    num_splits: int  # 0: upstream's heuristic
+    softcap: float
+    causal: bool
+
+
+# FA3 (hopper/flash_api.cpp): the file is chosen by paged K/V without TMA (page 16: not a
+# multiple of the 128-wide K block), split-KV (num_splits > 1), softcap and PackGQA. PackGQA
+# is forced by paged-without-TMA and by split; otherwise a varlen call packs when q heads
+# differ from KV heads. With FLASHATTENTION_PACKGQA_ONLY (what the build defines) equal head
+# dims have only PackGQA files; the hdimdiff pairs also have files without it.
+FA3_CALL_SHAPES = (
+    CallShape("mha", (8, 8), None, 1, 0.0, False),
+    CallShape("gqa", (16, 4), None, 1, 0.0, True),
+    CallShape("mha-softcap", (8, 8), None, 1, 15.0, True),
+    CallShape("gqa-softcap", (16, 4), None, 1, 15.0, False),
+    CallShape("split", (16, 4), None, 3, 0.0, True),
+    CallShape("split-softcap", (16, 4), None, 3, 15.0, False),
+    CallShape("paged", (16, 4), 16, 1, 0.0, True),
+    CallShape("paged-softcap", (16, 4), 16, 1, 15.0, True),
+    CallShape("paged-split", (16, 4), 16, 3, 0.0, False),
+    CallShape("paged-split-softcap", (16, 4), 16, 3, 15.0, True),
+)
+# FA2 (csrc/flash_attn/flash_api.cpp): packed K/V runs the flash_fwd files, paged K/V the
+# split-KV ones (num_splits > 1) or, with num_splits=1, the split_align ones (the unsplit
+# kernel's block size, for the same numerics); causal has files of its own.
+FA2_CALL_SHAPES = (
+    CallShape("packed", (16, 4), None, 0, 0.0, False),
+    CallShape("packed-causal", (16, 4), None, 0, 0.0, True),
+    CallShape("paged-split", (16, 4), 16, 3, 0.0, False),
+    CallShape("paged-split-causal", (16, 4), 16, 3, 0.0, True),
+    CallShape("paged-align", (16, 4), 16, 1, 0.0, False),
+    CallShape("paged-align-causal", (16, 4), 16, 1, 0.0, True),
+)
+CALL_SHAPES = {2: FA2_CALL_SHAPES, 3: FA3_CALL_SHAPES}
+
+
+def kernel_sets(version: int, build=None) -> List[Tuple[int, int, str]]:
+    """(Q/K head dim, V head dim, dtype) of each kernel set the build info lists for
+    FA``version``: every built head dim with itself and, for FA3, the hdimdiff pairs."""
+    comp = component(version, build)
+    if comp is None or not comp.built:
+        return []
+    dtypes = [d for d in TORCH_DTYPES if d in comp.dtypes]
+    sets = [(d, d, t) for d in sorted(comp.head_dims) for t in dtypes]
+    if version == 3:
+        sets += [(d, dv, t) for (d, dv), allowed in HDIMDIFF_KERNELS.items() for t in allowed
+                 if hdimdiff_unbuilt(d, dv, t, build) is None]
+    return sets
+
+
+def kernel_file(version: int, head_dim: int, head_dim_v: int, dtype: str, shape: CallShape) -> str:
+    """The upstream file whose kernel a call of this shape runs (see the rules above)."""
+    if version == 2:
+        kind = ("split_align_" if shape.num_splits == 1 else "split_") if shape.page_size else ""
+        return f"flash_fwd_{kind}hdim{head_dim}_{dtype}{'_causal' if shape.causal else ''}_sm80.cu"
+    parts = [name for name, on in (("paged", shape.page_size), ("split", shape.num_splits > 1),
+                                   ("softcap", shape.softcap > 0)) if on]
+    # PackGQA forced by paged or split is not in those files' names.
+    if shape.page_size is None and shape.num_splits <= 1 and (
+            shape.heads[0] != shape.heads[1] or head_dim == head_dim_v):
+        parts.append("packgqa")
+    dims = f"{head_dim}" if head_dim == head_dim_v else f"{head_dim}_{head_dim_v}"
+    return f"flash_fwd_hdim{dims}_{dtype}_{''.join(p + '_' for p in parts)}sm90.cu"
+
+
+def has_feature(feature: str, build=None) -> bool:
+    comp = component(3, build)
     return comp is not None and feature in comp.features
 
 
@@ -561,22 +640,22 @@ def expect_refused(call, fragment: str):
     return str(info.value)
 
 
-def fa3_missing_feature(version: int, opts: dict):
-    """The FA3 feature this call needs and the wheel lacks (None: nothing missing)."""
+def fa3_missing_feature(version: int, opts: dict, build=None):
+    """The FA3 feature this call needs and the wheel (or ``build``) lacks (None: nothing missing)."""
     if version != 3:
         return None
     # Same order as validation.py checks them, so the refusal names the same feature.
-    if opts.get("paged") and not has_feature("paged"):
+    if opts.get("paged") and not has_feature("paged", build):
         return "paged"
-    if opts.get("softcap", 0.0) > 0 and not has_feature("softcap"):
+    if opts.get("softcap", 0.0) > 0 and not has_feature("softcap", build):
         return "softcap"
     window = opts.get("window") or (-1, -1)
     left, right = window
     if opts.get("causal"):
         right = 0
-    if (left >= 0 or right >= 0) and not (left < 0 and right == 0) and not has_feature("local"):
+    if (left >= 0 or right >= 0) and not (left < 0 and right == 0) and not has_feature("local", build):
         return "local"
-    if opts.get("num_splits", 0) > 1 and not has_feature("split"):
+    if opts.get("num_splits", 0) > 1 and not has_feature("split", build):
         return "split"
     return None
 

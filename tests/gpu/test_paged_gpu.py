@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_helpers import (TORCH_DTYPES, built_dtypes, built_head_dims, chunked_lengths, decode_lengths, has_feature,
+from gpu_helpers import (TORCH_DTYPES, built_dtypes, chunked_lengths, decode_lengths, has_feature,
                          make_problem, prefill_lengths, primary_head_dim, require, run_checked)
 
 pytestmark = pytest.mark.gpu
@@ -73,22 +73,6 @@ def test_fa3_num_splits(layout, num_splits, rng):
     else:
         p = make_paged(rng, dtype, head_dim, "chunked-mqa8_1", 16)
     run_checked(p, 3, f"FA3 {layout} num_splits={num_splits}", causal=True, num_splits=num_splits)
-
-
-def fa2_split_align_cases():
-    return [pytest.param(dtype, head_dim, causal, id=f"{dtype}-hd{head_dim}-{'causal' if causal else 'full'}")
-            for dtype in built_dtypes(2) for head_dim in built_head_dims(2) for causal in (False, True)]
-
-
-@pytest.mark.parametrize("dtype,head_dim,causal", fa2_split_align_cases())
-def test_fa2_paged_num_splits_1(dtype, head_dim, causal, rng):
-    """FA2 paged KV with num_splits=1: upstream then runs its split-KV kernel with the
-    standard kernel's block size (run_mha_fwd_splitkv_align, the flash_fwd_split_align_*
-    files) for numerics identical to the unsplit kernel; without num_splits=1 nothing
-    reaches those files (tests/gpu/kernel_coverage.py found them unrun)."""
-    require(2)
-    p = make_paged(rng, dtype, head_dim, "chunked-mqa8_1", 16)
-    run_checked(p, 2, f"FA2 paged16 hd{head_dim} num_splits=1", causal=causal, num_splits=1)
 
 
 def test_fa3_scheduler_metadata(rng):
