@@ -203,14 +203,17 @@ FA3_CALL_SHAPES = (
     CallShape("paged-split", (16, 4), 16, 3, 0.0, False),
     CallShape("paged-split-softcap", (16, 4), 16, 3, 15.0, True),
 )
-# FA2 (csrc/flash_attn/flash_api.cpp): packed K/V runs the flash_fwd files, paged K/V the
-# split-KV ones (num_splits > 1) or, with num_splits=1, the split_align ones (the unsplit
-# kernel's block size, for the same numerics); causal has files of its own.
+# FA2 (csrc/flash_attn/flash_api.cpp, mha_varlen_fwd): packed K/V runs the flash_fwd files;
+# paged K/V always runs a split-KV kernel: with num_splits=1 the split_align files (the
+# unsplit kernel's block size, for the same numerics), else the split ones (FA2 takes no
+# num_splits > 1 on a varlen paged call: upstream refuses it, and so does the package).
+# Causal has files of its own (a chunked batch has more than one query token per call;
+# upstream drops causal when every sequence has one).
 FA2_CALL_SHAPES = (
     CallShape("packed", (16, 4), None, 0, 0.0, False),
     CallShape("packed-causal", (16, 4), None, 0, 0.0, True),
-    CallShape("paged-split", (16, 4), 16, 3, 0.0, False),
-    CallShape("paged-split-causal", (16, 4), 16, 3, 0.0, True),
+    CallShape("paged-split", (16, 4), 16, 0, 0.0, False),
+    CallShape("paged-split-causal", (16, 4), 16, 0, 0.0, True),
     CallShape("paged-align", (16, 4), 16, 1, 0.0, False),
     CallShape("paged-align-causal", (16, 4), 16, 1, 0.0, True),
 )
