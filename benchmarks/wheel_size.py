@@ -7,7 +7,9 @@ Each slice of `full` (benchmarks/full_slices.json) builds its own `_vendored_fa3
 `_vendored_fa2_C`; tests/gpu/slice_h200.sh's `test` step writes their sizes to
 RESULTS_DIR/sizes.txt: each module in the build dir (`ls -l`) and, per .so member of the
 wheel, its size and its compressed size there (a wheel is a zip: the modules are stored
-deflated). --record reads that file (and slice.txt) into benchmarks/module_sizes_h200.json.
+deflated). --record reads that file (and slice.txt) into benchmarks/module_sizes_h200.json;
+a build of several slices together (hd128-256 was one, before it was cut in two for the
+15-minute bar) is recorded with --covers naming the slices its modules hold.
 
 The projection sums, over the measured slices, the modules' compressed sizes in their
 wheels (the compression ratio is each module's own, measured: compressed / stored size)
@@ -55,10 +57,13 @@ def parse_sizes(text: str) -> dict:
     return {"wheel_bytes": wheel_bytes, "modules": modules}
 
 
-def record(results: Path, run: str, path: Path = SIZES_FILE) -> dict:
-    """Merge one slice's measured sizes (RESULTS_DIR/slice.txt, sizes.txt) into the table."""
+def record(results: Path, run: str, path: Path = SIZES_FILE, covers: list[str] | None = None) -> dict:
+    """Merge one build's measured sizes (RESULTS_DIR/slice.txt, sizes.txt) into the table;
+    ``covers``: the slices that build's modules hold, where it is not the one slice it names."""
     name = (results / "slice.txt").read_text().split()[0]
     entry = {**parse_sizes((results / "sizes.txt").read_text()), "run": run}
+    if covers:
+        entry["covers"] = list(covers)
     data = json.loads(path.read_text()) if path.is_file() else {
         "about": "Measured sizes of each slice's modules and wheel (tests/gpu/slice_h200.sh test, sizes.txt; "
                  "benchmarks/wheel_size.py --record). Bytes; zipped = the member's compressed size in the wheel.",
@@ -74,12 +79,19 @@ def project(measured: dict[str, dict], slices: dict[str, dict]) -> dict:
     package = [e["wheel_bytes"] - sum(m["zipped"] for m in e["modules"].values())
                for e in measured.values() if all("zipped" in m for m in e["modules"].values())]
     package_bytes = round(statistics.mean(package)) if package else None
-    rows, gaps = [], []
-    for name in slices:
-        entry = measured.get(name)
-        if entry is None:
-            gaps.append({"slice": name, "what": slices[name].get("what", "")})
-            continue
+    # Each slice's record: the one named after it, or the build that covers it with others.
+    record_of: dict[str, str] = {}
+    for name, entry in measured.items():
+        for covered in entry.get("covers", [name]):
+            if covered in record_of:
+                raise ValueError(f"slice {covered} is in two measured builds: {record_of[covered]} and {name}")
+            record_of[covered] = name
+    gaps = [{"slice": n, "what": spec.get("what", "")} for n, spec in slices.items() if n not in record_of]
+    rows = []
+    for name, entry in measured.items():
+        covered = [n for n in entry.get("covers", [name]) if n in slices]
+        if not covered:
+            continue  # a build of slices the table no longer has
         members = {m: v for m, v in entry["modules"].items() if "zipped" in v}
         if members:
             zipped = sum(v["zipped"] for v in members.values())
@@ -89,7 +101,7 @@ def project(measured: dict[str, dict], slices: dict[str, dict]) -> dict:
                 raise ValueError(f"{name}: no member sizes and no package size measured to subtract")
             zipped = entry["wheel_bytes"] - package_bytes
             how = "wheel minus the package"
-        rows.append({"slice": name, "zipped_bytes": zipped, "how": how, "run": entry.get("run", ""),
+        rows.append({"slice": name, "covers": covered, "zipped_bytes": zipped, "how": how, "run": entry.get("run", ""),
                      "wheel_bytes": entry["wheel_bytes"],
                      "modules": {m: {**v, "ratio": round(v["zipped"] / v["stored"], 3)} for m, v in members.items()}})
     modules_bytes = sum(r["zipped_bytes"] for r in rows)
@@ -106,13 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--record", type=Path, metavar="RESULTS_DIR", help="a slice's results folder to record")
     p.add_argument("--run", help="(--record) what, where and when that build ran")
+    p.add_argument("--covers", help="(--record) the slices that build holds, comma-separated, where it built "
+                                    "several together (default: the one slice.txt names)")
     p.add_argument("--sizes", type=Path, default=SIZES_FILE, help="the measured sizes (default %(default)s)")
     p.add_argument("--out", type=Path, help="write the projection as JSON")
     args = p.parse_args(argv)
     if args.record:
         if not args.run:
             p.error("--record needs --run (what, where and when the build ran)")
-        entry = record(args.record, args.run, args.sizes)
+        if args.covers:
+            sys.path.insert(0, str(HERE))
+            import dist_model
+
+            unknown = sorted(set(args.covers.split(",")) - set(dist_model.load_slices()))
+            if unknown:
+                p.error(f"--covers names no slice of benchmarks/full_slices.json: {', '.join(unknown)}")
+        entry = record(args.record, args.run, args.sizes, args.covers.split(",") if args.covers else None)
         print(f"recorded {len(entry['modules'])} module(s) in {args.sizes}")
         return 0
     sys.path.insert(0, str(HERE))
@@ -126,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| slice | module | stored (MB) | zipped (MB) | ratio | source |\n|---|---|---|---|---|---|")
     for r in result["rows"]:
         for m, v in sorted(r["modules"].items()):
-            print(f"| {r['slice']} | {m} | {v['stored'] / MB:.2f} | {v['zipped'] / MB:.2f} | {v['ratio']:.3f} | "
-                  f"{r['run']} |")
+            print(f"| {' + '.join(r['covers'])} | {m} | {v['stored'] / MB:.2f} | {v['zipped'] / MB:.2f} | "
+                  f"{v['ratio']:.3f} | {r['run']} |")
         if not r["modules"]:
-            print(f"| {r['slice']} | both | — | {r['zipped_bytes'] / MB:.2f} | — | {r['how']}: {r['run']} |")
+            print(f"| {' + '.join(r['covers'])} | both | — | {r['zipped_bytes'] / MB:.2f} | — | {r['how']}: {r['run']} |")
     package = result["package_bytes"]
     print(f"package (wheel minus its modules, mean of the measured wheels): "
           f"{package / MB:.3f} MB" if package is not None else "package: not measured")

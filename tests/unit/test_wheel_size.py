@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 SPEC = importlib.util.spec_from_file_location("wheel_size", ROOT / "benchmarks/wheel_size.py")
 ws = importlib.util.module_from_spec(SPEC)
@@ -54,3 +56,23 @@ def test_command_prints_the_gap(tmp_path, capsys):
     if result["unmeasured"]:
         assert "NOT measured yet" in text and all(g["slice"] in text for g in result["unmeasured"])
     assert "Hopper-only" in text
+
+
+def test_a_build_of_several_slices_covers_them(tmp_path):
+    """hd128-256 was built as one slice, then cut in two (hd128, hd256) for the 15-minute
+    bar: its record covers both, once; a slice in two records is an error."""
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "slice.txt").write_text("ab\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, "run ab", table, covers=["a", "b"])
+    measured = json.loads(table.read_text())["slices"]
+    assert measured["ab"]["covers"] == ["a", "b"]
+    result = ws.project(measured, {"a": {}, "b": {}, "c": {"what": "C"}})
+    assert [r["covers"] for r in result["rows"]] == [["a", "b"]]
+    assert result["modules_zipped_bytes"] == 9059659 + 2614902  # counted once, not per slice
+    assert [g["slice"] for g in result["unmeasured"]] == ["c"]
+    measured["b"] = {"wheel_bytes": 1, "modules": {}, "run": "b alone"}
+    with pytest.raises(ValueError, match="two measured builds"):
+        ws.project(measured, {"a": {}, "b": {}})
