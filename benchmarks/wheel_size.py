@@ -19,12 +19,19 @@ printed total is what is measured, the gap is named, nothing is scaled up. Each 
 module also holds the module's fixed units (FA3 combine, scheduler and C++ API; FA2's
 C++ API), which one `full` module holds once: the sum counts them once per slice, an
 upper bound by that much (slice_h200.sh now lists per-object sizes in objects.txt).
+
+The slices build FA2 Hopper-only (sm_90 SASS, no PTX); the default wheel has FA2 as sm_80
+SASS + compute_80 PTX. --record-objects keeps the object sizes of FA2 units built each way
+(an objects.txt: "bytes path" per object) under an arch label; over the units both hold,
+the ratio of their sizes scales the measured FA2 modules into an estimate of the default
+wheel, printed beside the measured Hopper-only one (an estimate: one ratio for all head dims).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -33,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 SIZES_FILE = HERE / "module_sizes_h200.json"
 AIM_MB = 100.0  # PyPI's default per-file limit (docs/wheel-size.md)
 MB = 1e6
+HOPPER_FA2, DEFAULT_FA2 = "sm_90", "sm_80+compute_80"  # FA2's gencode in the slices / by default
+FA2_UNIT = re.compile(r"(flash_fwd_\w+_sm80)\.cu\.o$")
 
 
 def parse_sizes(text: str) -> dict:
@@ -74,7 +83,33 @@ def record(results: Path, run: str, path: Path = SIZES_FILE, covers: list[str] |
     return entry
 
 
-def project(measured: dict[str, dict], slices: dict[str, dict]) -> dict:
+def record_objects(objects: Path, arch: str, run: str, path: Path = SIZES_FILE) -> dict:
+    """Merge the FA2 unit objects of one build (objects.txt) into the table under ``arch``."""
+    units = {}
+    for line in objects.read_text().splitlines():
+        size, _, name = line.strip().partition(" ")
+        match = FA2_UNIT.search(name)
+        if match and "/_vendored_fa2_C.dir/" in name:
+            units[match[1]] = int(size)
+    if not units:
+        raise ValueError(f"{objects}: no FA2 unit object (flash_fwd_*_sm80.cu.o of _vendored_fa2_C)")
+    data = json.loads(path.read_text())
+    data.setdefault("fa2_objects", {})[arch] = {"run": run, "units": dict(sorted(units.items()))}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data["fa2_objects"][arch]
+
+
+def fa2_arch_ratio(fa2_objects: dict) -> dict | None:
+    """Default-arch FA2 objects over Hopper-only ones, on the units both builds hold."""
+    hopper = fa2_objects.get(HOPPER_FA2, {}).get("units", {})
+    default = fa2_objects.get(DEFAULT_FA2, {}).get("units", {})
+    common = sorted(set(hopper) & set(default))
+    if not common:
+        return None
+    return {"units": common, "ratio": round(sum(default[u] for u in common) / sum(hopper[u] for u in common), 3)}
+
+
+def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dict | None = None) -> dict:
     """The full wheel from the measured slices: per slice, per module, the total and the gap."""
     package = [e["wheel_bytes"] - sum(m["zipped"] for m in e["modules"].values())
                for e in measured.values() if all("zipped" in m for m in e["modules"].values())]
@@ -108,10 +143,16 @@ def project(measured: dict[str, dict], slices: dict[str, dict]) -> dict:
     total = modules_bytes + (package_bytes or 0)
     stored = sum(v["stored"] for r in rows for v in r["modules"].values())
     zipped_members = sum(v["zipped"] for r in rows for v in r["modules"].values())
+    arch = fa2_arch_ratio(fa2_objects or {})
+    default = None
+    if arch is not None:
+        fa2 = sum(v["zipped"] for r in rows for m, v in r["modules"].items() if m == "_vendored_fa2_C")
+        default = {**arch, "fa2_zipped_bytes": fa2,
+                   "wheel_bytes": round(total - fa2 + fa2 * arch["ratio"]), "estimate": True}
     return {"rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
             "measured_wheel_bytes": total, "aim_mb": AIM_MB,
             "ratio_of_members": round(zipped_members / stored, 3) if stored else None,
-            "complete": not gaps}
+            "complete": not gaps, "default_fa2_wheel": default}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,9 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", help="(--record) what, where and when that build ran")
     p.add_argument("--covers", help="(--record) the slices that build holds, comma-separated, where it built "
                                     "several together (default: the one slice.txt names)")
+    p.add_argument("--record-objects", type=Path, metavar="OBJECTS_TXT",
+                   help="a build's per-object sizes (slice_h200.sh's objects.txt, or `find BUILD -name '*.o' "
+                        "-printf '%%s %%P\\n'`): record its FA2 units under --arch")
+    p.add_argument("--arch", choices=(HOPPER_FA2, DEFAULT_FA2), help="(--record-objects) FA2's gencode in that build")
     p.add_argument("--sizes", type=Path, default=SIZES_FILE, help="the measured sizes (default %(default)s)")
     p.add_argument("--out", type=Path, help="write the projection as JSON")
     args = p.parse_args(argv)
+    if args.record_objects:
+        if not (args.run and args.arch):
+            p.error("--record-objects needs --arch and --run (what, where and when the build ran)")
+        entry = record_objects(args.record_objects, args.arch, args.run, args.sizes)
+        print(f"recorded {len(entry['units'])} FA2 unit object(s) ({args.arch}) in {args.sizes}")
+        return 0
     if args.record:
         if not args.run:
             p.error("--record needs --run (what, where and when the build ran)")
@@ -139,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     import dist_model
 
-    measured = json.loads(args.sizes.read_text())["slices"] if args.sizes.is_file() else {}
-    result = project(measured, dist_model.load_slices())
+    table = json.loads(args.sizes.read_text()) if args.sizes.is_file() else {}
+    result = project(table.get("slices", {}), dist_model.load_slices(), table.get("fa2_objects"))
     print(f"`full` wheel from measured slice modules ({args.sizes.name}); zipped = compressed size in the wheel "
           "(deflate), ratio = zipped / stored. The slices are built as slice_h200.sh builds them: FA3 sm_90a, FA2 "
           "sm_90 SASS without PTX, --compress-mode=size: a Hopper-only wheel, not the default sm_80 + PTX one")
@@ -164,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
               + "; ".join(f"{g['slice']} ({g['what']})" for g in result["unmeasured"]))
     else:
         print(f"every slice measured: the full wheel {'over' if total > AIM_MB else 'within'} the {AIM_MB:g} MB aim")
+    default = result["default_fa2_wheel"]
+    if default is not None:
+        print(f"the default wheel (FA2 as {DEFAULT_FA2}), an ESTIMATE: FA2's {len(default['units'])} units built both "
+              f"ways weigh {default['ratio']:.3f}x as objects ({DEFAULT_FA2} / {HOPPER_FA2}); FA2's measured "
+              f"{default['fa2_zipped_bytes'] / MB:.2f} MB x {default['ratio']:.3f} -> **{default['wheel_bytes'] / MB:.1f} MB** "
+              f"(aim {AIM_MB:g} MB)")
+    else:
+        print(f"the default wheel (FA2 as {DEFAULT_FA2}): no FA2 objects of both arch choices recorded "
+              "(--record-objects), no estimate")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -76,3 +76,35 @@ def test_a_build_of_several_slices_covers_them(tmp_path):
     measured["b"] = {"wheel_bytes": 1, "modules": {}, "run": "b alone"}
     with pytest.raises(ValueError, match="two measured builds"):
         ws.project(measured, {"a": {}, "b": {}})
+
+
+def test_default_fa2_wheel_is_estimated_from_objects_built_both_ways(tmp_path):
+    """FA2 objects of one unit set built sm_90-only and sm_80+PTX: their size ratio over the
+    common units scales the measured (Hopper-only) FA2 modules; FA3 and the package stay."""
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "slice.txt").write_text("a\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, "run a", table)
+    hopper, default = tmp_path / "h.txt", tmp_path / "d.txt"
+    hopper.write_text("100 CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim128_bf16_sm80.cu.o\n"
+                      "300 CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_split_hdim128_bf16_sm80.cu.o\n"
+                      "999 CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim256_bf16_sm80.cu.o\n"
+                      "555 CMakeFiles/_vendored_fa3_C.dir/x/flash_fwd_hdim128_bf16_packgqa_sm90.cu.o\n")
+    default.write_text("150 CMakeFiles/_vendored_fa2_C.dir/y/flash_fwd_hdim128_bf16_sm80.cu.o\n"
+                       "450 CMakeFiles/_vendored_fa2_C.dir/y/flash_fwd_split_hdim128_bf16_sm80.cu.o\n"
+                       "77 CMakeFiles/_vendored_fa2_C.dir/y/fa2_missing_kernels_1.cpp.o\n")
+    assert len(ws.record_objects(hopper, ws.HOPPER_FA2, "h", table)["units"]) == 3
+    ws.record_objects(default, ws.DEFAULT_FA2, "d", table)
+    data = json.loads(table.read_text())
+    result = ws.project(data["slices"], {"a": {}}, data["fa2_objects"])
+    default_wheel = result["default_fa2_wheel"]
+    assert default_wheel["units"] == ["flash_fwd_hdim128_bf16_sm80", "flash_fwd_split_hdim128_bf16_sm80"]
+    assert default_wheel["ratio"] == 1.5  # (150 + 450) / (100 + 300); hdim256 is in one build only
+    assert default_wheel["wheel_bytes"] == round(result["measured_wheel_bytes"] + 9059659 * 0.5)
+    assert ws.project(data["slices"], {"a": {}})["default_fa2_wheel"] is None
+    empty = tmp_path / "e.txt"
+    empty.write_text("555 CMakeFiles/_vendored_fa3_C.dir/x/flash_fwd_hdim128_bf16_packgqa_sm90.cu.o\n")
+    with pytest.raises(ValueError, match="no FA2 unit object"):
+        ws.record_objects(empty, ws.HOPPER_FA2, "e", table)
