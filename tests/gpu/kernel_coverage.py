@@ -17,7 +17,10 @@ This tells it from the kernels themselves, in two steps:
     python tests/gpu/kernel_coverage.py report --table kernels-table.json --log kernels.jsonl \\
         [--out coverage.json]
         per unit, the passing tests that launched one of its kernels; exit 1 when a unit
-        with kernels has none (the units are listed), 0 when every one ran.
+        with kernels has none (the units are listed), 0 when every one ran. A test that
+        names the unit it must run (its record's "expects") is checked too: that unit holds
+        a kernel it launched, and no kernel it launched belongs only to another unit some
+        test expects (the dispatch went elsewhere); exit 1 listing the tests that did not.
 
 Example (tests/gpu/slice_h200.sh test runs these): "kernel coverage: 66 of 66 CUDA units ran
 in a passing test" or "... 46 of 66 ...; not run: flash_fwd_hdim64_256_bf16_softcap_sm90.cu, ...".
@@ -137,7 +140,30 @@ def coverage(table: dict[str, list[str]], records: list[dict]) -> dict:
                        "tests": len(tests), "example": tests[0] if tests else None}
     not_run = [u for u, v in units.items() if not v["tests"]]
     return {"units": units, "units_with_kernels": len(units), "not_run": not_run,
-            "tests_logged": len(records), "tests_passed": sum(r["outcome"] == "passed" for r in records)}
+            "tests_logged": len(records), "tests_passed": sum(r["outcome"] == "passed" for r in records),
+            **expectations(table, records)}
+
+
+def expectations(table: dict[str, list[str]], records: list[dict]) -> dict:
+    """The passing tests that name the unit they must run ("expects"): did they? The
+    expected unit must hold one of the kernels the test launched, and none of them may
+    belong only to another expected unit (a module unit such as FA3's combine or scheduler,
+    which no test expects, may run beside). A kernel two units share (FA2's head dim 256
+    split and split_align files instantiate the same one) counts for both."""
+    owners: dict[str, set[str]] = {}
+    for unit, kernels in table.items():
+        for kernel in kernels:
+            owners.setdefault(kernel, set()).add(unit)
+    checked = [r for r in records if r["outcome"] == "passed" and r.get("expects")]
+    targets = {r["expects"] for r in checked}
+    wrong = []
+    for record in checked:
+        ran = [owners.get(normalize(k), set()) for k in record["kernels"]]
+        elsewhere = sorted({u for units in ran if len(units) == 1 for u in units
+                            if u in targets and u != record["expects"]})
+        if not any(record["expects"] in units for units in ran) or elsewhere:
+            wrong.append({"test": record["test"], "expects": record["expects"], "ran": elsewhere})
+    return {"expected_checked": len(checked), "expected_wrong": wrong}
 
 
 def summary(result: dict) -> str:
@@ -146,6 +172,12 @@ def summary(result: dict) -> str:
             f"({result['tests_passed']} of {result['tests_logged']} logged tests passed)")
     if result["not_run"]:
         line += "; not run: " + ", ".join(result["not_run"])
+    if result["expected_checked"]:
+        wrong = result["expected_wrong"]
+        line += (f"\n{result['expected_checked'] - len(wrong)} of {result['expected_checked']} tests that name "
+                 "their unit ran it")
+        for w in wrong:
+            line += f"\n  {w['test']}: expects {w['expects']}, ran {', '.join(w['ran']) or 'none of its kernels'}"
     return line
 
 
@@ -179,7 +211,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))
-    return 1 if result["not_run"] or not result["units_with_kernels"] else 0
+    return 1 if result["not_run"] or result["expected_wrong"] or not result["units_with_kernels"] else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ demangled) and one JSON line per test is appended to that file:
 
     {"test": "<node id>", "outcome": "passed" | "failed" | "skipped", "kernels": [...]}
 
-A test skipped before its call gets a line with no kernels, so the log lists every test.
+A test skipped before its call gets a line with no kernels, so the log lists every test. A
+test that names the unit it must run (``record_property("kernel_file", "<unit>.cu")``, as
+test_kernel_files_gpu.py does) gets ``"expects": "<unit>.cu"``; kernel_coverage.py checks it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ENV = "VFA_KERNEL_LOG"
+EXPECTS = "kernel_file"  # the record_property name of the unit a test must run
 
 
 def kernel_names(events) -> list[str]:
@@ -58,6 +61,9 @@ class KernelLog:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             record = {"test": item.nodeid, "outcome": report.outcome,
                       "kernels": item.stash.get(_KERNELS, [])}
+            expects = [value for name, value in item.user_properties if name == EXPECTS]
+            if expects:
+                record["expects"] = expects[-1]
             with self.path.open("a", encoding="utf-8") as log:
                 log.write(json.dumps(record) + "\n")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_helpers import CALL_SHAPES, chunked_lengths, kernel_file, kernel_sets, make_problem, require, run_checked
+from kernel_log import EXPECTS
 
 pytestmark = pytest.mark.gpu
 
@@ -25,21 +26,24 @@ def cases(version: int):
             for head_dim, head_dim_v, dtype in kernel_sets(version) for shape in CALL_SHAPES[version]]
 
 
-def run_shape(rng, version: int, head_dim: int, head_dim_v: int, dtype: str, shape) -> None:
+def run_shape(rng, record_property, version: int, head_dim: int, head_dim_v: int, dtype: str, shape) -> None:
     require(version)
+    # The unit this call must run: under VFA_KERNEL_LOG, kernel_coverage.py checks it ran.
+    expected = kernel_file(version, head_dim, head_dim_v, dtype, shape)
+    record_property(EXPECTS, expected)
     q_lens, k_lens = chunked_lengths(rng)
     p = make_problem(rng, dtype=dtype, num_heads=shape.heads[0], num_heads_k=shape.heads[1],
                      head_dim=head_dim, head_dim_v=head_dim_v, q_lens=q_lens, k_lens=k_lens,
                      page_size=shape.page_size)
-    label = f"FA{version} {kernel_file(version, head_dim, head_dim_v, dtype, shape)} ({shape.name})"
+    label = f"FA{version} {expected} ({shape.name})"
     run_checked(p, version, label, causal=shape.causal, softcap=shape.softcap, num_splits=shape.num_splits)
 
 
 @pytest.mark.parametrize("head_dim,head_dim_v,dtype,shape", cases(3))
-def test_fa3_kernel_file(rng, head_dim, head_dim_v, dtype, shape):
-    run_shape(rng, 3, head_dim, head_dim_v, dtype, shape)
+def test_fa3_kernel_file(rng, record_property, head_dim, head_dim_v, dtype, shape):
+    run_shape(rng, record_property, 3, head_dim, head_dim_v, dtype, shape)
 
 
 @pytest.mark.parametrize("head_dim,head_dim_v,dtype,shape", cases(2))
-def test_fa2_kernel_file(rng, head_dim, head_dim_v, dtype, shape):
-    run_shape(rng, 2, head_dim, head_dim_v, dtype, shape)
+def test_fa2_kernel_file(rng, record_property, head_dim, head_dim_v, dtype, shape):
+    run_shape(rng, record_property, 2, head_dim, head_dim_v, dtype, shape)

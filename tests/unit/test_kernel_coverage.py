@@ -160,3 +160,58 @@ def test_a_test_that_ran_is_logged_with_its_outcome(tmp_path):
     records = {r["test"]: r for r in cov.read_log(log.read_text().splitlines())}
     assert {t: r["outcome"] for t, r in records.items()} == {"test_x.py::test_ok": "passed",
                                                                "test_x.py::test_bad": "failed"}
+
+
+def expecting(test, unit, *kernels):
+    return {**record(test, "passed", *kernels), "expects": unit}
+
+
+def test_a_test_that_names_its_unit_must_have_run_it():
+    """test_kernel_files_gpu.py names the file each call must run; the report holds the
+    launched kernels against it: the expected unit's kernel ran, none owned only by another
+    expected unit did (a shared kernel counts for both; a unit no test expects may run beside)."""
+    table = {**TABLE, "combine.cu": [cov.normalize("void combine_kernel<4>(Params)")]}
+    result = cov.coverage(table, [
+        expecting("t::a", "unit_a.cu", A_CAUSAL, "void combine_kernel<4>(Params)"),  # right, combine beside
+        expecting("t::shared", "unit_b.cu", SHARED_4),  # a kernel both units hold: fine for either
+        expecting("t::b", "unit_b.cu", B_CAUSAL),
+        expecting("t::went_to_a", "unit_b.cu", A_FULL),  # dispatched to another expected unit
+        expecting("t::none", "unit_a.cu", "void at::native::fill_kernel(float)"),  # no kernel of its unit
+        expecting("t::both", "unit_a.cu", A_CAUSAL, B_CAUSAL),  # its unit, and another expected one too
+        {**expecting("t::failed", "unit_a.cu", B_CAUSAL), "outcome": "failed"},  # failed: the suite says so
+    ])
+    assert result["expected_checked"] == 6
+    assert result["expected_wrong"] == [
+        {"test": "t::went_to_a", "expects": "unit_b.cu", "ran": ["unit_a.cu"]},
+        {"test": "t::none", "expects": "unit_a.cu", "ran": []},
+        {"test": "t::both", "expects": "unit_a.cu", "ran": ["unit_b.cu"]}]
+    assert "3 of 6 tests that name their unit ran it" in cov.summary(result)
+
+
+def test_report_fails_on_a_test_that_ran_another_unit(tmp_path, capsys):
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(TABLE))
+    log = tmp_path / "kernels.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in (
+        expecting("t::a", "unit_a.cu", A_CAUSAL), expecting("t::b", "unit_b.cu", B_CAUSAL))))
+    assert cov.main(["report", "--table", str(table), "--log", str(log)]) == 0
+    log.write_text(log.read_text() + json.dumps(expecting("t::wrong", "unit_a.cu", B_CAUSAL)) + "\n")
+    assert cov.main(["report", "--table", str(table), "--log", str(log)]) == 1
+    assert "t::wrong: expects unit_a.cu, ran unit_b.cu" in capsys.readouterr().out
+
+
+def test_the_log_carries_the_unit_a_test_names(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "conftest.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom kernel_log import KernelLog\n"
+        "def pytest_configure(config):\n"
+        "    import os\n    config.pluginmanager.register(KernelLog(os.environ['VFA_KERNEL_LOG']))\n"
+        % str(ROOT / "tests/gpu"))
+    (tmp_path / "test_x.py").write_text(
+        "def test_named(record_property):\n    record_property('kernel_file', 'flash_fwd_x_sm90.cu')\n\n"
+        "def test_plain():\n    pass\n")
+    log = tmp_path / "kernels.jsonl"
+    _pytest(["test_x.py"], tmp_path, log)
+    records = {r["test"]: r for r in cov.read_log(log.read_text().splitlines())}
+    assert records["test_x.py::test_named"]["expects"] == "flash_fwd_x_sm90.cu"
+    assert "expects" not in records["test_x.py::test_plain"]
