@@ -15,8 +15,9 @@
 #                                        test_hdimdiff_gpu.py's hdimdiff kernels included), and
 #                                        which CUDA units ran in a passing test
 #                                        (tests/gpu/kernel_coverage.py: fails on a unit that did not)
-#   tests/gpu/slice_h200.sh fp8          benchmarks/fp8_accuracy.py's long-context cases at
-#                                        the slice's FA3 head dim (when it has e4m3)
+#   tests/gpu/slice_h200.sh fp8 [DIR]    benchmarks/fp8_accuracy.py's long-context cases at
+#                                        each FA3 head dim the slice has e4m3 kernels for;
+#                                        with DIR (as for check), for the wheel there
 #   tests/gpu/slice_h200.sh check DIR    the GPU suite and which units ran, for a slice wheel
 #                                        built on another machine: DIR holds the wheel and the
 #                                        kernel table of the build dir that made it
@@ -40,7 +41,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-STAGE=${1:?usage: slice_h200.sh start NAME|wait|test|fp8}
+STAGE=${1:?usage: slice_h200.sh start NAME|wait|test|fp8 [DIR]|check DIR}
 PY=${PYTHON:-python3}
 FINAL=${OUT:-$ROOT/.results}
 WAIT_S=${WAIT_S:-540}
@@ -55,7 +56,7 @@ if [[ "$STAGE" == start ]]; then
   mapfile -t SLICE_DEFINES < <("$PY" benchmarks/dist_model.py --slice-defines "$NAME")
   (( ${#SLICE_DEFINES[@]} )) || exit 2
   SESSION=$(new_session_dir "$POINTER" vfa-slice)
-elif [[ "$STAGE" == check ]]; then
+elif [[ "$STAGE" == check || ( "$STAGE" == fp8 && -n "${2:-}" ) ]]; then
   # Beside a running slice, in its session; on a machine with none, in a session of its own.
   SESSION=$(session_dir "$POINTER" 2>/dev/null || new_session_dir "$POINTER" vfa-slice)
 else
@@ -103,6 +104,22 @@ installed_checks() {
   (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$1/smoke.log" 2>&1 || true
 }
 
+# <dir> <results dir>: install the one wheel in <dir> into <results dir>/site (a folder of its
+# own: a slice's install is left as it is), first on the import path; its build info is
+# copied to <results dir>/build_info.json. The rest of the stage runs at the lowest CPU
+# priority (inherited by every child), so a slice building beside keeps its unit times.
+install_private() {
+  local wheels=("$1"/vendored_flash_attn-*.whl)
+  [[ ${#wheels[@]} == 1 && -f ${wheels[0]} ]] || {
+    echo "$1 must hold one vendored_flash_attn wheel" >&2; exit 2; }
+  rm -rf "$2" && mkdir -p "$2"
+  "$PY" -m pip install -q --no-deps --no-compile --target "$2/site" "${wheels[0]}"
+  export PYTHONPATH=$2/site:$PYTHONPATH
+  cp "$2/site/vendored_flash_attn/build_info.json" "$2/build_info.json"
+  trap 'rm -rf "'"$2"'/site"; tar -czf "$FINAL/results.tgz" -C "$RES" . 2>/dev/null || true' EXIT
+  renice -n 19 -p $$ > /dev/null
+}
+
 case "$STAGE" in
 start)
   printf '%s\n' "$NAME" > "$RES/slice.txt"
@@ -144,40 +161,43 @@ for i in zipfile.ZipFile(sys.argv[1]).infolist():
   exit "$rc"
   ;;
 fp8)
-  head_dim=$("$PY" -c 'import json, sys
+  if [[ -n "${2:-}" ]]; then
+    out=$RES/fp8-$(basename "$2")
+    install_private "$2" "$out"
+    info=$out/build_info.json
+  else
+    out=$RES
+    info=$RES/build_info-slice.json
+  fi
+  mapfile -t head_dims < <("$PY" -c 'import json, sys
 fa3 = json.load(open(sys.argv[1])).get("fa3") or {}
-dims = [d for d in fa3.get("head_dims", []) if d % 16 == 0] if "e4m3" in fa3.get("dtypes", []) else []
-print(128 if 128 in dims else (dims[0] if dims else ""))' "$RES/build_info-slice.json")
-  if [[ -z "$head_dim" ]]; then
-    echo "this slice has no FA3 e4m3 kernels: no FP8 cases" | tee "$RES/fp8.log"
+if "e4m3" in fa3.get("dtypes", []):
+    print("\n".join(str(d) for d in sorted(fa3.get("head_dims", [])) if d % 16 == 0))' "$info")
+  if (( ! ${#head_dims[@]} )); then
+    echo "this slice has no FA3 e4m3 kernels: no FP8 cases" | tee "$out/fp8.log"
     exit 0
   fi
-  "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$RES" --long-head-dim "$head_dim" --shapes --distributions \
-    --no-speed --plain 2>&1 | tee "$RES/fp8.log"
+  for head_dim in "${head_dims[@]}"; do
+    mkdir -p "$out/hd$head_dim"
+    "$PY" "$ROOT/benchmarks/fp8_accuracy.py" --out "$out/hd$head_dim" --long-head-dim "$head_dim" --shapes \
+      --distributions --no-speed --plain 2>&1 | tee "$out/fp8-hd$head_dim.log"
+  done
   ;;
 check)
   from=${2:?usage: slice_h200.sh check DIR (the wheel and kernel-table.json of a slice built elsewhere)}
-  wheels=("$from"/vendored_flash_attn-*.whl)
-  [[ ${#wheels[@]} == 1 && -f ${wheels[0]} && -f $from/kernel-table.json ]] || {
-    echo "$from must hold one vendored_flash_attn wheel and kernel-table.json (kernel_coverage.py table)" >&2; exit 2; }
+  [[ -f $from/kernel-table.json ]] || {
+    echo "$from must hold kernel-table.json (kernel_coverage.py table in the build dir that made its wheel)" >&2
+    exit 2; }
   out=$RES/check-$(basename "$from")
-  rm -rf "$out" && mkdir -p "$out"
+  install_private "$from" "$out"
   cp "$from/kernel-table.json" "$out/"
-  site=$out/site
-  "$PY" -m pip install -q --no-deps --no-compile --target "$site" "${wheels[0]}"
-  export PYTHONPATH=$site:$PYTHONPATH
-  # The build info the wheel carries decides which families must run.
-  cp "$site/vendored_flash_attn/build_info.json" "$out/build_info.json"
-  # Lowest CPU priority, inherited by every child: a slice building beside keeps its unit times.
-  renice -n 19 -p $$ > /dev/null
   rc=0
   installed_checks "$out"
   suite_and_coverage "$out" "$out/kernel-table.json" "$out/build_info.json" || rc=1
-  rm -rf "$site"
   exit "$rc"
   ;;
 *)
-  echo "unknown stage $STAGE (start NAME, wait, test, fp8, check DIR)" >&2
+  echo "unknown stage $STAGE (start NAME, wait, test, fp8 [DIR], check DIR)" >&2
   exit 2
   ;;
 esac
