@@ -25,6 +25,10 @@ SASS + compute_80 PTX. --record-objects keeps the object sizes of FA2 units buil
 (an objects.txt: "bytes path" per object) under an arch label; over the units both hold,
 the ratio of their sizes scales the measured FA2 modules into an estimate of the default
 wheel, printed beside the measured Hopper-only one (an estimate: one ratio for all head dims).
+A build of some slices' FA2 with the default gencode, recorded with --record RESULTS_DIR
+--default-fa2 (under "default_fa2"), replaces the scaled module of the Hopper-only record that
+covers the same slices: those slices are measured, the others stay scaled, and the command
+prints the object ratio's prediction beside each such measurement (a check of the ratio).
 """
 
 from __future__ import annotations
@@ -66,19 +70,28 @@ def parse_sizes(text: str) -> dict:
     return {"wheel_bytes": wheel_bytes, "modules": modules}
 
 
-def record(results: Path, run: str, path: Path = SIZES_FILE, covers: list[str] | None = None) -> dict:
+def record(results: Path, run: str, path: Path = SIZES_FILE, covers: list[str] | None = None,
+           default_fa2: bool = False) -> dict:
     """Merge one build's measured sizes (RESULTS_DIR/slice.txt, sizes.txt) into the table;
-    ``covers``: the slices that build's modules hold, where it is not the one slice it names."""
+    ``covers``: the slices that build's modules hold, where it is not the one slice it names;
+    ``default_fa2``: a build whose FA2 has the default gencode, kept under "default_fa2" with its
+    FA2 module only (the slices' own records stay the Hopper-only wheel)."""
     name = (results / "slice.txt").read_text().split()[0]
     entry = {**parse_sizes((results / "sizes.txt").read_text()), "run": run}
     if covers:
         entry["covers"] = list(covers)
+    key = "slices"
+    if default_fa2:
+        fa2 = entry["modules"].get("_vendored_fa2_C", {})
+        if "zipped" not in fa2:
+            raise ValueError(f"{results}/sizes.txt: no _vendored_fa2_C member in the wheel (stored, zipped)")
+        entry["modules"], key = {"_vendored_fa2_C": fa2}, "default_fa2"
     data = json.loads(path.read_text()) if path.is_file() else {
         "about": "Measured sizes of each slice's modules and wheel (tests/gpu/slice_h200.sh test, sizes.txt; "
                  "benchmarks/wheel_size.py --record). Bytes; zipped = the member's compressed size in the wheel.",
         "slices": {}}
-    data["slices"][name] = entry
-    data["slices"] = dict(sorted(data["slices"].items()))
+    data.setdefault(key, {})[name] = entry
+    data[key] = dict(sorted(data[key].items()))
     path.write_text(json.dumps(data, indent=1) + "\n")
     return entry
 
@@ -109,7 +122,34 @@ def fa2_arch_ratio(fa2_objects: dict) -> dict | None:
     return {"units": common, "ratio": round(sum(default[u] for u in common) / sum(hopper[u] for u in common), 3)}
 
 
-def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dict | None = None) -> dict:
+def default_fa2_wheel(rows: list[dict], total: int, fa2_objects: dict, default_fa2: dict[str, dict]) -> dict | None:
+    """The default wheel (FA2 as sm_80 SASS + compute_80 PTX) from the Hopper-only rows: each
+    row's FA2 module as measured with the default gencode where a default_fa2 record covers the
+    same slices, else scaled by the object ratio; None when a row has neither."""
+    arch = fa2_arch_ratio(fa2_objects)
+    by_covers = {tuple(sorted(e.get("covers", [n]))): e for n, e in default_fa2.items()}
+    parts = []
+    for r in rows:
+        hopper = r["modules"].get("_vendored_fa2_C")
+        if hopper is None:
+            continue
+        measured = by_covers.get(tuple(sorted(r["covers"])))
+        predicted = round(hopper["zipped"] * arch["ratio"]) if arch else None
+        if measured is None and predicted is None:
+            return None
+        parts.append({"covers": r["covers"], "hopper_zipped_bytes": hopper["zipped"], "predicted_bytes": predicted,
+                      "zipped_bytes": measured["modules"]["_vendored_fa2_C"]["zipped"] if measured else predicted,
+                      "how": "measured" if measured else "scaled", "run": measured["run"] if measured else ""})
+    if not parts:
+        return None
+    fa2_hopper = sum(p["hopper_zipped_bytes"] for p in parts)
+    fa2_default = sum(p["zipped_bytes"] for p in parts)
+    return {**(arch or {}), "parts": parts, "fa2_zipped_bytes": fa2_hopper, "default_fa2_zipped_bytes": fa2_default,
+            "wheel_bytes": total - fa2_hopper + fa2_default, "estimate": any(p["how"] == "scaled" for p in parts)}
+
+
+def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dict | None = None,
+            default_fa2: dict[str, dict] | None = None) -> dict:
     """The full wheel from the measured slices: per slice, per module, the total and the gap."""
     package = [e["wheel_bytes"] - sum(m["zipped"] for m in e["modules"].values())
                for e in measured.values() if all("zipped" in m for m in e["modules"].values())]
@@ -143,12 +183,7 @@ def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dic
     total = modules_bytes + (package_bytes or 0)
     stored = sum(v["stored"] for r in rows for v in r["modules"].values())
     zipped_members = sum(v["zipped"] for r in rows for v in r["modules"].values())
-    arch = fa2_arch_ratio(fa2_objects or {})
-    default = None
-    if arch is not None:
-        fa2 = sum(v["zipped"] for r in rows for m, v in r["modules"].items() if m == "_vendored_fa2_C")
-        default = {**arch, "fa2_zipped_bytes": fa2,
-                   "wheel_bytes": round(total - fa2 + fa2 * arch["ratio"]), "estimate": True}
+    default = default_fa2_wheel(rows, total, fa2_objects or {}, default_fa2 or {})
     return {"rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
             "measured_wheel_bytes": total, "aim_mb": AIM_MB,
             "ratio_of_members": round(zipped_members / stored, 3) if stored else None,
@@ -159,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--record", type=Path, metavar="RESULTS_DIR", help="a slice's results folder to record")
     p.add_argument("--run", help="(--record) what, where and when that build ran")
+    p.add_argument("--default-fa2", action="store_true",
+                   help="(--record) that build's FA2 has the default gencode (sm_80 SASS + compute_80 PTX): its FA2 "
+                        "module replaces the scaled one of the slices it covers in the default wheel's figure")
     p.add_argument("--covers", help="(--record) the slices that build holds, comma-separated, where it built "
                                     "several together (default: the one slice.txt names)")
     p.add_argument("--record-objects", type=Path, metavar="OBJECTS_TXT",
@@ -184,14 +222,17 @@ def main(argv: list[str] | None = None) -> int:
             unknown = sorted(set(args.covers.split(",")) - set(dist_model.load_slices()))
             if unknown:
                 p.error(f"--covers names no slice of benchmarks/full_slices.json: {', '.join(unknown)}")
-        entry = record(args.record, args.run, args.sizes, args.covers.split(",") if args.covers else None)
-        print(f"recorded {len(entry['modules'])} module(s) in {args.sizes}")
+        entry = record(args.record, args.run, args.sizes, args.covers.split(",") if args.covers else None,
+                       args.default_fa2)
+        print(f"recorded {len(entry['modules'])} module(s) in {args.sizes}"
+              + (" (FA2 with the default gencode)" if args.default_fa2 else ""))
         return 0
     sys.path.insert(0, str(HERE))
     import dist_model
 
     table = json.loads(args.sizes.read_text()) if args.sizes.is_file() else {}
-    result = project(table.get("slices", {}), dist_model.load_slices(), table.get("fa2_objects"))
+    result = project(table.get("slices", {}), dist_model.load_slices(), table.get("fa2_objects"),
+                     table.get("default_fa2"))
     print(f"`full` wheel from measured slice modules ({args.sizes.name}); zipped = compressed size in the wheel "
           "(deflate), ratio = zipped / stored. The slices are built as slice_h200.sh builds them: FA3 sm_90a, FA2 "
           "sm_90 SASS without PTX, --compress-mode=size: a Hopper-only wheel, not the default sm_80 + PTX one")
@@ -217,10 +258,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"every slice measured: the full wheel {'over' if total > AIM_MB else 'within'} the {AIM_MB:g} MB aim")
     default = result["default_fa2_wheel"]
     if default is not None:
-        print(f"the default wheel (FA2 as {DEFAULT_FA2}), an ESTIMATE: FA2's {len(default['units'])} units built both "
-              f"ways weigh {default['ratio']:.3f}x as objects ({DEFAULT_FA2} / {HOPPER_FA2}); FA2's measured "
-              f"{default['fa2_zipped_bytes'] / MB:.2f} MB x {default['ratio']:.3f} -> **{default['wheel_bytes'] / MB:.1f} MB** "
-              f"(aim {AIM_MB:g} MB)")
+        if "ratio" in default:
+            print(f"FA2's {len(default['units'])} units built both ways weigh {default['ratio']:.3f}x as objects "
+                  f"({DEFAULT_FA2} / {HOPPER_FA2})")
+        print(f"the default wheel (FA2 as {DEFAULT_FA2}), per FA2 module:\n"
+              "| slices | Hopper-only FA2 (MB) | default FA2 (MB) | how | scaled by the object ratio (MB) |\n"
+              "|---|---|---|---|---|")
+        for part in default["parts"]:
+            predicted = "—" if part["predicted_bytes"] is None else f"{part['predicted_bytes'] / MB:.2f}"
+            how = f"measured: {part['run']}" if part["how"] == "measured" else "scaled"
+            print(f"| {' + '.join(part['covers'])} | {part['hopper_zipped_bytes'] / MB:.2f} | "
+                  f"{part['zipped_bytes'] / MB:.2f} | {how} | {predicted} |")
+        kind = "an ESTIMATE, some FA2 modules scaled" if default["estimate"] else "every FA2 module measured"
+        print(f"the default wheel: FA2 {default['fa2_zipped_bytes'] / MB:.2f} -> {default['default_fa2_zipped_bytes'] / MB:.2f} MB, "
+              f"**{default['wheel_bytes'] / MB:.1f} MB** ({kind}; aim {AIM_MB:g} MB)")
     else:
         print(f"the default wheel (FA2 as {DEFAULT_FA2}): no FA2 objects of both arch choices recorded "
               "(--record-objects), no estimate")

@@ -102,9 +102,56 @@ def test_default_fa2_wheel_is_estimated_from_objects_built_both_ways(tmp_path):
     default_wheel = result["default_fa2_wheel"]
     assert default_wheel["units"] == ["flash_fwd_hdim128_bf16_sm80", "flash_fwd_split_hdim128_bf16_sm80"]
     assert default_wheel["ratio"] == 1.5  # (150 + 450) / (100 + 300); hdim256 is in one build only
-    assert default_wheel["wheel_bytes"] == round(result["measured_wheel_bytes"] + 9059659 * 0.5)
+    assert default_wheel["wheel_bytes"] == result["measured_wheel_bytes"] - 9059659 + round(9059659 * 1.5)
+    assert default_wheel["estimate"] and [p["how"] for p in default_wheel["parts"]] == ["scaled"]
     assert ws.project(data["slices"], {"a": {}})["default_fa2_wheel"] is None
     empty = tmp_path / "e.txt"
     empty.write_text("555 CMakeFiles/_vendored_fa3_C.dir/x/flash_fwd_hdim128_bf16_packgqa_sm90.cu.o\n")
     with pytest.raises(ValueError, match="no FA2 unit object"):
         ws.record_objects(empty, ws.HOPPER_FA2, "e", table)
+
+
+def test_a_default_fa2_build_replaces_the_scaled_module_of_the_slices_it_covers(tmp_path):
+    """A build of slice a's FA2 with the default gencode (--default-fa2): a's FA2 module in the
+    default wheel is that measured one, slice b's stays scaled by the object ratio; the
+    prediction for a is kept beside its measurement."""
+    table = tmp_path / "sizes.json"
+    for name in ("a", "b"):
+        results = tmp_path / name
+        results.mkdir()
+        (results / "slice.txt").write_text(f"{name}\n")
+        (results / "sizes.txt").write_text(SIZES)
+        ws.record(results, f"run {name}", table)
+    default_build = tmp_path / "a-default"
+    default_build.mkdir()
+    (default_build / "slice.txt").write_text("a-default\n")
+    (default_build / "sizes.txt").write_text(
+        SIZES.replace("10975664 9059659", "17000000 14000000").replace(" 12213576 ", " 19000000 "))
+    entry = ws.record(default_build, "run a default", table, covers=["a"], default_fa2=True)
+    assert list(entry["modules"]) == ["_vendored_fa2_C"]  # its FA3 (if any) is not the question
+    objects = tmp_path / "o.txt"
+    for arch, size in ((ws.HOPPER_FA2, 100), (ws.DEFAULT_FA2, 150)):
+        objects.write_text(f"{size} CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim128_bf16_sm80.cu.o\n")
+        ws.record_objects(objects, arch, arch, table)
+    data = json.loads(table.read_text())
+    assert list(data["slices"]) == ["a", "b"] and list(data["default_fa2"]) == ["a-default"]
+    result = ws.project(data["slices"], {"a": {}, "b": {}}, data["fa2_objects"], data["default_fa2"])
+    parts = {p["covers"][0]: p for p in result["default_fa2_wheel"]["parts"]}
+    assert parts["a"]["how"] == "measured" and parts["a"]["zipped_bytes"] == 14_000_000
+    assert parts["a"]["predicted_bytes"] == round(9059659 * 1.5)
+    assert parts["b"]["how"] == "scaled" and parts["b"]["zipped_bytes"] == round(9059659 * 1.5)
+    assert result["default_fa2_wheel"]["wheel_bytes"] == (
+        result["measured_wheel_bytes"] - 2 * 9059659 + 14_000_000 + round(9059659 * 1.5))
+    assert result["default_fa2_wheel"]["estimate"]
+    # Without the object ratio, b has no figure: no default wheel at all, not a partial sum.
+    assert ws.project(data["slices"], {"a": {}, "b": {}}, {}, data["default_fa2"])["default_fa2_wheel"] is None
+    # With only a, every FA2 module is measured: not an estimate.
+    only_a = ws.project({"a": data["slices"]["a"]}, {"a": {}}, {}, data["default_fa2"])["default_fa2_wheel"]
+    assert not only_a["estimate"] and only_a["default_fa2_zipped_bytes"] == 14_000_000
+    wheel_without_fa2 = tmp_path / "nofa2"
+    wheel_without_fa2.mkdir()
+    (wheel_without_fa2 / "slice.txt").write_text("x\n")
+    (wheel_without_fa2 / "sizes.txt").write_text(
+        "\n".join(line for line in SIZES.splitlines() if "fa2" not in line) + "\n")
+    with pytest.raises(ValueError, match="no _vendored_fa2_C member"):
+        ws.record(wheel_without_fa2, "x", table, default_fa2=True)
