@@ -127,7 +127,7 @@ def default_fa2_wheel(rows: list[dict], total: int, fa2_objects: dict, default_f
     row's FA2 module as measured with the default gencode where a default_fa2 record covers the
     same slices, else scaled by the object ratio; None when a row has neither."""
     arch = fa2_arch_ratio(fa2_objects)
-    by_covers = {tuple(sorted(e.get("covers", [n]))): e for n, e in default_fa2.items()}
+    by_covers = {tuple(sorted(e.get("covers", [n]))): {**e, "name": n} for n, e in default_fa2.items()}
     parts = []
     for r in rows:
         hopper = r["modules"].get("_vendored_fa2_C")
@@ -139,7 +139,8 @@ def default_fa2_wheel(rows: list[dict], total: int, fa2_objects: dict, default_f
             return None
         parts.append({"covers": r["covers"], "hopper_zipped_bytes": hopper["zipped"], "predicted_bytes": predicted,
                       "zipped_bytes": measured["modules"]["_vendored_fa2_C"]["zipped"] if measured else predicted,
-                      "how": "measured" if measured else "scaled", "run": measured["run"] if measured else ""})
+                      "how": "measured" if measured else "scaled", "record": measured["name"] if measured else "",
+                      "run": measured["run"] if measured else ""})
     if not parts:
         return None
     fa2_hopper = sum(p["hopper_zipped_bytes"] for p in parts)
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               "|---|---|---|---|---|")
         for part in default["parts"]:
             predicted = "—" if part["predicted_bytes"] is None else f"{part['predicted_bytes'] / MB:.2f}"
-            how = f"measured: {part['run']}" if part["how"] == "measured" else "scaled"
+            how = f"measured ({part['record']})" if part["how"] == "measured" else "scaled"
             print(f"| {' + '.join(part['covers'])} | {part['hopper_zipped_bytes'] / MB:.2f} | "
                   f"{part['zipped_bytes'] / MB:.2f} | {how} | {predicted} |")
         kind = "an ESTIMATE, some FA2 modules scaled" if default["estimate"] else "every FA2 module measured"
