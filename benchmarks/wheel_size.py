@@ -149,6 +149,18 @@ def default_fa2_wheel(rows: list[dict], total: int, fa2_objects: dict, default_f
             "wheel_bytes": total - fa2_hopper + fa2_default, "estimate": any(p["how"] == "scaled" for p in parts)}
 
 
+def two_wheels(rows: list[dict], package_bytes: int, default: dict | None) -> dict | None:
+    """The lever "FA2 and FA3 as two wheels" from the same measured modules: each family's
+    modules summed, each wheel with the package; None when a row kept no member sizes."""
+    if any(not r["modules"] for r in rows):
+        return None
+    fa3 = sum(r["modules"]["_vendored_fa3_C"]["zipped"] for r in rows if "_vendored_fa3_C" in r["modules"])
+    fa2 = sum(r["modules"]["_vendored_fa2_C"]["zipped"] for r in rows if "_vendored_fa2_C" in r["modules"])
+    return {"fa3_wheel_bytes": fa3 + package_bytes, "fa2_hopper_wheel_bytes": fa2 + package_bytes,
+            "fa2_default_wheel_bytes": default["default_fa2_zipped_bytes"] + package_bytes if default else None,
+            "fa2_default_estimate": default["estimate"] if default else None}
+
+
 def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dict | None = None,
             default_fa2: dict[str, dict] | None = None) -> dict:
     """The full wheel from the measured slices: per slice, per module, the total and the gap."""
@@ -185,7 +197,7 @@ def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dic
     stored = sum(v["stored"] for r in rows for v in r["modules"].values())
     zipped_members = sum(v["zipped"] for r in rows for v in r["modules"].values())
     default = default_fa2_wheel(rows, total, fa2_objects or {}, default_fa2 or {})
-    return {"rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
+    return {"two_wheels": two_wheels(rows, package_bytes or 0, default), "rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
             "measured_wheel_bytes": total, "aim_mb": AIM_MB,
             "ratio_of_members": round(zipped_members / stored, 3) if stored else None,
             "complete": not gaps, "default_fa2_wheel": default}
@@ -276,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"the default wheel (FA2 as {DEFAULT_FA2}): no FA2 objects of both arch choices recorded "
               "(--record-objects), no estimate")
+    two = result["two_wheels"]
+    if two is not None:
+        fa2_default = ("not measured" if two["fa2_default_wheel_bytes"] is None else
+                       f"{two['fa2_default_wheel_bytes'] / MB:.1f} MB with the default gencode"
+                       + (" (an ESTIMATE)" if two["fa2_default_estimate"] else ""))
+        print(f"lever \"FA2 and FA3 as two wheels\" (the same modules, each wheel with the package): FA3 "
+              f"{two['fa3_wheel_bytes'] / MB:.1f} MB; FA2 {two['fa2_hopper_wheel_bytes'] / MB:.1f} MB Hopper-only, "
+              f"{fa2_default}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -155,3 +155,29 @@ def test_a_default_fa2_build_replaces_the_scaled_module_of_the_slices_it_covers(
         "\n".join(line for line in SIZES.splitlines() if "fa2" not in line) + "\n")
     with pytest.raises(ValueError, match="no _vendored_fa2_C member"):
         ws.record(wheel_without_fa2, "x", table, default_fa2=True)
+
+
+def test_two_wheels_lever_sums_each_family_with_the_package(tmp_path):
+    """FA2 and FA3 as two wheels: each family's measured modules summed, each with the package;
+    the FA2 wheel with the default gencode from the default wheel's FA2 figure."""
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "slice.txt").write_text("a\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, "run a", table)
+    measured = json.loads(table.read_text())["slices"]
+    measured["b"] = {"wheel_bytes": 3_000_000, "run": "run b",
+                     "modules": {"_vendored_fa3_C": {"stored": 5_000_000, "zipped": 2_500_000}}}
+    objects = tmp_path / "o.txt"
+    for arch, size in ((ws.HOPPER_FA2, 100), (ws.DEFAULT_FA2, 200)):
+        objects.write_text(f"{size} CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim128_bf16_sm80.cu.o\n")
+        ws.record_objects(objects, arch, arch, table)
+    result = ws.project(measured, {"a": {}, "b": {}}, json.loads(table.read_text())["fa2_objects"])
+    package = result["package_bytes"]
+    two = result["two_wheels"]
+    assert two["fa3_wheel_bytes"] == 2614902 + 2_500_000 + package
+    assert two["fa2_hopper_wheel_bytes"] == 9059659 + package
+    assert two["fa2_default_wheel_bytes"] == 2 * 9059659 + package and two["fa2_default_estimate"]
+    measured["c"] = {"wheel_bytes": 1_000_000, "modules": {}, "run": "total only"}
+    assert ws.project(measured, {"a": {}, "b": {}, "c": {}})["two_wheels"] is None
