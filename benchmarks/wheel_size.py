@@ -143,10 +143,13 @@ def default_fa2_wheel(rows: list[dict], total: int, fa2_objects: dict, default_f
                       "run": measured["run"] if measured else ""})
     if not parts:
         return None
+    used = {p["record"] for p in parts}
     fa2_hopper = sum(p["hopper_zipped_bytes"] for p in parts)
     fa2_default = sum(p["zipped_bytes"] for p in parts)
     return {**(arch or {}), "parts": parts, "fa2_zipped_bytes": fa2_hopper, "default_fa2_zipped_bytes": fa2_default,
-            "wheel_bytes": total - fa2_hopper + fa2_default, "estimate": any(p["how"] == "scaled" for p in parts)}
+            "wheel_bytes": total - fa2_hopper + fa2_default, "estimate": any(p["how"] == "scaled" for p in parts),
+            # a record whose slices no Hopper-only record covers alike (a typo'd --covers) is named, not summed
+            "unused_records": sorted(set(default_fa2) - used)}
 
 
 def two_wheels(rows: list[dict], package_bytes: int, default: dict | None) -> dict | None:
@@ -197,10 +200,11 @@ def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dic
     stored = sum(v["stored"] for r in rows for v in r["modules"].values())
     zipped_members = sum(v["zipped"] for r in rows for v in r["modules"].values())
     default = default_fa2_wheel(rows, total, fa2_objects or {}, default_fa2 or {})
-    return {"two_wheels": two_wheels(rows, package_bytes or 0, default), "rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
+    return {"rows": rows, "unmeasured": gaps, "package_bytes": package_bytes, "modules_zipped_bytes": modules_bytes,
             "measured_wheel_bytes": total, "aim_mb": AIM_MB,
             "ratio_of_members": round(zipped_members / stored, 3) if stored else None,
-            "complete": not gaps, "default_fa2_wheel": default}
+            "complete": not gaps, "default_fa2_wheel": default,
+            "two_wheels": two_wheels(rows, package_bytes or 0, default)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         print("NOT measured yet, left out of the sum (the full wheel is larger by their modules): "
               + "; ".join(f"{g['slice']} ({g['what']})" for g in result["unmeasured"]))
     else:
-        print(f"every slice measured: the full wheel {'over' if total > AIM_MB else 'within'} the {AIM_MB:g} MB aim")
+        print(f"every slice measured: the Hopper-only full wheel {'over' if total > AIM_MB else 'within'} the "
+              f"{AIM_MB:g} MB aim")
     default = result["default_fa2_wheel"]
     if default is not None:
         if "ratio" in default:
@@ -283,11 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {' + '.join(part['covers'])} | {part['hopper_zipped_bytes'] / MB:.2f} | "
                   f"{part['zipped_bytes'] / MB:.2f} | {how} | {predicted} |")
         kind = "an ESTIMATE, some FA2 modules scaled" if default["estimate"] else "every FA2 module measured"
+        if default["unused_records"]:
+            print("NOT used (their --covers match no Hopper-only record's slices): "
+                  + ", ".join(default["unused_records"]))
         print(f"the default wheel: FA2 {default['fa2_zipped_bytes'] / MB:.2f} -> {default['default_fa2_zipped_bytes'] / MB:.2f} MB, "
               f"**{default['wheel_bytes'] / MB:.1f} MB** ({kind}; aim {AIM_MB:g} MB)")
     else:
-        print(f"the default wheel (FA2 as {DEFAULT_FA2}): no FA2 objects of both arch choices recorded "
-              "(--record-objects), no estimate")
+        print(f"the default wheel (FA2 as {DEFAULT_FA2}): neither a default-gencode FA2 build (--record "
+              "--default-fa2) nor FA2 objects of both gencodes (--record-objects) for every FA2 module: no figure")
     two = result["two_wheels"]
     if two is not None:
         fa2_default = ("not measured" if two["fa2_default_wheel_bytes"] is None else

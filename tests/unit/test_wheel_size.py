@@ -142,7 +142,12 @@ def test_a_default_fa2_build_replaces_the_scaled_module_of_the_slices_it_covers(
     assert parts["b"]["how"] == "scaled" and parts["b"]["zipped_bytes"] == round(9059659 * 1.5)
     assert result["default_fa2_wheel"]["wheel_bytes"] == (
         result["measured_wheel_bytes"] - 2 * 9059659 + 14_000_000 + round(9059659 * 1.5))
-    assert result["default_fa2_wheel"]["estimate"]
+    assert result["default_fa2_wheel"]["estimate"] and result["default_fa2_wheel"]["unused_records"] == []
+    # A record whose --covers matches no Hopper-only record is named as unused, not summed.
+    typo = {**data["default_fa2"], "a-typo": {**data["default_fa2"]["a-default"], "covers": ["a", "z"]}}
+    with_typo = ws.project(data["slices"], {"a": {}, "b": {}}, data["fa2_objects"], typo)["default_fa2_wheel"]
+    assert with_typo["unused_records"] == ["a-typo"]
+    assert with_typo["wheel_bytes"] == result["default_fa2_wheel"]["wheel_bytes"]
     # Without the object ratio, b has no figure: no default wheel at all, not a partial sum.
     assert ws.project(data["slices"], {"a": {}, "b": {}}, {}, data["default_fa2"])["default_fa2_wheel"] is None
     # With only a, every FA2 module is measured: not an estimate.
