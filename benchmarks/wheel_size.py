@@ -29,6 +29,11 @@ A build of some slices' FA2 with the default gencode, recorded with --record RES
 --default-fa2 (under "default_fa2"), replaces the scaled module of the Hopper-only record that
 covers the same slices: those slices are measured, the others stay scaled, and the command
 prints the object ratio's prediction beside each such measurement (a check of the ratio).
+
+Release wheels also hold FA4's precompiled kernels (VFA_FA4_PRECOMPILE): --record-fa4-kernels
+DIR stores the size of a precompile's output folder (cmake/fa4_precompile.py compile --out DIR,
+with `full`'s selection), each file deflated as a wheel stores it; the command adds it to the
+default wheel's figure as the release wheel.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import json
 import re
 import statistics
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +99,31 @@ def record(results: Path, run: str, path: Path = SIZES_FILE, covers: list[str] |
         "slices": {}}
     data.setdefault(key, {})[name] = entry
     data[key] = dict(sorted(data[key].items()))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return entry
+
+
+def deflated_size(folder: Path) -> dict:
+    """Every file under ``folder`` as a wheel stores it (zip, deflate): count, stored and zipped bytes."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file())
+    if not files:
+        raise ValueError(f"{folder}: no file (the --out folder of cmake/fa4_precompile.py compile)")
+    with tempfile.TemporaryFile() as handle:
+        with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
+            for f in files:
+                archive.write(f, f.relative_to(folder).as_posix())
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
+            members = archive.infolist()
+    return {"files": len(members), "stored": sum(m.file_size for m in members),
+            "zipped": sum(m.compress_size for m in members)}
+
+
+def record_fa4_kernels(folder: Path, run: str, path: Path = SIZES_FILE) -> dict:
+    """Merge the size of FA4's precompiled kernels for `full`'s selection into the table."""
+    entry = {**deflated_size(folder), "run": run}
+    data = json.loads(path.read_text())
+    data["fa4_kernels"] = entry
     path.write_text(json.dumps(data, indent=1) + "\n")
     return entry
 
@@ -165,7 +197,7 @@ def two_wheels(rows: list[dict], package_bytes: int, default: dict | None) -> di
 
 
 def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dict | None = None,
-            default_fa2: dict[str, dict] | None = None) -> dict:
+            default_fa2: dict[str, dict] | None = None, fa4_kernels: dict | None = None) -> dict:
     """The full wheel from the measured slices: per slice, per module, the total and the gap."""
     package = [e["wheel_bytes"] - sum(m["zipped"] for m in e["modules"].values())
                for e in measured.values() if all("zipped" in m for m in e["modules"].values())]
@@ -204,7 +236,8 @@ def project(measured: dict[str, dict], slices: dict[str, dict], fa2_objects: dic
             "measured_wheel_bytes": total, "aim_mb": AIM_MB,
             "ratio_of_members": round(zipped_members / stored, 3) if stored else None,
             "complete": not gaps, "default_fa2_wheel": default,
-            "two_wheels": two_wheels(rows, package_bytes or 0, default)}
+            "two_wheels": two_wheels(rows, package_bytes or 0, default), "fa4_kernels": fa4_kernels,
+            "release_wheel_bytes": default["wheel_bytes"] + fa4_kernels["zipped"] if default and fa4_kernels else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,10 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-objects", type=Path, metavar="OBJECTS_TXT",
                    help="a build's per-object sizes (slice_h200.sh's objects.txt, or `find BUILD -name '*.o' "
                         "-printf '%%s %%P\\n'`): record its FA2 units under --arch")
+    p.add_argument("--record-fa4-kernels", type=Path, metavar="DIR",
+                   help="FA4's precompiled kernels for `full`'s selection (fa4_precompile.py compile --out DIR): "
+                        "record their size as the wheel would store them")
     p.add_argument("--arch", choices=(HOPPER_FA2, DEFAULT_FA2), help="(--record-objects) FA2's gencode in that build")
     p.add_argument("--sizes", type=Path, default=SIZES_FILE, help="the measured sizes (default %(default)s)")
     p.add_argument("--out", type=Path, help="write the projection as JSON")
     args = p.parse_args(argv)
+    if args.record_fa4_kernels:
+        if not args.run:
+            p.error("--record-fa4-kernels needs --run (what, where and when the precompile ran)")
+        entry = record_fa4_kernels(args.record_fa4_kernels, args.run, args.sizes)
+        print(f"recorded FA4's kernels: {entry['files']} files, {entry['zipped'] / MB:.2f} MB deflated, in {args.sizes}")
+        return 0
     if args.record_objects:
         if not (args.run and args.arch):
             p.error("--record-objects needs --arch and --run (what, where and when the build ran)")
@@ -249,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = json.loads(args.sizes.read_text()) if args.sizes.is_file() else {}
     result = project(table.get("slices", {}), dist_model.load_slices(), table.get("fa2_objects"),
-                     table.get("default_fa2"))
+                     table.get("default_fa2"), table.get("fa4_kernels"))
     print(f"`full` wheel from measured slice modules ({args.sizes.name}); zipped = compressed size in the wheel "
           "(deflate), ratio = zipped / stored. The slices are built as slice_h200.sh builds them: FA3 sm_90a, FA2 "
           "sm_90 SASS without PTX, --compress-mode=size: a Hopper-only wheel, not the default sm_80 + PTX one")
@@ -296,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"the default wheel (FA2 as {DEFAULT_FA2}): neither a default-gencode FA2 build (--record "
               "--default-fa2) nor FA2 objects of both gencodes (--record-objects) for every FA2 module: no figure")
+    fa4 = result["fa4_kernels"]
+    if fa4 is None:
+        print("FA4's precompiled kernels (release wheels): not recorded (--record-fa4-kernels)")
+    elif result["release_wheel_bytes"] is not None:
+        print(f"with FA4's precompiled kernels for `full`'s selection ({fa4['files']} files, {fa4['stored'] / MB:.2f} MB, "
+              f"{fa4['zipped'] / MB:.2f} MB deflated; {fa4['run']}): the release wheel **{result['release_wheel_bytes'] / MB:.1f}"
+              f" MB** ({'over' if result['release_wheel_bytes'] / MB > AIM_MB else 'within'} the {AIM_MB:g} MB aim)")
     two = result["two_wheels"]
     if two is not None:
         fa2_default = ("not measured" if two["fa2_default_wheel_bytes"] is None else

@@ -186,3 +186,32 @@ def test_two_wheels_lever_sums_each_family_with_the_package(tmp_path):
     assert two["fa2_default_wheel_bytes"] == 2 * 9059659 + package and two["fa2_default_estimate"]
     measured["c"] = {"wheel_bytes": 1_000_000, "modules": {}, "run": "total only"}
     assert ws.project(measured, {"a": {}, "b": {}, "c": {}})["two_wheels"] is None
+
+
+def test_fa4_kernels_are_recorded_deflated_and_added_to_the_release_wheel(tmp_path):
+    """FA4's precompiled kernels (a precompile's --out folder) are stored as a wheel stores
+    them (deflated) and added to the default wheel's figure as the release wheel."""
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "slice.txt").write_text("a\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, "run a", table)
+    kernels = tmp_path / "kernels" / "cu12.9" / "fp"
+    kernels.mkdir(parents=True)
+    (kernels / "k1.o").write_bytes(b"\0" * 100_000)  # deflates to almost nothing
+    (kernels / "k2.o").write_bytes(bytes(range(256)) * 40)
+    (kernels / "k1.lock").write_bytes(b"")
+    entry = ws.record_fa4_kernels(tmp_path / "kernels", "precompile", table)
+    assert entry["files"] == 3 and entry["stored"] == 100_000 + 10_240
+    assert 0 < entry["zipped"] < 20_000
+    objects = tmp_path / "o.txt"
+    for arch, size in ((ws.HOPPER_FA2, 100), (ws.DEFAULT_FA2, 200)):
+        objects.write_text(f"{size} CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim128_bf16_sm80.cu.o\n")
+        ws.record_objects(objects, arch, arch, table)
+    data = json.loads(table.read_text())
+    result = ws.project(data["slices"], {"a": {}}, data["fa2_objects"], None, data["fa4_kernels"])
+    assert result["release_wheel_bytes"] == result["default_fa2_wheel"]["wheel_bytes"] + entry["zipped"]
+    assert ws.project(data["slices"], {"a": {}}, data["fa2_objects"])["release_wheel_bytes"] is None
+    with pytest.raises(ValueError, match="no file"):
+        ws.record_fa4_kernels(tmp_path / "r" / "nothing-here-dir-missing", "x", table)
