@@ -23,6 +23,17 @@ vendored_flash_attn/_vendored_fa3_C.abi3.so 5812648 2614902
 """
 
 
+def record_slice(tmp_path: Path, name: str, **kwargs) -> Path:
+    """A results folder for slice ``name`` holding SIZES, recorded into tmp_path/sizes.json."""
+    results = tmp_path / name
+    results.mkdir()
+    (results / "slice.txt").write_text(f"{name}\n")
+    (results / "sizes.txt").write_text(SIZES)
+    table = tmp_path / "sizes.json"
+    ws.record(results, f"run {name}", table, **kwargs)
+    return table
+
+
 def test_parse_sizes_reads_the_wheel_and_its_members():
     parsed = ws.parse_sizes(SIZES)
     assert parsed["wheel_bytes"] == 11745030
@@ -30,12 +41,7 @@ def test_parse_sizes_reads_the_wheel_and_its_members():
 
 
 def test_projection_sums_measured_slices_and_names_the_rest(tmp_path):
-    results = tmp_path / "r"
-    results.mkdir()
-    (results / "slice.txt").write_text("a\n")
-    (results / "sizes.txt").write_text(SIZES)
-    table = tmp_path / "sizes.json"
-    ws.record(results, "run a", table)
+    table = record_slice(tmp_path, "a")
     measured = json.loads(table.read_text())["slices"]
     measured["b"] = {"wheel_bytes": 1_070_469, "modules": {"_vendored_fa3_C": {"built": 2_000_000}}, "run": "run b"}
     slices = {"a": {"what": "A"}, "b": {"what": "B"}, "c": {"what": "C kernels"}}
@@ -61,12 +67,7 @@ def test_command_prints_the_gap(tmp_path, capsys):
 def test_a_build_of_several_slices_covers_them(tmp_path):
     """hd128-256 was built as one slice, then cut in two (hd128, hd256) for the 15-minute
     bar: its record covers both, once; a slice in two records is an error."""
-    results = tmp_path / "r"
-    results.mkdir()
-    (results / "slice.txt").write_text("ab\n")
-    (results / "sizes.txt").write_text(SIZES)
-    table = tmp_path / "sizes.json"
-    ws.record(results, "run ab", table, covers=["a", "b"])
+    table = record_slice(tmp_path, "ab", covers=["a", "b"])
     measured = json.loads(table.read_text())["slices"]
     assert measured["ab"]["covers"] == ["a", "b"]
     result = ws.project(measured, {"a": {}, "b": {}, "c": {"what": "C"}})
@@ -81,12 +82,7 @@ def test_a_build_of_several_slices_covers_them(tmp_path):
 def test_default_fa2_wheel_is_estimated_from_objects_built_both_ways(tmp_path):
     """FA2 objects of one unit set built sm_90-only and sm_80+PTX: their size ratio over the
     common units scales the measured (Hopper-only) FA2 modules; FA3 and the package stay."""
-    results = tmp_path / "r"
-    results.mkdir()
-    (results / "slice.txt").write_text("a\n")
-    (results / "sizes.txt").write_text(SIZES)
-    table = tmp_path / "sizes.json"
-    ws.record(results, "run a", table)
+    table = record_slice(tmp_path, "a")
     hopper, default = tmp_path / "h.txt", tmp_path / "d.txt"
     hopper.write_text("100 CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_hdim128_bf16_sm80.cu.o\n"
                       "300 CMakeFiles/_vendored_fa2_C.dir/x/flash_fwd_split_hdim128_bf16_sm80.cu.o\n"
@@ -115,13 +111,8 @@ def test_a_default_fa2_build_replaces_the_scaled_module_of_the_slices_it_covers(
     """A build of slice a's FA2 with the default gencode (--default-fa2): a's FA2 module in the
     default wheel is that measured one, slice b's stays scaled by the object ratio; the
     prediction for a is kept beside its measurement."""
-    table = tmp_path / "sizes.json"
     for name in ("a", "b"):
-        results = tmp_path / name
-        results.mkdir()
-        (results / "slice.txt").write_text(f"{name}\n")
-        (results / "sizes.txt").write_text(SIZES)
-        ws.record(results, f"run {name}", table)
+        table = record_slice(tmp_path, name)
     default_build = tmp_path / "a-default"
     default_build.mkdir()
     (default_build / "slice.txt").write_text("a-default\n")
@@ -165,12 +156,7 @@ def test_a_default_fa2_build_replaces_the_scaled_module_of_the_slices_it_covers(
 def test_two_wheels_lever_sums_each_family_with_the_package(tmp_path):
     """FA2 and FA3 as two wheels: each family's measured modules summed, each with the package;
     the FA2 wheel with the default gencode from the default wheel's FA2 figure."""
-    results = tmp_path / "r"
-    results.mkdir()
-    (results / "slice.txt").write_text("a\n")
-    (results / "sizes.txt").write_text(SIZES)
-    table = tmp_path / "sizes.json"
-    ws.record(results, "run a", table)
+    table = record_slice(tmp_path, "a")
     measured = json.loads(table.read_text())["slices"]
     measured["b"] = {"wheel_bytes": 3_000_000, "run": "run b",
                      "modules": {"_vendored_fa3_C": {"stored": 5_000_000, "zipped": 2_500_000}}}
@@ -191,12 +177,7 @@ def test_two_wheels_lever_sums_each_family_with_the_package(tmp_path):
 def test_fa4_kernels_are_recorded_deflated_and_added_to_the_release_wheel(tmp_path):
     """FA4's precompiled kernels (a precompile's --out folder) are stored as a wheel stores
     them (deflated) and added to the default wheel's figure as the release wheel."""
-    results = tmp_path / "r"
-    results.mkdir()
-    (results / "slice.txt").write_text("a\n")
-    (results / "sizes.txt").write_text(SIZES)
-    table = tmp_path / "sizes.json"
-    ws.record(results, "run a", table)
+    table = record_slice(tmp_path, "a")
     kernels = tmp_path / "kernels" / "cu12.9" / "fp"
     kernels.mkdir(parents=True)
     (kernels / "k1.o").write_bytes(b"\0" * 100_000)  # deflates to almost nothing
