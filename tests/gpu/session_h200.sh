@@ -124,8 +124,7 @@ test)
   exit "$rc"
   ;;
 upstream)
-  "$PY" "$ROOT/tests/upstream/run_upstream_tests.py" --file "$ROOT/.upstream-tests/test_vllm_flash_attn.py" \
-    --out "$RES/upstream" 2>&1 | tee "$RES/upstream-tests.log"
+  upstream_tests "$RES"
   ;;
 *)
   echo "unknown stage $STAGE (start, wait, test, upstream)" >&2

