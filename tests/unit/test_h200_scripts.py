@@ -97,3 +97,28 @@ def test_check_stage_needs_a_wheel_and_its_kernel_table(stand_ins, tmp_path):
     # With no slice session on the machine, the check made one of its own.
     session = Path((tmp_path / "slice.ptr").read_text().strip())
     assert session.parent == tmp and session.is_dir()
+
+
+def test_upstream_tests_fail_the_stage_on_a_failure_and_say_when_not_run(tmp_path):
+    """h200_lib.sh's upstream_tests (the `test` and `check` stages of slice_h200.sh): the
+    runner's exit status reaches the stage, and without the carried file it says so."""
+    project = tmp_path / "project"
+    (project / "tests/upstream").mkdir(parents=True)
+    runner = project / "tests/upstream/run_upstream_tests.py"
+    out = tmp_path / "results"
+    out.mkdir()
+
+    def upstream_tests(runner_exit: int) -> subprocess.CompletedProcess:
+        runner.write_text(f"import sys\nprint('runner ran', sys.argv[1:])\nsys.exit({runner_exit})\n")
+        script = f'ROOT={project}; PY={sys.executable}; . {ROOT / "tests/gpu/h200_lib.sh"}; upstream_tests {out}'
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+
+    result = upstream_tests(0)
+    assert result.returncode == 0 and "upstream's test file NOT run" in result.stdout
+    assert "runner ran" not in result.stdout
+    (project / ".upstream-tests").mkdir()
+    (project / ".upstream-tests/test_vllm_flash_attn.py").write_text("")
+    result = upstream_tests(1)
+    assert result.returncode == 1 and "runner ran" in result.stdout, result.stdout + result.stderr
+    assert "--file" in (out / "upstream-tests.log").read_text()
+    assert upstream_tests(0).returncode == 0
