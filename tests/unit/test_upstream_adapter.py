@@ -191,6 +191,21 @@ def test_a_refusal_is_excused_only_when_the_build_info_agrees(describe, kind, me
     assert upstream_summary.classify(case, None)[0] == "unexpected"
 
 
+def test_a_refusal_in_a_known_defect_case_is_still_checked_against_the_build_info():
+    """upstream's aot_schedule cases fail on their scheduler metadata (a known defect), but on a
+    wheel without the head dim, get_scheduler_metadata refuses first with a message naming the
+    scheduler metadata too: that refusal is excused only when the build info agrees."""
+    minimal, full = make_build("minimal"), make_build("full")
+    message = kernels.head_size_problem(registry().by_name("fa3"), minimal.fa3, 256)
+    case = upstream_summary.Case(
+        "test_varlen_with_paged_kv", "test_varlen_with_paged_kv[3-True-256]", "failed",
+        f"vendored_flash_attn.errors.FlashAttnInputError: get_scheduler_metadata: {message}",
+        {"aot_schedule": "True", "fa_version": "3"}, 1)
+    assert upstream_summary.classify(case, minimal.raw)[0] == "not-built"
+    category, why = upstream_summary.classify(case, full.raw)
+    assert (category, "a wrong refusal" in why) == ("unexpected", True)
+
+
 def test_a_rebuild_hint_alone_excuses_nothing():
     case = upstream_summary.Case("test_x", "test_x[1]", "failed",
                                  "RuntimeError: the kernel crashed; rebuild the wheel with VFA_PRESET=full", {}, 1)

@@ -139,11 +139,23 @@ def reason_of(message: str) -> str:
 
 def classify(case: Case, build: Optional[dict]) -> tuple[str, str]:
     """(category, explanation) of a failed or erroring case; ``build`` is the tested wheel's
-    build_info.json (None: not known, so no refusal can be excused)."""
+    build_info.json (None: not known, so no refusal can be excused). A refusal of a kernel is
+    judged first, against the build info, even in a case upstream's file gets wrong: the
+    known defect's message (its scheduler metadata) also appears in get_scheduler_metadata's
+    own refusals, and a wrong one of those must not pass as the file's fault."""
+    refused = _judge_refusal(case, build)
+    if refused is not None:
+        return refused
     for defect in KNOWN_UPSTREAM_DEFECTS:
         if (case.function == defect.function and defect.applies(case.params)
                 and re.search(defect.message, case.message, re.IGNORECASE)):
             return "upstream-file", defect.why
+    return "unexpected", ""
+
+
+def _judge_refusal(case: Case, build: Optional[dict]) -> Optional[tuple[str, str]]:
+    """(category, explanation) when the case failed on one of this package's refusals of a
+    kernel, else None."""
     for refusal in NOT_BUILT_REFUSALS:
         match = refusal.pattern.search(case.message)
         if match is None:
@@ -157,7 +169,7 @@ def classify(case: Case, build: Optional[dict]) -> tuple[str, str]:
         built = {key: comp.get(key) for key in ("built", "dtypes", "head_dims", "features")}
         return "unexpected", (f"the wheel refused a kernel its build info says was built "
                               f"({name}: {built}): a wrong refusal")
-    return "unexpected", ""
+    return None
 
 
 def summarize(cases: List[Case], build: Optional[dict] = None) -> dict:
