@@ -8,12 +8,13 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   (``vendored_flash_attn/_fa4/kernels``), then a user cache
   (``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, upstream's knob, else
   ``$XDG_CACHE_HOME/vendored-flash-attn/fa4``, else ``~/.cache/vendored-flash-attn/fa4``);
-  a kernel compiled at run time is exported to the user cache only.
+  a kernel compiled at run time is exported to the user cache only. Neither level takes a
+  lock: shipped files are immutable, user-cache files appear whole (renamed into place).
   ``VFA_FA4_SHIPPED_KERNELS=off`` ignores the shipped kernels (the user cache alone serves:
   how ``benchmarks/first_call.py`` measures a JIT compile against a wheel that ships kernels).
 * **Read-only install.** Upstream's loader opens ``<hash>.lock`` with ``O_CREAT`` even to
   read, which fails on a read-only site-packages. Shipped kernels are immutable files, so
-  they are loaded without any lock or write; locks are taken in the user cache only.
+  they are loaded without any lock or write.
 * **The DSL's CUDA flavour is part of the key.** The cu12 and cu13 builds of
   ``nvidia-cutlass-dsl`` share one version string, so upstream's fingerprint cannot tell
   them apart, yet their cubins differ (measured). Every path holds the flavour the process
@@ -30,6 +31,22 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   {hash: hash}}}``), written only after a kernel compiled by that Python was found
   byte-identical (``cmake/fa4_precompile.py compile --share``). Hashes are checked as
   such, so an index can only name files of the shipped tree.
+* **The user cache is code.** A kernel object is native code the process runs, so the user
+  cache is used only where nobody but this user could have written it (``UserKernelDir``):
+  an absolute root, owned by this process's user and not writable by group or others, and
+  every folder and file under it the same and no symbolic link, each checked on the open
+  file descriptor that is then read (no window between the check and the load; a root
+  reached through a symbolic link is followed once, when FA4 loads). Anything
+  else is not loaded: the kernel compiles in memory, with one warning saying why. Exports
+  go to a temporary file in the same folder, fsynced and renamed into place, so a process
+  killed mid-export leaves nothing a later one loads; a file that fails to load is removed
+  and its kernel compiled again, with one warning (never an exception). The wheel's shipped
+  kernels are the install's own files and are trusted as the package's code is.
+* **On by default** (``VFA_FA4_USER_CACHE``; upstream's own disk cache is opt-in because it
+  lives in a shared ``/tmp`` and writes in place): a serving process restarted on the same
+  machine, or a second worker, then loads the kernels the wheel does not ship instead of
+  compiling each again (seconds apiece). A home that is read-only or shared, or a folder
+  that fails the checks, costs a compile per process with one line naming the fix.
 
 Nothing here imports cutlass at import time. ``install(interface, cache_utils, cutlass)``
 runs at first FA4 use (fa4.py), after the dependency check.
@@ -37,12 +54,18 @@ runs at first FA4 use (fa4.py), after the dependency check.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import secrets
+import stat
+import time
 import warnings
 from importlib import resources
 from pathlib import Path
+from typing import Callable, Iterator, Optional
 
 # Upstream's cache kinds of the forward entry points FA4's adapter reaches, by the
 # interface attribute whose ``compile_cache`` they are (interface.py at the pin).
@@ -54,6 +77,15 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 # "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
 # or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
 SHIPPED_KERNELS_ENV = "VFA_FA4_SHIPPED_KERNELS"
+# "off": no user cache at all; kernels the wheel does not ship compile in every process.
+USER_CACHE_ENV = "VFA_FA4_USER_CACHE"
+# Upstream's knob for where its disk cache lives; ours lives there too when it is set.
+USER_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+# An export in progress: a dot file in the kernel's own folder, renamed over <hash>.o when
+# complete. Its name never matches <hash>.o, so nothing loads it; ".o" keeps the DSL's
+# export writing an object file (it picks the format from the name's suffix).
+_TEMP_PREFIX = ".tmp-"
+_STALE_TEMP_S = 3600  # a temporary file this old belongs to a killed export: removed
 
 
 def flavour_name(cuda_version) -> str:
@@ -114,24 +146,41 @@ def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[s
 
 
 def user_cache_root(environ=None) -> Path:
+    """Where the user cache is asked to live: ``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/vendored-flash-attn/fa4`` (a relative ``XDG_CACHE_HOME`` is ignored, as
+    the XDG spec says), else ``~/.cache/vendored-flash-attn/fa4``. Whether it may be used is
+    ``checked_user_root``'s answer."""
     environ = os.environ if environ is None else environ
-    if environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
-        return Path(environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if environ.get(USER_CACHE_DIR_ENV):
+        return Path(environ[USER_CACHE_DIR_ENV])
+    xdg = environ.get("XDG_CACHE_HOME") or ""
+    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "vendored-flash-attn" / "fa4"
 
 
-def shipped_kernels_disabled(environ=None) -> bool:
-    """``VFA_FA4_SHIPPED_KERNELS`` in the bool words every knob takes (cmake/knobs.json); any
-    other value keeps the shipped kernels, with one warning naming the valid words."""
+def _bool_knob(name: str, default: bool, environ=None) -> bool:
+    """A runtime bool knob in the words every knob takes (cmake/knobs.json); any other value
+    keeps the default, with one warning naming the valid words."""
     from .declaration import BOOL_OFF, BOOL_ON, BOOL_WORDS_TEXT
 
     environ = os.environ if environ is None else environ
-    value = environ.get(SHIPPED_KERNELS_ENV, "").strip().lower()
+    value = environ.get(name, "").strip().lower()
     if value not in ("", *BOOL_ON, *BOOL_OFF):
-        warnings.warn(f"{SHIPPED_KERNELS_ENV}={value!r} is not a valid value; the shipped FA4 kernels stay in "
-                      f"use. Valid values: {BOOL_WORDS_TEXT}.", RuntimeWarning, stacklevel=2)
-    return value in BOOL_OFF
+        warnings.warn(f"{name}={value!r} is not a valid value; it stays {'on' if default else 'off'}. "
+                      f"Valid values: {BOOL_WORDS_TEXT}.", RuntimeWarning, stacklevel=3)
+        return default
+    return default if not value else value in BOOL_ON
+
+
+def user_cache_enabled(environ=None) -> bool:
+    """``VFA_FA4_USER_CACHE`` (on unless set off)."""
+    return _bool_knob(USER_CACHE_ENV, True, environ)
+
+
+def shipped_kernels_disabled(environ=None) -> bool:
+    """``VFA_FA4_SHIPPED_KERNELS`` set off; any other value keeps the shipped kernels, with one
+    warning naming the valid words."""
+    return not _bool_knob(SHIPPED_KERNELS_ENV, True, environ)
 
 
 def shipped_root() -> Path | None:
@@ -143,38 +192,269 @@ def shipped_root() -> Path | None:
     return root if root.is_dir() else None
 
 
+# --- the user cache: only what nobody else could have written ---------------------------
+
+class UntrustedEntry(Exception):
+    """A folder or file of the user cache that may not be loaded from; the message says why."""
+
+
+class KernelLoadFailed(Exception):
+    """A kernel file that the DSL could not load (truncated, damaged, of another DSL)."""
+
+
+def _current_uid() -> int:
+    """Whose files the user cache may hold: this process's effective user (tests replace it
+    to see their own files as another user's)."""
+    return os.geteuid()
+
+
+def _trust_problem(st: os.stat_result, shown: str, directory: bool) -> Optional[str]:
+    """Why an entry with status ``st`` may not serve kernels; None when it may."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{shown} is a symbolic link"
+    if directory and not stat.S_ISDIR(st.st_mode):
+        return f"{shown} is not a folder"
+    if not directory and not stat.S_ISREG(st.st_mode):
+        return f"{shown} is not a regular file"
+    uid = _current_uid()
+    if st.st_uid != uid:
+        return f"{shown} is owned by uid {st.st_uid}, not by this process's user (uid {uid})"
+    writable = [who for who, bit in (("its group", stat.S_IWGRP), ("other users", stat.S_IWOTH)) if st.st_mode & bit]
+    if writable:
+        return f"{shown} is writable by {' and '.join(writable)} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _not_followed(exc: OSError, name: str, dir_fd: Optional[int], shown: str) -> Exception:
+    """What an open with O_NOFOLLOW that failed means: a symbolic link (ELOOP) or the wrong
+    kind of entry is untrusted; anything else stays the OSError it is."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        try:
+            st = os.lstat(name, dir_fd=dir_fd)
+        except OSError:
+            return exc
+        return UntrustedEntry(_trust_problem(st, shown, directory=True) or f"{shown} cannot be opened ({exc})")
+    return exc
+
+
+def _open_checked_dir(name: str, dir_fd: Optional[int], shown: str, create: bool) -> int:
+    """A descriptor of the folder ``name`` (under ``dir_fd``; None: an absolute path), made
+    (0755 less the umask) when missing and ``create``, never through a symbolic link, checked
+    on the descriptor itself."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=dir_fd)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _not_followed(exc, name, dir_fd, shown) from None
+    except OSError as exc:
+        raise _not_followed(exc, name, dir_fd, shown) from None
+    problem = _trust_problem(os.fstat(fd), shown, directory=True)
+    if problem is not None:
+        os.close(fd)
+        raise UntrustedEntry(problem)
+    return fd
+
+
+def _proc_path(dir_fd: int, name: Optional[str], fallback: Path) -> str:
+    """A path that reaches what ``dir_fd`` (and ``name`` in it) is *now*, whatever happens to
+    the folders above: ``/proc/self/fd/<fd>[/<name>]`` on Linux; elsewhere the checked path."""
+    if os.path.isdir("/proc/self/fd"):
+        return f"/proc/self/fd/{dir_fd}" + (f"/{name}" if name else "")
+    return str(fallback)
+
+
+class UserKernelDir:
+    """One kind's folder of the user cache, ``<root>/<flavour>/<fingerprint>/<kind>``. It is
+    reached from ``root`` one component at a time, none a symbolic link, each owned by this
+    user and not writable by group or others (checked on the open descriptor); a kernel file
+    the same, read through that descriptor."""
+
+    def __init__(self, root: Path, parts: tuple[str, ...]):
+        self.root, self.parts = Path(root), tuple(parts)
+
+    @property
+    def path(self) -> Path:
+        return self.root.joinpath(*self.parts)
+
+    @contextlib.contextmanager
+    def opened(self, create: bool) -> Iterator[int]:
+        """A descriptor of the checked folder (made when missing and ``create``). Raises
+        UntrustedEntry, FileNotFoundError (a folder missing, not ``create``) or OSError."""
+        fd = _open_checked_dir(str(self.root), None, str(self.root), create=False)
+        try:
+            shown = self.root
+            for part in self.parts:
+                shown = shown / part
+                inner = _open_checked_dir(part, fd, str(shown), create)
+                os.close(fd)
+                fd = inner
+            yield fd
+        finally:
+            os.close(fd)
+
+    def load(self, name: str, load_module: Callable[[str], object]):
+        """The kernel of file ``name`` loaded, None when there is none. Raises UntrustedEntry
+        (not loaded, left in place: an export replaces it) or KernelLoadFailed (the file was
+        removed: ours, since nobody else can write here)."""
+        shown = self.path / name
+        try:
+            with self.opened(create=False) as dir_fd:
+                try:
+                    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    return None
+                except OSError as exc:
+                    raise _not_followed(exc, name, dir_fd, str(shown)) from None
+                try:
+                    st = os.fstat(fd)
+                    problem = _trust_problem(st, str(shown), directory=False)
+                    if problem is not None:
+                        raise UntrustedEntry(problem)
+                    try:
+                        return load_module(_proc_path(fd, None, shown))
+                    except Exception as exc:  # noqa: BLE001  any failure of the DSL's loader
+                        self._remove_if_unchanged(dir_fd, name, st)
+                        raise KernelLoadFailed(f"{shown} could not be loaded ({type(exc).__name__}: "
+                                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+                finally:
+                    os.close(fd)
+        except FileNotFoundError:
+            return None  # a folder of the path is not there yet
+
+    @staticmethod
+    def _remove_if_unchanged(dir_fd: int, name: str, st: os.stat_result) -> None:
+        # Only the file that failed: another process may have renamed a good one in since.
+        with contextlib.suppress(OSError):
+            now = os.lstat(name, dir_fd=dir_fd)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(name, dir_fd=dir_fd)
+
+    def export(self, name: str, write: Callable[[str], None]) -> None:
+        """``write(path)`` writes a kernel file; it becomes ``name`` here only once complete:
+        a temporary file in this folder, fsynced, renamed over ``name``, the folder fsynced.
+        Raises UntrustedEntry or OSError (nothing is left behind then)."""
+        with self.opened(create=True) as dir_fd:
+            temp = f"{_TEMP_PREFIX}{name[:-2]}-{secrets.token_hex(4)}.o"
+            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=dir_fd))
+            try:
+                write(_proc_path(dir_fd, temp, self.path / temp))
+                fd = os.open(temp, _FILE_FLAGS, dir_fd=dir_fd)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
+                raise
+            os.fsync(dir_fd)
+            self._remove_stale_temps(dir_fd)
+
+    @staticmethod
+    def _remove_stale_temps(dir_fd: int) -> None:
+        # What a killed export left (never loaded: not a kernel's name); old enough that no
+        # running export can still own it.
+        cutoff = time.time() - _STALE_TEMP_S
+        with contextlib.suppress(OSError), os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if entry.name.startswith(_TEMP_PREFIX) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.name, dir_fd=dir_fd)
+
+    def clear(self) -> None:
+        """Remove every file of this folder (upstream's ``clear``), never outside it."""
+        with contextlib.suppress(FileNotFoundError), self.opened(create=False) as dir_fd, \
+                os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.name, dir_fd=dir_fd)
+
+
+def checked_user_root(root) -> tuple[Optional[Path], Optional[str]]:
+    """``(the root to use, None)``, or ``(None, why it may not be used)``: a relative path; a
+    folder that cannot be made; one not owned by this user or writable by group or others.
+    The root is made when missing (0755 less the umask); a symbolic link to it is followed
+    here, once, and the real path used from then on."""
+    shown = str(root)
+    if not os.path.isabs(shown):
+        return None, (f"{shown!r} is a relative path (set {USER_CACHE_DIR_ENV} to an absolute one)")
+    real = Path(os.path.realpath(shown))
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        os.close(_open_checked_dir(str(real), None, shown if real == Path(shown) else f"{shown} (= {real})",
+                                   create=True))
+    except UntrustedEntry as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"{shown} cannot be made or opened ({exc.strerror or exc})"
+    return real, None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _warn_untrusted(exc: UntrustedEntry) -> None:
+    # The same line whether a load or an export met it: one per problem and process.
+    _warn_once(f"FA4's kernel cache: {exc}, so no kernel is loaded from or written there; they compile in "
+               "memory. Everything under the cache folder must be yours, not writable by group or others, and "
+               "no symbolic link.")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def two_level_cache_class(persistent_cache, load_module):
     """A subclass of upstream's ``JITPersistentCache`` (passed in: it lives in the staged
-    ``cache_utils``, importable only with cutlass) that looks in the shipped kernels first.
+    ``cache_utils``, importable only with cutlass) that looks in the shipped kernels first,
+    then in the user cache (UserKernelDir), and exports there atomically. Of upstream's
+    class it keeps the key hash (``_key_to_hash``) and the in-memory level; every disk
+    access is its own, none through upstream's locks or in-place writes.
 
     ``load_module(path)`` returns the exported function of a ``.o`` (upstream: the
     ``func`` attribute of ``cute.runtime.load_module(path, enable_tvm_ffi=True)``).
     """
 
     class TwoLevelCache(persistent_cache):
-        def __init__(self, shipped_dir: Path | None, user_dir: Path | None, aliases: dict | None = None):
+        def __init__(self, shipped_dir: Path | None, user: UserKernelDir | None, aliases: dict | None = None,
+                     user_problem: str | None = None):
+            # Not upstream's __init__: it makes the folder unchecked.
+            self.cache = {}  # upstream's in-memory level (JITCache.__init__)
             self.shipped_dir = shipped_dir
             self.aliases = aliases or {}  # key hash -> another Python's shipped file (read_aliases)
-            self.writable = user_dir is not None
-            if self.writable:
-                try:
-                    super().__init__(user_dir)  # creates it
-                except OSError as exc:
-                    warnings.warn(
-                        f"FA4's kernel cache {user_dir} cannot be created ({exc}): kernels not shipped with "
-                        "the wheel compile at every process start. Point FLASH_ATTENTION_CUTE_DSL_CACHE_DIR "
-                        "at a writable folder.", RuntimeWarning, stacklevel=2)
-                    self.writable = False
-            if not self.writable:
-                self.cache = {}  # upstream's in-memory level (JITCache.__init__)
-                self.cache_path = None
+            self.user = user
+            self.cache_path = user.path if user is not None else None  # upstream's attribute
+            self.user_problem = user_problem  # why there is no user cache (None: switched off or there)
+
+        @property
+        def writable(self) -> bool:
+            return self.user is not None
 
         def __contains__(self, key) -> bool:
             if key in self.cache:
                 return True
             if self._try_load_shipped(key):
                 return True
-            return self.writable and self._try_load_from_storage(key)
+            return self.user is not None and self._try_load_from_storage(key)
 
         def __getitem__(self, key):
             self.__contains__(key)
@@ -182,8 +462,13 @@ def two_level_cache_class(persistent_cache, load_module):
 
         def __setitem__(self, key, fn) -> None:
             self.cache[key] = fn
-            if self.writable:
+            if self.user is not None:
                 self._try_export_to_storage(key, fn)
+            elif self.user_problem:
+                _warn_once(f"FA4's kernel cache is not used: {self.user_problem}. Kernels the wheel does not "
+                           "ship compile in memory, again in every process. Point "
+                           f"{USER_CACHE_DIR_ENV} at a folder of yours that only you can write, or set "
+                           f"{USER_CACHE_ENV}=off to compile in memory without this warning.")
 
         def _try_load_shipped(self, key) -> bool:
             # Immutable files of the install: no lock, nothing opened for writing.
@@ -195,15 +480,47 @@ def two_level_cache_class(persistent_cache, load_module):
                 path = self.aliases.get(digest)
             if path is None or not path.is_file():
                 return False
-            self.cache[key] = load_module(path)
+            try:
+                self.cache[key] = load_module(path)
+            except Exception as exc:  # noqa: BLE001  never fatal: the kernel compiles instead
+                _warn_once(f"FA4's shipped kernel {path} could not be loaded ({_first_line(exc)}): it is compiled "
+                           "instead. Reinstall vendored-flash-attn.")
+                return False
             return True
+
+        def _try_load_from_storage(self, key) -> bool:
+            try:
+                fn = self.user.load(f"{self._key_to_hash(key)}.o", load_module)
+            except UntrustedEntry as exc:
+                _warn_untrusted(exc)
+                return False
+            except KernelLoadFailed as exc:
+                _warn_once(f"FA4's cached kernel {exc}: it was removed and the kernel is compiled again.")
+                return False
+            except OSError as exc:
+                _warn_once(f"FA4's kernel cache {self.user.path} cannot be read ({_first_line(exc)}): the kernel "
+                           "is compiled instead.")
+                return False
+            if fn is None:
+                return False
+            self.cache[key] = fn
+            return True
+
+        def _try_export_to_storage(self, key, fn) -> None:
+            try:
+                self.user.export(f"{self._key_to_hash(key)}.o", lambda path: fn.export_to_c(
+                    object_file_path=path, function_name=self.EXPORT_FUNCTION_PREFIX))
+            except UntrustedEntry as exc:
+                _warn_untrusted(exc)
+            except Exception as exc:  # noqa: BLE001  a full disk, a DSL that cannot export: kept in memory
+                _warn_once(f"FA4 could not write a kernel into its cache {self.user.path} ({_first_line(exc)}): "
+                           "it stays in memory for this process.")
 
         def clear(self) -> None:
             # Upstream's clear() deletes every file of the cache dir: never the shipped ones.
             self.cache.clear()
-            if self.writable:
-                for child in self.cache_path.iterdir():
-                    child.unlink()
+            if self.user is not None:
+                self.user.clear()
 
     return TwoLevelCache
 
@@ -212,8 +529,10 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
     """Replace the ``compile_cache`` of FA4's forward entry points with two-level caches.
 
     Returns where each kind looks (for ``info`` and tests). ``shipped`` / ``user`` override
-    the roots (tests); ``load_module`` the loader (default: upstream's through cute.runtime).
-    ``VFA_FA4_SHIPPED_KERNELS=off`` leaves the shipped level out, override or not.
+    the roots (tests; the build's precompile step, whose user cache is its output); the user
+    root passes ``checked_user_root`` either way. ``load_module`` the loader (default:
+    upstream's through cute.runtime). ``VFA_FA4_SHIPPED_KERNELS=off`` leaves the shipped
+    level out, override or not; ``VFA_FA4_USER_CACHE=off`` the user cache, unless overridden.
     """
     if load_module is None:
         import cutlass.cute as cute
@@ -229,9 +548,14 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
         shipped = None
     elif shipped is None:
         shipped = shipped_root()
-    user = user_cache_root() if user is None else user
+    user_problem = None
+    if user is None and user_cache_enabled():
+        user = user_cache_root()
+    if user is not None:
+        user, user_problem = checked_user_root(user)
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
-    layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off, "kinds": {}}
+    layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off,
+              "user_root": str(user) if user else None, "user_problem": user_problem, "kinds": {}}
     aliases = read_aliases(shipped, flavour, fingerprint) if shipped else {}
     for attribute, kind in FORWARD_CACHES.items():
         function = getattr(interface, attribute, None)
@@ -240,9 +564,9 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
         shipped_dir = kernel_dir(shipped, flavour, fingerprint, kind) if shipped else None
         if shipped_dir is not None and not shipped_dir.is_dir():
             shipped_dir = None  # nothing compiled by this Python for this flavour / kind
-        user_dir = kernel_dir(user, flavour, fingerprint, kind) if user else None
-        function.compile_cache = cache_class(shipped_dir, user_dir, aliases.get(kind))
+        user_dir = UserKernelDir(user, (flavour, fingerprint, kind)) if user else None
+        function.compile_cache = cache_class(shipped_dir, user_dir, aliases.get(kind), user_problem)
         layout["kinds"][kind] = {"shipped": str(shipped_dir) if shipped_dir else None,
                                  "aliases": len(aliases.get(kind, {})),
-                                 "user": str(user_dir) if user_dir else None}
+                                 "user": str(user_dir.path) if user_dir else None}
     return layout
