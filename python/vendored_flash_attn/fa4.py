@@ -34,10 +34,12 @@ from typing import Optional
 import torch
 
 from . import fa4_cache, fa4_deps
+from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .families import registry
-from .validation import check_varlen_call, window_tuple
+from .kernels import dtype_name, head_size_problem
+from .validation import _is_local, check_varlen_call, window_tuple
 
 SUBPACKAGE = "vendored_flash_attn._fa4.cute"
 # FA4's family declaration (cmake/knobs.json): its dtypes, features and call rules, which
@@ -107,20 +109,23 @@ def _window(window_size, causal) -> tuple[Optional[int], Optional[int]]:
 
 def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, alibi_slopes,
                block_table, scheduler_metadata, num_splits, s_aux, cp_world_size, cp_rank,
-               cp_tot_seqused_k) -> bool:
+               cp_tot_seqused_k, softcap=0.0, window=(-1, -1), causal=False) -> bool:
     """Refuse what FA4 cannot run on ``arch``; True when the call is FP8 KV with a 16-bit q
     (upstream's ``fp8_kv_dequant``). What every family refuses (shapes, dtypes, index
     tensors, out=, and the arguments of features FA4 does not declare: ALiBi, q_v,
     scheduler_metadata, context parallelism) the shared checks
-    (validation.check_varlen_call) refused before; upstream asserts the rest."""
-    del cu_seqlens_k, seqused_k, q_v, dropout_p, alibi_slopes, scheduler_metadata, s_aux
+    (validation.check_varlen_call) refused before. What is FA4's own is checked here, each
+    rule one of upstream's ``assert``s that the call would reach (interface.py and the kernel
+    classes at the pin): ``python -O`` removes those, so none is left to them (docs/runtime.md
+    lists each). The paged page-size rules that need upstream's tile choice are in ``run``."""
+    del cu_seqlens_k, q_v, dropout_p, alibi_slopes, scheduler_metadata
     del cp_world_size, cp_rank, cp_tot_seqused_k
     generation = GENERATIONS.get(arch // 10)
+    fallback = registry().by_name(FAMILY.fallback) if FAMILY.fallback else None
+    or_fallback = f"; use {fallback.title} (fa_version={fallback.version})" if fallback else ""
     if generation is None:  # the declaration's words: where it runs, or why not here
-        fallback = registry().by_name(FAMILY.fallback) if FAMILY.fallback else None
         problem = FAMILY.capability_problem(arch // 10, arch % 10, max(q.get_device(), 0))
-        _refuse(f"{problem or f'FA4 does not run on sm{arch}'}" +
-                (f"; use {fallback.title} (fa_version={fallback.version})" if fallback else ""))
+        _refuse(f"{problem or f'FA4 does not run on sm{arch}'}{or_fallback}")
     if block_table is not None:
         if generation == "sm120":
             _refuse("a paged KV cache (block_table) on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel "
@@ -128,17 +133,23 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
     if generation == "sm120" and num_splits > 1:
         _refuse(f"num_splits={num_splits} on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel has no "
                 "split-KV at the pin")
+    head_size, head_size_v = q.shape[-1], v.shape[-1]
+    # _validate_head_dims, with the alignment of K/V's element (16 bytes), per generation.
+    problem = head_size_problem(FAMILY, None, head_size, head_size_v, dtype_name(v.dtype), generation=generation)
+    if problem is not None:
+        _refuse(problem + or_fallback)
     kv_fp8 = k.dtype == _E4M3 or v.dtype == _E4M3
+    fp8_kv_dequant = False
     if q.dtype == _E4M3:
         if generation == "sm90":
             _refuse("FP8 q needs FA3 (fa_version=3) on sm90: FA4's FP8 attention is sm100-only at the pin "
                     "(FA4 on sm90 takes FP8 KV with a bf16/fp16 q)")
-        if generation == "sm120":
-            _refuse("FP8 attention on sm120: no family of this package runs it; use bf16/fp16")
+        if arch // 10 != 10:  # upstream: assert arch // 10 == 10 (sm110 and sm120 included)
+            _refuse(f"FP8 attention on sm{arch}: FA4's FP8 kernels are sm100's (compute capability 10.x) at the "
+                    "pin; use bf16/fp16")
         if not (k.dtype == v.dtype == _E4M3):
             raise FlashAttnTypeError(f"FP8 q needs FP8 (float8_e4m3fn) k and v, got {k.dtype} / {v.dtype}")
-        return False
-    if kv_fp8:
+    elif kv_fp8:
         if generation != "sm90":
             _refuse(f"FP8 KV with a {q.dtype} q is FA4's sm90 path only; on {generation} quantize q too "
                     "(float8_e4m3fn q, k, v)")
@@ -147,15 +158,35 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
         if block_table is None:
             _refuse("FP8 KV with a bf16/fp16 q needs a paged KV cache (block_table) in FA4; "
                     "or FP8 q, k and v with FA3 (fa_version=3)")
-        if q.shape[-1] != v.shape[-1]:
+        if head_size != head_size_v:
             _refuse("FP8 KV with a bf16/fp16 q needs equal q/k and v head sizes in FA4")
         allowed = FAMILY.call.fp8_kv_head_dims
-        if allowed is not None and q.shape[-1] not in allowed:
-            _refuse(f"FP8 KV with a bf16/fp16 q at head size {q.shape[-1]}: FA4 takes it at head size "
+        if allowed is not None and head_size not in allowed:
+            _refuse(f"FP8 KV with a bf16/fp16 q at head size {head_size}: FA4 takes it at head size "
                     f"{', '.join(map(str, allowed))} only ({FAMILY.call.fp8_kv_why}). Use FP8 q, k and v with "
                     "FA3 (fa_version=3), or a bf16/fp16 KV cache")
-        return True
-    return False
+        fp8_kv_dequant = True
+    if generation == "sm100" and head_size == head_size_v == 256:
+        # Blackwell's dedicated hd256 kernel (sm100_hd256_2cta_fmha_forward.py) asserts each of these.
+        for asked, what in ((softcap > 0, "softcap"), (s_aux is not None, "attention sinks (s_aux)"),
+                            (seqused_k is not None, "seqused_k (a paged or batched KV cache)"),
+                            (_is_local(window, causal), "a sliding window"), (q.dtype == _E4M3, "FP8"),
+                            (num_splits > 1, f"num_splits={num_splits}")):
+            if asked:
+                _refuse(f"FA4's head-size-256 kernel on {generation} takes no {what} at the pin{or_fallback}")
+    if single_split(generation, head_size, head_size_v) and num_splits > 1:
+        # flash_fwd_sm100.py: no split-KV with a V head size of 192 or more
+        _refuse(f"num_splits={num_splits} at V head size {head_size_v}: FA4 on {generation} has no split-KV there "
+                "at the pin; pass 0")
+    return fp8_kv_dequant
+
+
+def single_split(generation: Optional[str], head_size: int, head_size_v: int) -> bool:
+    """Shapes whose kernel takes no split-KV, so upstream's split heuristic (num_splits < 1)
+    must not pick one either: on sm100, equal Q/K and V head sizes with V padded to 192 or more
+    (flash_fwd_sm100.py asserts it; the hd256 kernel has no split at all). Upstream itself
+    forces one split for unequal head sizes with V 512 (interface.py)."""
+    return generation == "sm100" and head_size == head_size_v and -(-head_size_v // 16) * 16 >= 192
 
 
 def flash_attn_varlen_func(
@@ -179,6 +210,11 @@ def flash_attn_varlen_func(
         scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
         cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+    if debug_checks_enabled():
+        # VFA_DEBUG_CHECKS, as for every family: index values checked against the tensors they
+        # index (a host copy; off by default), before any kernel reads through them.
+        run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                         block_table=block_table, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
     return run(
         device_arch(q), q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
         seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
@@ -202,22 +238,42 @@ def run(
         arch, q=q, k=k, v=v, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
         dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table,
         scheduler_metadata=scheduler_metadata, num_splits=num_splits, s_aux=s_aux,
-        cp_world_size=cp_world_size, cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+        cp_world_size=cp_world_size, cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k,
+        softcap=softcap, window=window_tuple(window_size), causal=causal)
     interface = load().interface
     left, right = _window(window_size, causal)
-    if fp8_kv_dequant:
-        # Upstream asserts page size == tile_n for this path; its own rules say which tile.
-        is_causal, is_local, _, _ = interface._resolve_causal_local_window(bool(causal), left, right)
-        tile_n = interface._tile_size_fwd_sm90(q.shape[-1], v.shape[-1], is_causal, is_local).n_block_size
+    generation = GENERATIONS.get(arch // 10)
+    head_size, head_size_v = q.shape[-1], v.shape[-1]
+    irregular = head_size % 16 or head_size_v % 16
+    if block_table is not None and (fp8_kv_dequant or irregular):
+        # A page size other than the kernel's tile reads K/V without TMA, which neither the FP8
+        # KV path nor head sizes off a multiple of 16 have (upstream asserts both): its own
+        # rules say which tile.
+        if generation == "sm90":
+            is_causal, is_local, _, _ = interface._resolve_causal_local_window(bool(causal), left, right)
+            tile_n = interface._tile_size_fwd_sm90(head_size, head_size_v, is_causal, is_local).n_block_size
+        else:
+            tile_n = 128  # sm100's, unless a split with unequal head sizes halves it: refused below
+            if head_size != head_size_v:
+                _refuse(f"a paged KV cache at head sizes {head_size} x {head_size_v} (not multiples of 16) "
+                        f"on {generation}: FA4 needs equal head sizes there at the pin; pad them to a multiple "
+                        "of 16")
         if k.shape[1] != tile_n:
-            _refuse(f"FP8 KV with a bf16/fp16 q needs a page size of {tile_n} (FA4's tile for head size "
-                    f"{q.shape[-1]}) on sm90, got {k.shape[1]}; or FP8 q, k and v with FA3 (fa_version=3)")
+            what = ("FP8 KV with a bf16/fp16 q" if fp8_kv_dequant
+                    else f"a paged KV cache at head size {head_size if head_size % 16 else head_size_v} "
+                         "(not a multiple of 16)")
+            alternative = ("or FP8 q, k and v with FA3 (fa_version=3)" if fp8_kv_dequant
+                           else "or pad the head size to a multiple of 16")
+            _refuse(f"{what} needs a page size of {tile_n} (FA4's tile for head size {head_size}) on "
+                    f"{generation}, got {k.shape[1]}; {alternative}")
     fp8 = q.dtype == _E4M3 or fp8_kv_dequant
     if not fp8:
         # vLLM passes descales on every call; FA4 asserts they are None for 16-bit data.
         q_descale = k_descale = v_descale = None
-    if arch // 10 == 12 and num_splits < 1:
-        num_splits = 1  # upstream's sm120 path asserts num_splits == 1 (no heuristic there)
+    if num_splits < 1 and (arch // 10 == 12 or single_split(generation, head_size, head_size_v)):
+        # upstream's sm120 path asserts num_splits == 1 (no heuristic there); on sm100 its
+        # heuristic could pick a split that the kernel for these head sizes asserts against.
+        num_splits = 1
     try:
         result = interface._flash_attn_fwd(
             q, k, v,

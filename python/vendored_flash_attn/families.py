@@ -53,10 +53,32 @@ class CallRules:
     # fp8_kv (a 16-bit q with FP8 k/v) only at these head dims; None: at any
     fp8_kv_head_dims: Optional[tuple[int, ...]] = None
     fp8_kv_why: str = ""
+    # {generation: ((Q/K min, Q/K max, V min, V max), ...)}: the head sizes its kernels take on
+    # each GPU generation (kernels.declared_head_size_problem); None: not declared here
+    head_sizes: Optional[dict[str, tuple[tuple[int, int, int, int], ...]]] = None
+    head_size_alignment_bytes: int = 1  # head sizes are multiples of this many bytes of K/V
+    head_sizes_why: str = ""
 
 
 _CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max_q_heads",
-                "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why"}
+                "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why", "head_sizes",
+                "head_size_alignment_bytes", "head_sizes_why"}
+
+
+def _call_rules(call: dict, where: str) -> CallRules:
+    fields = {k: tuple(v) if k in ("kv_layouts", "fp8_kv_head_dims") else v for k, v in call.items()}
+    if "head_sizes" in call:
+        table = call["head_sizes"]
+        try:
+            fields["head_sizes"] = {str(gen): tuple(tuple(int(n) for n in entry) for entry in entries)
+                                    for gen, entries in table.items()}
+        except (AttributeError, TypeError, ValueError):
+            fields["head_sizes"] = None
+        if not fields["head_sizes"] or not all(len(e) == 4 and e[0] <= e[1] and e[2] <= e[3]
+                                               for entries in fields["head_sizes"].values() for e in entries):
+            raise FamilyDeclarationError(f"{where}: call.head_sizes must map each generation to a list of "
+                                         "[Q/K min, Q/K max, V min, V max]")
+    return CallRules(**fields)
 
 
 @dataclass(frozen=True)
@@ -193,6 +215,11 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         raise FamilyDeclarationError(f"{where}: pythons must be a list of Python minors such as \"3.12\"")
     default_on = entry["default_on"]
     caps = entry["capabilities"]
+    rules = _call_rules(call, where)
+    named = {str(v) for v in caps.get("generations", {}).values()}
+    if rules.head_sizes and set(rules.head_sizes) - named:
+        raise FamilyDeclarationError(f"{where}: call.head_sizes names generations it does not run on: "
+                                     f"{sorted(set(rules.head_sizes) - named)}")
     return Family(
         name=name, version=int(entry["version"]), made=entry["made"], build_knob=entry["build_knob"],
         min_capability=_capability(caps["min"]),
@@ -202,7 +229,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         default_on=None if default_on == "all" else tuple(int(m) for m in default_on),
         not_default={int(k): str(v) for k, v in entry.get("not_default", {}).items()},
         fallback=entry["fallback"], adapter=entry["adapter"], record=entry["record"],
-        call=CallRules(**{k: tuple(v) if k in ("kv_layouts", "fp8_kv_head_dims") else v for k, v in call.items()}),
+        call=rules,
         head_size_rule=entry.get("head_size_rule"),
         artefacts=tuple(entry.get("artefacts", ())),
         head_dims_knob=entry.get("head_dims_knob"), dtypes_knob=entry.get("dtypes_knob"),

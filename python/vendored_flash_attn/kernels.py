@@ -65,15 +65,49 @@ def fa3_bucket(head_size: int, built: tuple[int, ...]) -> Optional[int]:
 
 def head_size_problem(
     family: Family, info: Optional[ComponentInfo], head_size: int, head_size_v: Optional[int] = None,
-    dtype: Optional[str] = None,
+    dtype: Optional[str] = None, generation: Optional[str] = None,
 ) -> Optional[str]:
     """Why this wheel cannot run ``head_size`` (and ``head_size_v``) with ``family``: its
-    declared head-size rule (``head_size_rule``); None when fine or when it has none (its
-    adapter checks head sizes itself)."""
+    declared head-size rule (``head_size_rule``: the head-dim routing of a compiled family)
+    and its declared head sizes per GPU generation (``call.head_sizes``); None when fine or
+    when it declares neither. ``dtype``: the K/V dtype's build-info name, for the alignment;
+    ``generation``: the GPU's (None: any generation the family runs on will do)."""
+    head_size_v = head_size if head_size_v is None else head_size_v
     rule = family.head_size_function()
-    if rule is None:
+    problem = rule(family, info, head_size, head_size_v, dtype) if rule is not None else None
+    if problem is None and family.call.head_sizes:
+        problem = declared_head_size_problem(family, head_size, head_size_v, dtype, generation)
+    return problem
+
+
+_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1}
+
+
+def declared_head_size_problem(family: Family, head_size: int, head_size_v: int, dtype: Optional[str],
+                               generation: Optional[str]) -> Optional[str]:
+    """The family's ``call.head_sizes`` for ``generation`` (None: the union of its
+    generations; one without an entry: no rule, as upstream validates no head size there): a
+    (Q/K, V) pair inside one of the declared ranges, both multiples of
+    ``head_size_alignment_bytes`` of the K/V element."""
+    rules = family.call
+    if generation is not None and generation not in rules.head_sizes:
         return None
-    return rule(family, info, head_size, head_size if head_size_v is None else head_size_v, dtype)
+    alignment = max(1, rules.head_size_alignment_bytes // _ELEMENT_BYTES.get(dtype or "", 2))
+    tables = {generation: rules.head_sizes[generation]} if generation is not None else rules.head_sizes
+    if not head_size % alignment and not head_size_v % alignment and any(
+            lo <= head_size <= hi and lo_v <= head_size_v <= hi_v
+            for entries in tables.values() for lo, hi, lo_v, hi_v in entries):
+        return None
+
+    def sizes(entries) -> str:
+        return ", ".join((f"{lo}-{hi}" if lo < hi else f"{lo}") + " x " + (f"{lo_v}-{hi_v}" if lo_v < hi_v else f"{lo_v}")
+                         for lo, hi, lo_v, hi_v in entries) or "none"
+
+    where = "; ".join(f"on {gen}: {sizes(entries)}" for gen, entries in tables.items())
+    got = f"{head_size}" if head_size == head_size_v else f"{head_size} x {head_size_v}"
+    why = f" ({rules.head_sizes_why})" if rules.head_sizes_why else ""
+    return (f"{family.title} takes head sizes (Q/K x V) {where}, multiples of {alignment}"
+            f"{' for FP8' if alignment > 8 else ''}{why}; got {got}")
 
 
 def fa2_head_size_problem(family: Family, info: ComponentInfo, head_size: int, head_size_v: int,

@@ -138,18 +138,41 @@ def _sinks_families() -> str:
     return titles_text(registry().having("sinks"))
 
 
-def _serve_problem(family: Family, index, info, dtype, head_size, head_size_v, has_sinks,
+def _model_problem(family: Family, comp, major: int, dtype, head_size, head_size_v) -> Optional[str]:
+    """Why ``family``'s kernels in this wheel cannot take this model's dtype and head sizes on
+    a GPU of generation ``major``, by its declared rules (dtypes; head-size rule and head sizes
+    per generation); None when they can."""
+    problem = dtype_problem(family, comp, dtype) if dtype is not None else None
+    if problem is None and head_size is not None:
+        problem = head_size_problem(family, comp, head_size, head_size_v, dtype,
+                                    generation=family.generations.get(major))
+    return problem
+
+
+def _sinks_problem(family: Family, head_size, head_size_v) -> Optional[str]:
+    """Why ``family`` cannot take attention sinks with these head sizes, by its declaration."""
+    if "sinks" not in family.features:
+        return f"attention sinks (s_aux) need {_sinks_families()}"
+    if (family.call.sinks_same_head_sizes and head_size is not None and head_size_v is not None
+            and head_size_v != head_size):
+        return (f"{family.title} does not support attention sinks (s_aux) with different Q/K and V head sizes "
+                f"({head_size} and {head_size_v})")
+    return None
+
+
+def _serve_problem(family: Family, index, major: int, info, dtype, head_size, head_size_v, has_sinks,
                    features=(), usable: bool = False) -> Optional[str]:
-    """Why ``family`` cannot serve this request on device ``index``; None when it can.
-    ``usable``: version_problem said None already (each question probes the machine once)."""
+    """Why ``family`` cannot serve this request on device ``index`` (of generation ``major``);
+    None when it can. ``usable``: version_problem said None already (each question probes the
+    machine once)."""
     if has_sinks and "sinks" not in family.features:
         return f"attention sinks (s_aux) need {_sinks_families()}"
     problem = None if usable else version_problem(family.version, index)
     comp = info.component(family.version)
-    if problem is None and dtype is not None:
-        problem = dtype_problem(family, comp, dtype)
-    if problem is None and head_size is not None and family.head_dims_knob is not None:
-        problem = head_size_problem(family, comp, head_size, head_size_v, dtype)
+    if problem is None:
+        problem = _model_problem(family, comp, major, dtype, head_size, head_size_v)
+    if problem is None and has_sinks:
+        problem = _sinks_problem(family, head_size, head_size_v)
     if problem is None and family.features_missing(comp.features, features):
         problem = "it cannot run " + ", ".join(family.features_missing(comp.features, features))
     return problem
@@ -243,23 +266,21 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
         if requires_alibi and "alibi" not in family.features:
             message = f"ALiBi is not supported by {family.title}; using {target.title}"
         else:
-            problem = None
-            if dtype is not None:
-                problem = dtype_problem(family, comp, dtype)
-            if problem is None and head_size is not None and family.head_dims_knob is not None:
-                problem = head_size_problem(family, comp, head_size, head_size_v, dtype)
+            problem = _model_problem(family, comp, major, dtype, head_size, head_size_v)
             if problem is not None:
                 message = f"{family.title} cannot serve this model: {problem}; using {target.title}"
-        if message is None and (has_sinks and "sinks" in family.features and head_size is not None
-                                and head_size_v is not None and head_size_v != head_size):
-            return Selection(None, f"{family.title} does not support attention sinks (s_aux) with "
-                                   f"different Q/K and V head sizes ({head_size} and {head_size_v}), "
-                                   f"and {target.title} has no sinks", tuple(fallbacks))
+        sinks = _sinks_problem(family, head_size, head_size_v) if has_sinks and message is None else None
+        if sinks is not None and "sinks" in family.features:
+            # A sinks rule of the family's declaration (FA3: equal head sizes) that its fallback
+            # cannot meet either, having no sinks.
+            if "sinks" not in target.features:
+                return Selection(None, f"{sinks}, and {target.title} has no sinks", tuple(fallbacks))
+            message = f"{sinks}; using {target.title}"
         if message is None:
             missing = family.features_missing(comp.features, features)
             # The fallback only when it serves the whole call; otherwise the call stays,
             # and the family's refusal names the kernels to build.
-            if missing and _serve_problem(target, index, info, dtype, head_size, head_size_v,
+            if missing and _serve_problem(target, index, major, info, dtype, head_size, head_size_v,
                                           has_sinks, features) is None:
                 words = ", ".join(f"{FEATURE_WORDS.get(f, f)} ('{f}')" for f in missing)
                 message = (f"this wheel's {family.title} was built without the kernels for {words}; "
@@ -269,7 +290,7 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
             fall_back(message)
             family, usable = target, False
     if family.fallback is None:
-        problem = _serve_problem(family, index, info, dtype, head_size, head_size_v, has_sinks,
+        problem = _serve_problem(family, index, major, info, dtype, head_size, head_size_v, has_sinks,
                                  usable=usable)
         if problem is not None:
             if has_sinks and "sinks" not in family.features:

@@ -4,8 +4,11 @@ cache_utils) and a fake ``cutlass`` stand in for the staged sources and the DSL;
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,34 @@ from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnTypeError, 
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 HEADS, KV_HEADS, D, PAGE, SEQS = 8, 2, 128, 128, 3
+SM110 = (11, 0)  # Blackwell of another generation number: FA4's sm100 kernels, not its FP8 ones
+
+# Upstream checks what its kernels need with `assert` (interface.py and the kernel classes at
+# the pin), which `python -O` removes. The stand-in's copy of those checks is compiled like
+# upstream's module is, so under -O it vanishes too: a call the adapter does not refuse itself
+# then reaches the "kernel" (test_the_adapter_checks_hold_under_python_O).
+_UPSTREAM_ASSERTS = compile("""
+def check(q, k, v, kw):
+    arch, head_dim, head_dim_v = kw["_arch"], q.shape[-1], v.shape[-1]
+    alignment = 16 // v.element_size()
+    if arch // 10 == 9:
+        assert 8 <= head_dim <= 512 and 8 <= head_dim_v <= 512 and not head_dim % alignment \\
+            and not head_dim_v % alignment, "head dims on SM90"
+        assert kw["page_table"] is None or k.shape[1] == 128 or not (head_dim % 16 or head_dim_v % 16), \\
+            "Paged KV does not support irregular head dim"
+    elif arch // 10 in (10, 11):
+        assert ((8 <= head_dim <= 128 and 8 <= head_dim_v <= 128) or (head_dim, head_dim_v) == (192, 128)
+                or (head_dim in (64, head_dim_v) and head_dim_v == 512) or head_dim == head_dim_v == 256) \\
+            and not head_dim % alignment and not head_dim_v % alignment, "head dims on SM100/SM110"
+        if head_dim == head_dim_v == 256:
+            assert kw["softcap"] == 0 and kw["learnable_sink"] is None and kw["seqused_k"] is None, "hd256"
+            assert kw["window_size_left"] is None and kw["q_descale"] is None and kw["num_splits"] <= 1, "hd256"
+        assert not (kw["num_splits"] > 1 and -(-head_dim_v // 16) * 16 >= 192), "split with hdim_v >= 192"
+    if q.dtype == torch.float8_e4m3fn:
+        assert arch // 10 == 10, "FP8 is only supported on SM100"
+""", "<the stand-in's copy of upstream's asserts>", "exec")
+_UPSTREAM = {"torch": torch}
+exec(_UPSTREAM_ASSERTS, _UPSTREAM)
 
 
 class FakeFA4:
@@ -26,9 +57,10 @@ class FakeFA4:
         self.assertion = None
 
     def _flash_attn_fwd(self, q, k, v, **kwargs):
-        self.calls.append(((q, k, v), kwargs))
         if self.assertion:
             raise AssertionError(self.assertion)
+        _UPSTREAM["check"](q, k, v, kwargs)  # gone under python -O, as upstream's asserts are
+        self.calls.append(((q, k, v), kwargs))  # what reached the kernels
         out = kwargs["out"] if kwargs["out"] is not None else torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
         lse = torch.zeros(q.shape[1], q.shape[0]) if kwargs["return_lse"] else None
         return out, lse, None, None
@@ -288,3 +320,125 @@ def test_a_wheel_without_fa4_says_how_to_get_it(fake, monkeypatch):
     monkeypatch.delitem(sys.modules, f"{fa4.SUBPACKAGE}.interface")
     with pytest.raises(FlashAttnUnavailableError, match="VFA_BUILD_FA4"):
         fa4.load()
+
+
+# --- VFA_DEBUG_CHECKS: the index checks every family gets ---------------------------------------
+
+def _bad_block_id():
+    call = _paged()
+    call["block_table"] = call["block_table"].clone()
+    call["block_table"][1, 2] = 1_000_000  # a block the sequence reads (300 tokens: blocks 0-2)
+    return call
+
+
+def test_debug_checks_refuse_an_out_of_range_block_id_before_fa4_runs(fake, describe):
+    """Measured on the H200 before: FA2/FA3 refused this under VFA_DEBUG_CHECKS=1, while
+    fa_version=4 ran it and the CUDA context died (cudaErrorInvalidAddressSpace)."""
+    describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": "1"})
+    with pytest.raises(FlashAttnInputError, match=r"block_table\[1, 2\] = 1000000 is outside the KV cache "
+                                                  r"\(num_blocks = 12\)"):
+        fa4.flash_attn_varlen_func(**_bad_block_id())
+    assert fake.calls == [] and fake.deps_checked == 0
+    fa4.flash_attn_varlen_func(**_paged())  # a good call passes them
+    assert len(fake.calls) == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: {**c, "seqused_k": torch.full((SEQS,), 600, dtype=torch.int32), "max_seqlen_k": 600},
+     r"seqused_k has an entry 600 larger than the KV capacity 512"),
+    (lambda c: {**c, "cu_seqlens_q": torch.tensor([0, 2, 1, 3], dtype=torch.int32)},
+     r"cu_seqlens_q must be non-decreasing"),
+])
+def test_debug_checks_refuse_bad_offsets_and_lengths_for_fa4(fake, describe, change, message):
+    describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": "on"})
+    with pytest.raises(FlashAttnInputError, match=message):
+        fa4.flash_attn_varlen_func(**change(_paged()))
+    assert fake.calls == []
+
+
+def test_without_debug_checks_fa4_reads_no_index_values(fake, describe, monkeypatch):
+    # Off (the default): nothing is copied to the host on a call (it would sync the GPU).
+    describe(caps=(HOPPER,))
+    monkeypatch.setattr(fa4, "run_debug_checks", lambda **kw: pytest.fail("debug checks ran while off"))
+    fa4.flash_attn_varlen_func(**_bad_block_id())
+    assert len(fake.calls) == 1
+
+
+# --- FA4's own rules, checked by the adapter (no `assert` left to upstream) ----------------------
+
+def _packed(d=D, d_v=None, dtype=BF16, seqs=2):
+    q = torch.zeros(seqs * 5, HEADS, d, dtype=dtype)
+    k = torch.zeros(seqs * 6, KV_HEADS, d, dtype=dtype)
+    v = torch.zeros(seqs * 6, KV_HEADS, d if d_v is None else d_v, dtype=dtype)
+    return dict(q=q, k=k, v=v, max_seqlen_q=5, cu_seqlens_q=torch.arange(0, seqs * 5 + 1, 5, dtype=torch.int32),
+                max_seqlen_k=6, cu_seqlens_k=torch.arange(0, seqs * 6 + 1, 6, dtype=torch.int32))
+
+
+# (id, GPU, call, message): each one of upstream's asserts that such a call reaches.
+OWN_RULES = [
+    ("head-size-160-sm100", BLACKWELL, lambda: _packed(160),
+     r"FA4 takes head sizes \(Q/K x V\) on sm100: 8-128 x 8-128, 192 x 128, .*got 160; use FA2 \(fa_version=2\)"),
+    ("head-size-192x192-sm100", BLACKWELL, lambda: _packed(192),
+     r"on sm100: .*got 192; use FA2"),
+    ("fp8-head-size-136-sm100", BLACKWELL, lambda: _packed(136, dtype=E4M3), r"multiples of 16 for FP8.*got 136"),
+    ("fp8-on-sm110", SM110, lambda: _packed(dtype=E4M3), r"FP8 attention on sm110: FA4's FP8 kernels are sm100's"),
+    ("hd256-paged-sm100", BLACKWELL, lambda: _paged(d=256),
+     r"head-size-256 kernel on sm100 takes no seqused_k \(a paged or batched KV cache\)"),
+    ("hd256-softcap-sm100", BLACKWELL, lambda: {**_packed(256), "softcap": 30.0},
+     r"head-size-256 kernel on sm100 takes no softcap"),
+    ("hd256-sinks-sm100", BLACKWELL, lambda: {**_packed(256), "s_aux": torch.zeros(HEADS, dtype=BF16)},
+     r"takes no attention sinks"),
+    ("hd256-window-sm100", BLACKWELL, lambda: {**_packed(256), "window_size": [64, 0]}, r"takes no a sliding window"),
+    ("hd256-split-sm100", BLACKWELL, lambda: {**_packed(256), "num_splits": 4}, r"takes no num_splits=4"),
+    ("hd512-split-sm100", BLACKWELL, lambda: {**_packed(512), "num_splits": 4},
+     r"num_splits=4 at V head size 512: FA4 on sm100 has no split-KV there"),
+    ("paged-head-size-72-sm90", HOPPER, lambda: _paged(d=72, page=16),
+     r"a paged KV cache at head size 72 \(not a multiple of 16\) needs a page size of 128 .* got 16"),
+]
+
+
+@pytest.mark.parametrize("cap, make, message", [r[1:] for r in OWN_RULES], ids=[r[0] for r in OWN_RULES])
+def test_fa4s_own_rules_are_refused_by_the_adapter_not_left_to_upstreams_asserts(fake, describe, cap, make,
+                                                                                 message):
+    describe(caps=(cap,))
+    with pytest.raises(FlashAttnInputError, match=message):  # FA4Unsupported, or the shared checks' refusal
+        fa4.flash_attn_varlen_func(**make())
+    assert fake.calls == []
+
+
+def test_the_declared_head_sizes_let_through_what_upstream_takes(fake, describe):
+    for cap, d, d_v in ((BLACKWELL, 128, 128), (BLACKWELL, 192, 128), (BLACKWELL, 256, 256), (BLACKWELL, 64, 512),
+                        (HOPPER, 256, 256), (HOPPER, 192, 192), (HOPPER, 72, 72)):
+        describe(caps=(cap,))
+        fa4.flash_attn_varlen_func(**_packed(d, d_v))
+        assert fake.calls[-1][0][0].shape[-1] == d
+
+
+@pytest.mark.parametrize("d, expected", [(256, 1), (512, 1), (128, 0)])
+def test_upstreams_split_heuristic_is_kept_off_kernels_without_split_kv(fake, describe, d, expected):
+    # num_splits=0 asks upstream's heuristic, which on sm100 could pick a split that the kernel
+    # for head sizes 256 and 512 asserts against: one split there; elsewhere the heuristic.
+    describe(caps=(BLACKWELL,))
+    fa4.flash_attn_varlen_func(**_packed(d), num_splits=0)
+    assert fake.calls[-1][1]["num_splits"] == expected
+
+
+def test_the_python_O_run_below_is_the_optimised_one():
+    # In the child that test starts, VFA_TEST_PYTHON_O=1 and asserts are off.
+    assert sys.flags.optimize == int(os.environ.get("VFA_TEST_PYTHON_O", "0"))
+
+
+def test_the_adapter_checks_hold_under_python_O():
+    """upstream's asserts are gone under `python -O`; the adapter's own checks must still
+    refuse every call above before the kernels (the stand-in's copy of upstream's asserts is
+    gone there too). Run this file's refusal tests in such a process."""
+    project = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "VFA_TEST_PYTHON_O": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-O", "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider",
+         "-k", "refuse or refused or python_O_run or split_heuristic or declared_head_sizes"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= len(OWN_RULES) + 10, summary

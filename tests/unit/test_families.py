@@ -67,6 +67,11 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     (lambda s: s.update(default_order=["fa3", "fa2"]), "every family once"),
     (lambda s: s["fa4"].update(pythons=["3.12", "py3.13"]), "pythons must be a list of Python minors"),
     (lambda s: s["fa4"].update(pythons="3.12"), "pythons must be a list of Python minors"),
+    (lambda s: s["fa4"]["call"].update(head_sizes={"sm90": [[8, 512]]}), "call.head_sizes must map each generation"),
+    (lambda s: s["fa4"]["call"].update(head_sizes={"sm90": [[512, 8, 8, 512]]}), "call.head_sizes must map"),
+    (lambda s: s["fa4"]["call"].update(head_sizes={"sm90": "8-512"}), "call.head_sizes must map"),
+    (lambda s: s["fa4"]["call"].update(head_sizes={"sm80": [[8, 512, 8, 512]]}),
+     "call.head_sizes names generations it does not run on: ['sm80']"),
 ])
 def test_a_malformed_family_is_refused(edit, message):
     data = declaration.load()

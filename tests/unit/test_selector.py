@@ -279,3 +279,80 @@ def test_a_damaged_build_info_file_is_a_reason_not_an_exception(tmp_path, damage
     expected = {"truncated": "is not valid JSON", "not-an-object": "not an object",
                 "wrong-type": "a field this package cannot read"}[damage]
     assert expected in info.stdout and "reinstall the package" in info.stdout, info.stdout
+
+
+# --- each family's declared rules (cmake/knobs.json families), not FA3's for all --------------
+
+def _fa4_build():
+    from runtime_fakes import FA4_RECORD
+
+    return make_build("full", fa4=FA4_RECORD)
+
+
+@pytest.fixture
+def declared(describe):
+    """Swap in a copy of the family declaration edited by the test; the real one after."""
+    from vendored_flash_attn import declaration, families
+
+    previous = []
+
+    def install(edit):
+        data = declaration.load()
+        edit(data["families"])
+        previous.append(families.set_registry(families.parse(data)))
+        set_environment(None)
+
+    yield install
+    if previous:
+        families.set_registry(previous[0])
+    set_environment(None)
+
+
+def _pick(describe, caps, build, **request):
+    describe(caps=(caps,), build=build)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        selection = selector.select_flash_attn_version(**request)
+    return selection, _fallback_warnings(record)
+
+
+def test_fa4_takes_sinks_with_different_head_sizes_as_it_declares_no_such_rule(describe, declared):
+    # FA3 declares sinks only with equal Q/K and V head sizes (sinks_same_head_sizes); FA4 does
+    # not, so on Blackwell the selector keeps FA4 for such a model. It once applied FA3's rule
+    # to every family and answered None.
+    request = dict(has_sinks=True, head_size=192, head_size_v=128)
+    selection, warned = _pick(describe, BLACKWELL, _fa4_build(), **request)
+    assert selection.version == 4 and warned == [], (selection, warned)
+    selection, _ = _pick(describe, HOPPER, "full", **request)  # FA3's own rule still holds for FA3
+    assert selection.version is None
+    assert "FA3 does not support attention sinks (s_aux) with different Q/K and V head sizes" in selection.reason
+    assert "FA2 has no sinks" in selection.reason
+    # Declared for FA4 too, the same rule applies to it: the declaration decides.
+    declared(lambda section: section["fa4"]["call"].update(sinks_same_head_sizes=True))
+    selection, _ = _pick(describe, BLACKWELL, _fa4_build(), **request)
+    assert selection.version is None and "FA4 does not support attention sinks" in selection.reason
+
+
+@pytest.mark.parametrize("caps, head_size, head_size_v, version, warning", [
+    (BLACKWELL, 128, None, 4, None),
+    (BLACKWELL, 256, None, 4, None),
+    (BLACKWELL, 192, 128, 4, None),
+    (BLACKWELL, 160, None, 2, "FA4 cannot serve this model: FA4 takes head sizes (Q/K x V) on sm100"),
+    (BLACKWELL, 96, 64, 4, None),
+])
+def test_fa4s_declared_head_sizes_decide_on_blackwell(describe, caps, head_size, head_size_v, version, warning):
+    # FA4 has no head-dim knob, but its kernels take only the head sizes its declaration lists
+    # per generation (call.head_sizes): the selector once skipped the head-size question for a
+    # family without a knob, so a model FA4 cannot run got FA4 and failed at its first call.
+    selection, warned = _pick(describe, caps, _fa4_build(), head_size=head_size, head_size_v=head_size_v)
+    assert selection.version == version, selection
+    if warning is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and warning in warned[0] and "using FA2" in warned[0], warned
+
+
+def test_a_head_size_rule_edited_in_the_declaration_changes_the_pick(describe, declared):
+    declared(lambda section: section["fa4"]["call"]["head_sizes"].update(sm100=[[8, 64, 8, 64]]))
+    selection, warned = _pick(describe, BLACKWELL, _fa4_build(), head_size=128)
+    assert selection.version == 2 and "on sm100: 8-64 x 8-64" in warned[0]
