@@ -26,7 +26,9 @@ endfunction()
 # scrubbed) or secrets (what one URL carries that is secret, as a list).
 # In text mode the secret pieces of every URL this configure used (the global
 # property VFA_SOURCE_URLS) are removed too, wherever they appear.
-# Without a Python nothing is shown of it.
+# It fails closed: when the Python cannot run, nothing of the text is shown, and in
+# secrets mode the answer is "credentials that could not be checked", so a caller that
+# refuses credentials (vfa_refuse_credentials_in_a_definition) refuses.
 #   vfa_url_secrets(out url "https://ci:p@ss@git.example/fa.git?token=x")  ->  https://git.example/fa.git
 #   vfa_url_secrets(out secrets "https://ci:s3cret@git.example/fa.git")     ->  a password
 function(vfa_url_secrets out_var mode text)
@@ -61,9 +63,10 @@ function(vfa_url_secrets out_var mode text)
     unset(ENV{VFA_URL_KNOWN})
   endif()
   if(NOT rc EQUAL 0)
-    set(answer "(not shown: no Python to remove credentials from it: ${python} ${err})")
+    string(STRIP "${err}" err)
+    set(answer "(not shown: no Python to remove credentials from it: '${python}' ${rc} ${err})")
     if(mode STREQUAL "secrets")
-      set(answer "")
+      set(answer "credentials that could not be checked (the Python that checks URLs, '${python}', did not run: ${rc} ${err})")
     endif()
   elseif(mode STREQUAL "secrets")
     string(REPLACE "\n" ";" answer "${answer}")
