@@ -4,7 +4,12 @@ after all of them the same process still computes correct results (the CUDA cont
 intact: torch.cuda.synchronize() succeeds and a valid call matches the reference).
 
 The DEBUG group are calls whose index *values* point outside the tensors (a wild read in
-the kernel); they are caught only with VFA_DEBUG_CHECKS=1, which these cases set.
+the kernel); they are caught only with VFA_DEBUG_CHECKS=1, which these cases set. FA4 gets
+them too (the -fa4 cases): measured on the H200 before it did, one block id out of range
+under VFA_DEBUG_CHECKS=1 was refused for FA2 and FA3 while fa_version=4 ran it and the CUDA
+context died (cudaErrorInvalidAddressSpace). FA4's own checks (what upstream asserts, which
+python -O removes) run here on real tensors as well; a bad FA4 call must not reach upstream's
+kernel entry point (fa4_launches).
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ class Base:
                 head_dim: Optional[int] = None):
         key = (version, paged, fp8, page, head_dim)
         if key not in self._cache:
-            dtype = "e4m3" if fp8 else built_dtypes(version)[0]
+            compiled = registry()[version].compiled  # FA4 selects no kernels: bf16, head dim 128
+            dtype = "e4m3" if fp8 else (built_dtypes(version)[0] if compiled else "bf16")
             self._cache[key] = make_problem(
                 self.rng, dtype=dtype, num_heads=HQ, num_heads_k=HK,
-                head_dim=head_dim or primary_head_dim(version), q_lens=[5, 1, 9],
+                head_dim=head_dim or (primary_head_dim(version) if compiled else 128), q_lens=[5, 1, 9],
                 k_lens=[40, 17, 9], page_size=page if paged else None)
         return self._cache[key]
 
@@ -51,7 +57,7 @@ class Base:
              page: int = 16, head_dim: Optional[int] = None, **changes) -> dict:
         """Keyword arguments of a valid call, with ``changes`` applied (a value of DROP
         removes the argument)."""
-        p = self.problem(version if version in (2, 3) else 3, paged=paged, fp8=fp8, page=page,
+        p = self.problem(version if registry().get(version) else 3, paged=paged, fp8=fp8, page=page,
                          head_dim=head_dim)
         kw = dict(p.kwargs(), causal=True, fa_version=version)
         for name, value in changes.items():
@@ -309,13 +315,45 @@ BAD = [
         "max_seqlen_q=1 is smaller", debug=True),
     Bad("debug-max_seqlen_k-too-small-paged", 3, lambda b: b.call(3, paged=True, max_seqlen_k=2),
         "max_seqlen_k=2 is smaller", needs=("paged",), debug=True),
+    # --- FA4: the debug checks (the call that killed the CUDA context before), and FA4's own
+    # checks, which replace upstream's asserts (python -O removes those)
+    Bad("debug-block-id-1000000-fa4", 4, lambda b: b.call(4, paged=True, page=128, block_table=lambda kw: kw[
+        "block_table"].clone().index_fill_(1, torch.tensor([0], device="cuda"), 1_000_000)),
+        "= 1000000 is outside the KV cache", debug=True),
+    Bad("debug-block-id-negative-fa4", 4, lambda b: b.call(4, paged=True, page=128, block_table=lambda kw: kw[
+        "block_table"].clone().index_fill_(1, torch.tensor([0], device="cuda"), -1)),
+        "outside the KV cache", debug=True),
+    Bad("debug-seqused_k-past-capacity-fa4", 4, lambda b: b.call(4, paged=True, page=128, seqused_k=lambda kw: kw[
+        "seqused_k"] + kw["block_table"].shape[1] * kw["k"].shape[1]), "larger than the KV capacity", debug=True),
+    Bad("debug-cu_seqlens_k-past-k-fa4", 4, lambda b: b.call(4, cu_seqlens_k=lambda kw: kw["cu_seqlens_k"] * 100),
+        "cu_seqlens_k ends at", debug=True),
+    Bad("debug-cu_seqlens_q-not-from-0-fa4", 4, lambda b: b.call(4, cu_seqlens_q=lambda kw: kw["cu_seqlens_q"] + 1),
+        "cu_seqlens_q must start at 0", debug=True),
+    Bad("head-size-520-fa4", 4, lambda b: b.call(4, q=lambda kw: head_size(kw, "q", 520),
+                                                 k=lambda kw: head_size(kw, "k", 520),
+                                                 v=lambda kw: head_size(kw, "v", 520)), "FA4 takes head sizes"),
+    Bad("paged-head-size-72-page-16-fa4", 4, lambda b: b.call(4, paged=True, page=16, head_dim=72),
+        "needs a page size of"),
+    Bad("fp8-q-on-sm90-fa4", 4, lambda b: b.call(4, fp8=True), "FP8 q needs FA3", needs=("sm90",)),
+    Bad("alibi-fa4", 4, lambda b: b.call(4, alibi_slopes=torch.ones(HQ, device="cuda")), "fa_version=2"),
 ]
+
+
+def usable_reason(version: int) -> Optional[str]:
+    """Why FA``version`` cannot run here (None: it can): gpu_helpers' answer, and for a family
+    it does not know the GPUs of (FA4) the package's own (fa_version_unsupported_reason)."""
+    reason = version_skip_reason(version)
+    if reason is None and not registry()[version].compiled:
+        from vendored_flash_attn import fa_version_unsupported_reason
+
+        reason = fa_version_unsupported_reason(version)
+    return reason
 
 
 def bad_versions(bad: Bad) -> set:
     """The FA versions ``bad`` needs usable: the one it passes (an odd fa_version is built
     from an FA3 call), plus FA2 for an FA2 case (id ending in -fa2)."""
-    versions = {bad.version} if bad.version in (2, 3) else {3}
+    versions = {bad.version} if registry().get(bad.version) else {3}
     if bad.version == 2 or "fa2" in bad.id:
         versions.add(2)
     return versions
@@ -324,7 +362,7 @@ def bad_versions(bad: Bad) -> set:
 def unmet(bad: Bad) -> Optional[str]:
     """Why ``bad`` does not apply to this wheel/machine; None when it does."""
     for v in sorted(bad_versions(bad)):
-        reason = version_skip_reason(v)
+        reason = usable_reason(v)
         if reason:
             return f"FA{v} not usable: {reason}"
     fa3 = BUILD.fa3 if BUILD else None
@@ -339,6 +377,8 @@ def unmet(bad: Bad) -> Optional[str]:
             return "this wheel has every FA2 head dim"
         if need == "fa3-below-256" and (fa3 is None or fa3_too_large() is None):
             return "this wheel has FA3 head dim 256"
+        if need == "sm90" and torch.cuda.get_device_capability()[0] != 9:
+            return "a Hopper GPU's refusal (FA4 takes FP8 q on sm100)"
     return None
 
 
@@ -399,32 +439,62 @@ def call_bad(bad: Bad, base: Base) -> str:
     return message
 
 
+@pytest.fixture
+def fa4_launches(monkeypatch):
+    """The calls that reached FA4's kernels (upstream's ``_flash_attn_fwd``, after every check
+    of the adapter): FA4's counterpart of ``op_versions``, which sees only that the adapter
+    was called. Empty and inert where FA4 cannot run."""
+    calls: list = []
+    if usable_reason(4) is not None:
+        yield calls
+        return
+    from vendored_flash_attn import fa4
+
+    real = fa4.load()
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(real.interface, name)
+
+        def _flash_attn_fwd(self, *args, **kwargs):
+            calls.append(kwargs.get("_arch"))
+            return real.interface._flash_attn_fwd(*args, **kwargs)
+
+    loaded = fa4.Loaded(Counted(), real.cache_layout)
+    monkeypatch.setattr(fa4, "load", lambda: loaded)
+    yield calls
+
+
 @pytest.mark.parametrize("bad", BAD, ids=[b.id for b in BAD])
-def test_bad_input_is_refused(bad, rng):
+def test_bad_input_is_refused(bad, rng, fa4_launches):
     reason = unmet(bad)
     if reason:
         pytest.skip(reason)
     call_bad(bad, Base(rng))
     torch.cuda.synchronize()
+    assert fa4_launches == [], f"{bad.id}: refused only after FA4's kernel entry point was called"
 
 
 def valid_call_is_correct(version: int, rng: Rand, label: str) -> float:
     q_lens, k_lens = chunked_lengths(rng)
-    p = make_problem(rng, dtype=built_dtypes(version)[0], num_heads=32, num_heads_k=8,
-                     head_dim=primary_head_dim(version), q_lens=q_lens, k_lens=k_lens)
+    compiled = registry()[version].compiled
+    p = make_problem(rng, dtype=built_dtypes(version)[0] if compiled else "bf16", num_heads=32, num_heads_k=8,
+                     head_dim=primary_head_dim(version) if compiled else 128, q_lens=q_lens, k_lens=k_lens)
     out, lse = run_attention(p, version=version, causal=True)
     ref_out, ref_lse = reference(p, causal=True)
     return check(p, out, lse, ref_out, ref_lse, label=label)
 
 
-def test_context_intact_after_all_bad_calls(rng, op_versions):
+def test_context_intact_after_all_bad_calls(rng, op_versions, fa4_launches):
     """All applicable bad calls in a row in this process, then synchronize and valid calls
     on every usable version, compared with the reference. The compiled forward ops are
-    wrapped in a counter (op_versions): no bad call may reach one (refused in Python,
-    before any kernel), and the valid calls must (so the counter does count)."""
-    usable = [v for v in (2, 3) if version_skip_reason(v) is None]
+    wrapped in a counter (op_versions), and FA4's kernel entry point in another
+    (fa4_launches): no bad call may reach one (refused in Python, before any kernel), and
+    the valid calls must (so the counters do count)."""
+    usable = [v for v in registry().versions if usable_reason(v) is None]
     if not usable:
         pytest.skip("no usable FlashAttention version")
+    compiled = [v for v in usable if registry()[v].compiled]
     op_calls = op_versions
     base = Base(rng)
     refused, skipped = [], []
@@ -434,11 +504,13 @@ def test_context_intact_after_all_bad_calls(rng, op_versions):
             continue
         call_bad(bad, base)
         refused.append(bad.id)
-        assert op_calls == [], f"{bad.id}: refused only after the op ran"
+        assert [v for v in op_calls if v in compiled] == [], f"{bad.id}: refused only after the op ran"
+        assert fa4_launches == [], f"{bad.id}: refused only after FA4's kernel entry point was called"
     print(f"{len(refused)} bad calls refused, {len(skipped)} not applicable to this wheel: {skipped}")
     check_bad_calls_made(refused, skipped, usable)
     torch.cuda.synchronize()  # a bad call that reached a kernel would surface here
     for version in usable:
         valid_call_is_correct(version, rng, f"FA{version} valid call after {len(refused)} bad calls")
     torch.cuda.synchronize()
-    assert sorted(set(op_calls)) == usable, op_calls
+    assert sorted({v for v in op_calls if v in compiled}) == compiled, op_calls
+    assert bool(fa4_launches) == (4 in usable), fa4_launches

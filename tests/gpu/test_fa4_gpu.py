@@ -204,3 +204,135 @@ def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
     out = os.environ.get("OUT")
     if out:  # the device run brings the per-call figures back
         Path(out, "fa4_check_installed.json").write_text(report.read_text())
+
+
+# --- the debug checks and FA4's own checks, on the GPU ---
+
+def test_fa4_debug_checks_refuse_an_out_of_range_block_id_and_the_process_goes_on(rng, real_machine, monkeypatch):
+    """VFA_DEBUG_CHECKS=1 and one block id out of range, as measured before FA4 had the debug
+    checks: FA2 and FA3 refused it, fa_version=4 ran it and the CUDA context died
+    (cudaErrorInvalidAddressSpace). Now refused, and the same process computes right after."""
+    import vendored_flash_attn as vfa
+    from vendored_flash_attn.environment import set_environment
+
+    from gpu_helpers import expect_refused
+
+    p = make_problem(rng, dtype="bf16", num_heads=16, num_heads_k=4, head_dim=128, q_lens=[5, 9],
+                     k_lens=[300, 700], page_size=128)
+    table = p.block_table.clone()
+    table[1, 3] = 1_000_000  # sequence 1 reads blocks 0-5
+    monkeypatch.setenv("VFA_DEBUG_CHECKS", "1")
+    set_environment(None)  # read once per process: read it again
+    expect_refused(lambda: vfa.flash_attn_varlen_func(**{**p.kwargs(), "block_table": table}, causal=True,
+                                                      fa_version=4),
+                   "block_table[1, 3] = 1000000 is outside the KV cache")
+    run_checked(p, 4, "FA4 after a refused block id", causal=True)
+
+
+# A child process: FA4 calls on real tensors, their error against SDPA in float32, FA4's
+# RuntimeWarnings (the kernel cache's), and python -O's flag; one JSON line.
+_CHILD = r"""
+import json, sys, warnings
+import torch
+import vendored_flash_attn as vfa
+
+mode = sys.argv[1]
+torch.manual_seed(0)
+h, hk, d, s = 8, 2, 128, 200
+q, k, v = (torch.randn(s, n, d, device="cuda", dtype=torch.bfloat16) for n in (h, hk, hk))
+cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+result = {"optimize": sys.flags.optimize}
+with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    if mode == "irregular-paged":
+        # a head size off a multiple of 16 in a paged cache whose page is not the kernel's
+        # tile: upstream asserts against it ("Paged KV does not support irregular head dim")
+        qi = torch.randn(4, h, 72, device="cuda", dtype=torch.bfloat16)
+        cache = torch.randn(8, 16, hk, 72, device="cuda", dtype=torch.bfloat16)
+        try:
+            vfa.flash_attn_varlen_func(qi, cache, cache, 1, torch.arange(5, dtype=torch.int32, device="cuda"), 32,
+                                       seqused_k=torch.full((4,), 30, dtype=torch.int32, device="cuda"),
+                                       block_table=torch.arange(8, dtype=torch.int32, device="cuda").view(4, 2),
+                                       causal=True, fa_version=4)
+            result["refused"] = None
+        except vfa.FlashAttnInputError as exc:
+            result["refused"] = str(exc)
+        torch.cuda.synchronize()
+    out = vfa.flash_attn_varlen_func(q, k, v, s, cu, s, cu_seqlens_k=cu, causal=True, fa_version=4)
+    torch.cuda.synchronize()
+result["warnings"] = [str(w.message) for w in record  # the package's about its kernel cache
+                      if issubclass(w.category, RuntimeWarning) and str(w.message).startswith("FA4")]
+ref = torch.nn.functional.scaled_dot_product_attention(
+    q.float().transpose(0, 1)[None], k.float().repeat_interleave(h // hk, 1).transpose(0, 1)[None],
+    v.float().repeat_interleave(h // hk, 1).transpose(0, 1)[None], is_causal=True)[0].transpose(0, 1)
+result["error"] = float((out.float() - ref).norm() / ref.norm())
+print("RESULT " + json.dumps(result))
+"""
+
+
+def _child(mode: str, env: dict, optimize: bool = False) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable] + (["-O"] if optimize else []) + ["-c", _CHILD, mode]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_fa4s_own_checks_hold_under_python_O(tmp_path):
+    """Upstream checks what its kernels need with assert, which python -O removes; the adapter
+    checks it itself. In a python -O process on this GPU, the call upstream would assert on is
+    refused before any kernel, and a valid one after it is right."""
+    import os
+
+    from gpu_helpers import OUT_TOL
+
+    env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(tmp_path / "user-cache")}
+    result = _child("irregular-paged", env, optimize=True)
+    assert result["optimize"] == 1
+    assert result["refused"] and "needs a page size of" in result["refused"], result
+    assert result["error"] <= OUT_TOL["bf16"], result
+
+
+def test_the_user_kernel_cache_on_real_kernels(tmp_path):
+    """The user cache with kernels the DSL compiled here, each step a fresh process with the
+    shipped kernels off: (1) compiles and writes whole kernel files, no temporary left; (2)
+    the files cut in half (what an in-place write killed midway left): one warning each,
+    removed, compiled again, the same bytes written anew, results right; (3) loaded, nothing
+    compiled or written; (4) the cache folder made writable by others: not loaded from, one
+    warning, compiled in memory, results right, nothing written."""
+    import os
+
+    from gpu_helpers import OUT_TOL
+
+    cache = tmp_path / "user-cache"
+    env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(cache), "VFA_FA4_SHIPPED_KERNELS": "off"}
+    tol = OUT_TOL["bf16"]
+
+    first = _child("plain", env)
+    assert first["error"] <= tol and first["warnings"] == [], first
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    assert files and all(p.suffix == ".o" and not p.name.startswith(".tmp-") for p in files), files
+    whole = {p: p.read_bytes() for p in files}
+
+    for p, data in whole.items():
+        p.write_bytes(data[: len(data) // 2])
+    second = _child("plain", env)
+    assert second["error"] <= tol, second
+    recovered = [w for w in second["warnings"] if "could not be loaded" in w and "removed" in w]
+    assert len(recovered) == len(files) and len(second["warnings"]) == len(files), second["warnings"]
+    assert {p: p.read_bytes() for p in files} == whole  # compiled again, byte for byte
+
+    before = {p: p.stat().st_ino for p in files}
+    third = _child("plain", env)
+    assert third["error"] <= tol and third["warnings"] == [], third
+    assert {p: p.stat().st_ino for p in sorted(p for p in cache.rglob("*") if p.is_file())} == before
+
+    cache.chmod(0o777)
+    fourth = _child("plain", env)
+    assert fourth["error"] <= tol, fourth
+    assert len(fourth["warnings"]) == 1 and "writable by" in fourth["warnings"][0], fourth["warnings"]
+    assert {p: p.stat().st_ino for p in sorted(p for p in cache.rglob("*") if p.is_file())} == before
