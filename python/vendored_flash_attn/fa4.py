@@ -91,6 +91,17 @@ def _refuse(message: str):
     raise FA4Unsupported(message)
 
 
+# (generation, head size, V head size, K/V dtype) that FA4's declared head sizes take: asked
+# on every call, answered from here after the first (FAMILY, and so its rules, is fixed).
+_HEAD_SIZES_TAKEN: set = set()
+
+
+def _or_fallback() -> str:
+    """"; use FA2 (fa_version=2)": the declared fallback, for a refusal's message."""
+    fallback = registry().by_name(FAMILY.fallback) if FAMILY.fallback else None
+    return f"; use {fallback.title} (fa_version={fallback.version})" if fallback else ""
+
+
 def device_arch(q: torch.Tensor) -> int:
     """Compute capability of q's GPU as upstream numbers it (90, 100, 120 ...)."""
     env = current_environment()
@@ -121,11 +132,9 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
     del cu_seqlens_k, q_v, dropout_p, alibi_slopes, scheduler_metadata
     del cp_world_size, cp_rank, cp_tot_seqused_k
     generation = GENERATIONS.get(arch // 10)
-    fallback = registry().by_name(FAMILY.fallback) if FAMILY.fallback else None
-    or_fallback = f"; use {fallback.title} (fa_version={fallback.version})" if fallback else ""
     if generation is None:  # the declaration's words: where it runs, or why not here
         problem = FAMILY.capability_problem(arch // 10, arch % 10, max(q.get_device(), 0))
-        _refuse(f"{problem or f'FA4 does not run on sm{arch}'}{or_fallback}")
+        _refuse(f"{problem or f'FA4 does not run on sm{arch}'}{_or_fallback()}")
     if block_table is not None:
         if generation == "sm120":
             _refuse("a paged KV cache (block_table) on sm120 needs FA2 (fa_version=2): FA4's sm120 kernel "
@@ -135,9 +144,12 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
                 "split-KV at the pin")
     head_size, head_size_v = q.shape[-1], v.shape[-1]
     # _validate_head_dims, with the alignment of K/V's element (16 bytes), per generation.
-    problem = head_size_problem(FAMILY, None, head_size, head_size_v, dtype_name(v.dtype), generation=generation)
-    if problem is not None:
-        _refuse(problem + or_fallback)
+    shape_key = (generation, head_size, head_size_v, v.dtype)
+    if shape_key not in _HEAD_SIZES_TAKEN:
+        problem = head_size_problem(FAMILY, None, head_size, head_size_v, dtype_name(v.dtype), generation=generation)
+        if problem is not None:
+            _refuse(problem + _or_fallback())
+        _HEAD_SIZES_TAKEN.add(shape_key)
     kv_fp8 = k.dtype == _E4M3 or v.dtype == _E4M3
     fp8_kv_dequant = False
     if q.dtype == _E4M3:
@@ -173,7 +185,7 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
                             (_is_local(window, causal), "a sliding window"), (q.dtype == _E4M3, "FP8"),
                             (num_splits > 1, f"num_splits={num_splits}")):
             if asked:
-                _refuse(f"FA4's head-size-256 kernel on {generation} takes no {what} at the pin{or_fallback}")
+                _refuse(f"FA4's head-size-256 kernel on {generation} takes no {what} at the pin{_or_fallback()}")
     if single_split(generation, head_size, head_size_v) and num_splits > 1:
         # flash_fwd_sm100.py: no split-KV with a V head size of 192 or more
         _refuse(f"num_splits={num_splits} at V head size {head_size_v}: FA4 on {generation} has no split-KV there "

@@ -81,6 +81,10 @@ def head_size_problem(
 
 
 _ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1}
+# (id of a family's call rules, head sizes, dtype, generation) -> (those rules, verdict): asked
+# on every call of a family that declares head sizes (FA4), the same few questions each time.
+# The entry holds the rules so that their id is not reused while it is in the table.
+_HEAD_SIZE_VERDICTS: dict = {}
 
 
 def declared_head_size_problem(family: Family, head_size: int, head_size_v: int, dtype: Optional[str],
@@ -89,6 +93,20 @@ def declared_head_size_problem(family: Family, head_size: int, head_size_v: int,
     generations; one without an entry: no rule, as upstream validates no head size there): a
     (Q/K, V) pair inside one of the declared ranges, both multiples of
     ``head_size_alignment_bytes`` of the K/V element."""
+    rules = family.call
+    key = (id(rules), head_size, head_size_v, dtype, generation)
+    known = _HEAD_SIZE_VERDICTS.get(key)
+    if known is not None and known[0] is rules:
+        return known[1]
+    verdict = _declared_head_size_verdict(family, head_size, head_size_v, dtype, generation)
+    if len(_HEAD_SIZE_VERDICTS) > 4096:  # odd head sizes asked by a fuzzer: no unbounded growth
+        _HEAD_SIZE_VERDICTS.clear()
+    _HEAD_SIZE_VERDICTS[key] = (rules, verdict)
+    return verdict
+
+
+def _declared_head_size_verdict(family: Family, head_size: int, head_size_v: int, dtype: Optional[str],
+                                generation: Optional[str]) -> Optional[str]:
     rules = family.call
     if generation is not None and generation not in rules.head_sizes:
         return None
