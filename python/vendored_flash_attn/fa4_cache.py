@@ -81,10 +81,12 @@ SHIPPED_KERNELS_ENV = "VFA_FA4_SHIPPED_KERNELS"
 USER_CACHE_ENV = "VFA_FA4_USER_CACHE"
 # Upstream's knob for where its disk cache lives; ours lives there too when it is set.
 USER_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-# An export in progress: a dot file in the kernel's own folder, renamed over <hash>.o when
-# complete. Its name never matches <hash>.o, so nothing loads it; ".o" keeps the DSL's
-# export writing an object file (it picks the format from the name's suffix).
+# An export in progress: ".tmp-<hash>-<random>.o.part" in the kernel's own folder, renamed
+# over <hash>.o when complete. Nothing loads it (not a kernel's name) and no "*.o" count of
+# kernels sees it. The DSL picks what to write from the last suffix, and one it does not know
+# means an object file (_get_format_from_object_file_path, nvidia-cutlass-dsl 4.6.0.dev0).
 _TEMP_PREFIX = ".tmp-"
+_TEMP_SUFFIX = ".o.part"
 _STALE_TEMP_S = 3600  # a temporary file this old belongs to a killed export: removed
 
 
@@ -344,7 +346,7 @@ class UserKernelDir:
         a temporary file in this folder, fsynced, renamed over ``name``, the folder fsynced.
         Raises UntrustedEntry or OSError (nothing is left behind then)."""
         with self.opened(create=True) as dir_fd:
-            temp = f"{_TEMP_PREFIX}{name[:-2]}-{secrets.token_hex(4)}.o"
+            temp = f"{_TEMP_PREFIX}{name[:-2]}-{secrets.token_hex(4)}{_TEMP_SUFFIX}"
             os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=dir_fd))
             try:
@@ -369,7 +371,8 @@ class UserKernelDir:
         cutoff = time.time() - _STALE_TEMP_S
         with contextlib.suppress(OSError), os.scandir(dir_fd) as entries:
             for entry in entries:
-                if entry.name.startswith(_TEMP_PREFIX) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                if (entry.name.startswith(_TEMP_PREFIX) and entry.name.endswith(_TEMP_SUFFIX)
+                        and entry.stat(follow_symlinks=False).st_mtime < cutoff):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.name, dir_fd=dir_fd)
 

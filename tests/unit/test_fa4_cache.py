@@ -454,7 +454,7 @@ def test_an_export_is_written_beside_the_kernel_and_renamed_into_place(tmp_path,
     final = _kind_dir(tmp_path) / f"{_digest()}.o"
     (written,) = compiled.exported_to
     temp = os.path.basename(written)
-    assert temp != final.name and temp.startswith(".tmp-") and temp.endswith(".o")
+    assert temp != final.name and temp.startswith(".tmp-") and temp.endswith(".o.part")  # no "*.o" glob sees it
     assert Path(written).parent == _kind_dir(tmp_path)  # the same folder
     assert synced == [str(_kind_dir(tmp_path) / temp), str(_kind_dir(tmp_path))]  # the file, then the folder
     assert sorted(p.name for p in _kind_dir(tmp_path).iterdir()) == [final.name]
