@@ -654,5 +654,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def scrubbed_crash(text: str, environ: dict[str, str]) -> str:
+    """A crash's text (CMake prints it) without the credentials of any URL in the
+    environment (SCCACHE_REDIS_ENDPOINT, a scheduler URL ...): an exception message may
+    quote one, and the probe's own scrubbing of its answers did not run."""
+    return without_secrets(text, [value for value in environ.values() if "://" in value or "@" in value])
+
+
+def run(argv: list[str] | None = None) -> int:
+    """main, failing closed: a crash's text goes out scrubbed (scrubbed_crash), status 1."""
+    try:
+        return main(argv)
+    except Exception:  # noqa: BLE001
+        import traceback
+
+        sys.stderr.write(scrubbed_crash(traceback.format_exc(), dict(os.environ)))
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -155,3 +155,25 @@ def test_a_definition_without_credentials_is_accepted_without_asking_python(tmp_
     # No '@', '?' or '#': nothing that can be a credential, so no Python is needed (or run).
     answers, _ = _cmake_ask(tmp_path, "https://git.example/fa.git", "/nonexistent/python3")
     assert answers == {"SHOWN": "https://git.example/fa.git", "SECRETS": "", "REFUSED": ""}
+
+
+def test_a_crash_of_the_compiler_cache_probe_is_scrubbed(tmp_path, monkeypatch, capsys):
+    """cmake/CompilerCache.cmake prints the probe's output when it fails: a crash whose
+    message quotes an SCCACHE_* URL must not carry its credentials there."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(PROJECT / "cmake"))
+    import compiler_cache_probe
+
+    endpoint = "redis://cache:s3cret/token@redis.example:6379/0"
+    monkeypatch.setenv("SCCACHE_REDIS_ENDPOINT", endpoint)
+
+    def crash(args):
+        raise RuntimeError(f"cannot reach {endpoint} (or {endpoint.replace('://', '%3A%2F%2F')})")
+
+    monkeypatch.setattr(compiler_cache_probe, "probe", crash)
+    status = compiler_cache_probe.run(["probe", "--sccache", "x", "--cxx", "c++", "--work", str(tmp_path),
+                                       "--out", str(tmp_path / "result.json")])
+    err = capsys.readouterr().err
+    assert status == 1 and "RuntimeError: cannot reach redis://redis.example:6379/0" in err, err
+    assert "s3cret" not in err and sys.modules["compiler_cache_probe"] is compiler_cache_probe
