@@ -661,7 +661,7 @@ def scrubbed_crash(text: str, environ: dict[str, str]) -> str:
     return without_secrets(text, [value for value in environ.values() if "://" in value or "@" in value])
 
 
-def run(argv: list[str] | None = None) -> int:
+def main_scrubbed(argv: list[str] | None = None) -> int:
     """main, failing closed: a crash's text goes out scrubbed (scrubbed_crash), status 1."""
     try:
         return main(argv)
@@ -673,4 +673,4 @@ def run(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main_scrubbed())

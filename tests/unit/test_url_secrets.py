@@ -172,8 +172,8 @@ def test_a_crash_of_the_compiler_cache_probe_is_scrubbed(tmp_path, monkeypatch, 
         raise RuntimeError(f"cannot reach {endpoint} (or {endpoint.replace('://', '%3A%2F%2F')})")
 
     monkeypatch.setattr(compiler_cache_probe, "probe", crash)
-    status = compiler_cache_probe.run(["probe", "--sccache", "x", "--cxx", "c++", "--work", str(tmp_path),
-                                       "--out", str(tmp_path / "result.json")])
+    status = compiler_cache_probe.main_scrubbed(["probe", "--sccache", "x", "--cxx", "c++", "--work", str(tmp_path),
+                                                "--out", str(tmp_path / "result.json")])
     err = capsys.readouterr().err
     assert status == 1 and "RuntimeError: cannot reach redis://redis.example:6379/0" in err, err
     assert "s3cret" not in err and sys.modules["compiler_cache_probe"] is compiler_cache_probe
