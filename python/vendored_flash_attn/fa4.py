@@ -185,7 +185,7 @@ def check_call(arch: int, *, q, k, v, cu_seqlens_k, seqused_k, q_v, dropout_p, a
                             (_is_local(window, causal), "a sliding window"), (q.dtype == _E4M3, "FP8"),
                             (num_splits > 1, f"num_splits={num_splits}")):
             if asked:
-                _refuse(f"FA4's head-size-256 kernel on {generation} takes no {what} at the pin{_or_fallback()}")
+                _refuse(f"FA4's head-size-256 kernel on {generation} does not take {what} at the pin{_or_fallback()}")
     if single_split(generation, head_size, head_size_v) and num_splits > 1:
         # flash_fwd_sm100.py: no split-KV with a V head size of 192 or more
         _refuse(f"num_splits={num_splits} at V head size {head_size_v}: FA4 on {generation} has no split-KV there "
