@@ -220,8 +220,8 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
             def call(fa_version=fa_version):
                 return flash_attn_varlen_func(q, k, v, fa_version=fa_version, **call_kwargs)
             call()  # resolves the version and loads the real op into interface._resolved
-            for key, (version, comp, _op, *rest) in list(interface._resolved.items()):
-                interface._resolved[key] = (version, comp, stubs[version], *rest)
+            for key, entry in list(interface._resolved.items()):
+                interface._resolved[key] = entry._replace(op=stubs[entry.version])
             call()  # the stub records this call's op arguments
             calls_by_name[names[fa_version]] = call
         for version in sorted(recorded):

@@ -53,10 +53,14 @@ class CallRules:
     # fp8_kv (a 16-bit q with FP8 k/v) only at these head dims; None: at any
     fp8_kv_head_dims: Optional[tuple[int, ...]] = None
     fp8_kv_why: str = ""
+    # Its calls may be captured in a CUDA graph (vLLM captures decode); false: the interface
+    # refuses a call under capture, saying cuda_graphs_why, instead of a wrong replay.
+    cuda_graphs: bool = True
+    cuda_graphs_why: str = ""
 
 
 _CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max_q_heads",
-                "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why"}
+                "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why", "cuda_graphs", "cuda_graphs_why"}
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,10 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         raise FamilyDeclarationError(f"{where}: call must be an object of {sorted(_CALL_FIELDS)}")
     if set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
         raise FamilyDeclarationError(f"{where}: call.kv_layouts must be of {', '.join(KV_LAYOUTS)}")
+    if not isinstance(call.get("cuda_graphs", True), bool) or (
+            call.get("cuda_graphs") is False and not call.get("cuda_graphs_why")):
+        raise FamilyDeclarationError(f"{where}: call.cuda_graphs must be true or false, and false needs "
+                                     "call.cuda_graphs_why (what the refusal under capture says)")
     pythons = entry.get("pythons", [])
     if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
         raise FamilyDeclarationError(f"{where}: pythons must be a list of Python minors such as \"3.12\"")
