@@ -155,7 +155,8 @@ def make_plan(args, gpu_bytes: int, tile: int) -> Plan:
                 blocks = args.kv_tokens * (2 // elem) // size + 1
             else:
                 blocks = sched.kv_cache_blocks(gpu_bytes, elem, size, reserved_bytes=int(args.reserved_gib * 2**30))
-            workload = sched.Workload(num_requests=args.num_requests, block_size=size, num_blocks=blocks,
+            workload = sched.Workload(num_requests=args.num_requests, prompt=args.prompt, output=args.output,
+                                      block_size=size, num_blocks=blocks,
                                       max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens)
             schedules[(kv, page)] = sched.simulate(workload)
@@ -438,17 +439,30 @@ class Row:
     graphs: bool = False         # decode steps were replayed in CUDA graphs
 
 
-SPIN_CYCLES = 1_000_000          # ~0.5 ms at the H200's clock: longer than a step's enqueue
+DEVICE = "cuda"
+SM_CLOCK_HZ = 1.98e9             # the H200's boost clock: spin cycles per second
 
 
-def _timed(enqueue, reps: int, spin: bool = True):
+class Spin:
+    """How long the spin kernel before each timed enqueue holds the GPU: 1.5x the longest
+    host enqueue seen so far (0.2 to 5 ms), so the GPU starts the step only after the host
+    has enqueued all of it."""
+
+    def __init__(self):
+        self.seconds = 1e-3
+
+    def saw(self, host_s: float) -> None:
+        self.seconds = min(5e-3, max(self.seconds, 2e-4, 1.5 * host_s))
+
+
+def _timed(enqueue, reps: int, spin: Optional[Spin] = None):
     """(median GPU seconds, median host seconds, all spins held) of ``enqueue()`` repeated."""
     import torch
 
     gpu, host, held_all = [], [], True
     for _ in range(reps):
-        if spin:
-            torch.cuda._sleep(SPIN_CYCLES)
+        if spin is not None:
+            torch.cuda._sleep(int(spin.seconds * SM_CLOCK_HZ))
         spun = torch.cuda.Event()
         spun.record()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -457,10 +471,12 @@ def _timed(enqueue, reps: int, spin: bool = True):
         enqueue()
         t1 = time.perf_counter()
         end.record()
-        held_all &= (not spin) or not spun.query()
+        held_all &= spin is None or not spun.query()
         end.synchronize()
         gpu.append(start.elapsed_time(end) * 1e-3)
         host.append(t1 - t0)
+        if spin is not None:
+            spin.saw(t1 - t0)
     return statistics.median(gpu), statistics.median(host), held_all
 
 
@@ -477,6 +493,7 @@ def run_row(variant: Variant, page: str, plan: Plan, pools: Pools, args, capture
     sampled = set(sampled_steps(schedule))
     graphs = row.graphs = not args.no_graphs
     decode_graphable = []
+    spin = Spin()
     for step in schedule.steps:
         if watch.over():
             row.status, row.note = "partial", f"time budget ({args.budget_s:.0f} s) spent at step {step.index}"
@@ -493,8 +510,8 @@ def run_row(variant: Variant, page: str, plan: Plan, pools: Pools, args, capture
             row.first_call_s = common.time_first_call(enqueue)
         meta_s = 0.0
         if metadata is not None:
-            meta_s, _, _ = _timed(metadata, 1)
-        gpu_s, host_s, held = _timed(enqueue, args.reps)
+            meta_s, _, _ = _timed(metadata, 1, spin)
+        gpu_s, host_s, held = _timed(enqueue, args.reps, spin)
         phase = "prefill" if step.kind == "prefill" else "decode_eager"
         # metadata once per step, the layers scaled to 32
         step_s = meta_s + max(0.0, gpu_s - meta_s) * scale
@@ -509,11 +526,12 @@ def run_row(variant: Variant, page: str, plan: Plan, pools: Pools, args, capture
                 row.decode_ungraphed_steps += 1
                 row.decode_ungraphed_s += step_s
     if graphs and decode_graphable and row.status == "ok":
-        run_graphs(variant, schedule, pools, args, decode_graphable, row, sampled, scale)
+        run_graphs(variant, schedule, pools, args, decode_graphable, row, sampled, scale, spin)
     return row
 
 
-def run_graphs(variant, schedule, pools, args, decode_steps, row: Row, sampled: set, scale: float) -> None:
+def run_graphs(variant, schedule, pools, args, decode_steps, row: Row, sampled: set, scale: float,
+               spin: Spin) -> None:
     import torch
 
     from vendored_flash_attn import flash_attn_varlen_func
@@ -550,8 +568,8 @@ def run_graphs(variant, schedule, pools, args, decode_steps, row: Row, sampled: 
         buffers.write(step, size)
         meta_s = 0.0
         if variant.version == 3:
-            meta_s, _, _ = _timed(lambda: buffers.refresh_metadata(size), 1)
-        gpu_s, host_s, held = _timed(graphs[size].replay, args.reps)
+            meta_s, _, _ = _timed(lambda: buffers.refresh_metadata(size), 1, spin)
+        gpu_s, host_s, held = _timed(graphs[size].replay, args.reps, spin)
         row.phases["decode_graph"].add(meta_s + gpu_s * scale, host_s * scale, step.num_tokens, meta_s, held)
         if step.index in sampled:
             row.errors += step_errors(variant, schedule, step, pools, buffers.out, "graph",
@@ -777,8 +795,10 @@ def availability(variant: Variant) -> Optional[str]:
     if reason:
         return reason
     if variant.kv == "fp8":
-        if variant.version == 3 and "e4m3" not in vfa.load_build_info().fa3.dtypes:
-            return "this wheel's FA3 has no e4m3 kernels"
+        from vendored_flash_attn.environment import current_environment
+
+        if "e4m3" not in current_environment().build_info().component(variant.version).dtypes:
+            return f"this wheel's FA{variant.version} has no e4m3 kernels"
     if variant.version == 4:
         try:
             from vendored_flash_attn import fa4
@@ -816,7 +836,7 @@ def run(args) -> dict:
     ceilings = common.measure_ceilings(quick=True, timer="events")
     max_blocks16 = max(s.workload.num_blocks * s.workload.block_size // 16 for s in plan.schedules.values())
     max_tokens = max(st.num_tokens for s in plan.schedules.values() for st in s.steps)
-    pools = make_pools(max_blocks16, max(max_tokens, args.max_capture_size), "cuda", seed=args.seed,
+    pools = make_pools(max_blocks16, max(max_tokens, args.max_capture_size), DEVICE, seed=args.seed,
                        page_sizes=tuple(plan.page_sizes[p] for p in args.pages))
     capture = sched.capture_sizes(args.max_capture_size)
     watch = common.Stopwatch(args.budget_s)
@@ -846,7 +866,7 @@ def run(args) -> dict:
     ratios(rows)
     schedules_out = {f"{kv}@{plan.page_sizes[page]}": s.summary() for (kv, page), s in plan.schedules.items()}
     step_lists = {key: [(st.num_tokens, st.sampled) for st in s.steps] for key, s in plan.schedules.items()}
-    workload = {"num_requests": args.num_requests, "prompt": sched.PROMPT, "output": sched.OUTPUT,
+    workload = {"num_requests": args.num_requests, "prompt": args.prompt, "output": args.output,
                 "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs,
                 "max_model_len": args.max_model_len}
     return {
@@ -885,6 +905,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="200 requests, 1 layer, 1 repeat, block size 16 only (a check that everything runs)")
     p.add_argument("--num-requests", type=int, default=sched.NUM_REQUESTS)
+    p.add_argument("--prompt", type=int, default=sched.PROMPT, help="prompt tokens per request")
+    p.add_argument("--output", type=int, default=sched.OUTPUT, help="output tokens per request")
     p.add_argument("--layers", type=int, default=4, help="calls replayed per step, scaled to 32 layers")
     p.add_argument("--reps", type=int, default=3, help="timed repeats per step (median)")
     p.add_argument("--variants", nargs="*", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS])
@@ -900,7 +922,7 @@ def parse_args(argv=None):
     p.add_argument("--max-model-len", type=int, default=sched.MAX_MODEL_LEN)
     p.add_argument("--max-capture-size", type=int, default=sched.MAX_CAPTURE_SIZE)
     p.add_argument("--no-graphs", action="store_true", help="eager decode only")
-    p.add_argument("--budget-s", type=float, default=420.0, help="stop replaying new steps after this many seconds")
+    p.add_argument("--budget-s", type=float, default=300.0, help="stop replaying new steps after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the schedules and rows, no GPU")
     p.add_argument("--plain", action="store_true")

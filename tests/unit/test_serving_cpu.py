@@ -306,3 +306,86 @@ def test_quick_and_bad_arguments():
         serving.parse_args(["--layers", "0"])
     with pytest.raises(SystemExit):
         serving.parse_args(["--max-capture-size", "1024"])
+
+
+# --- the whole run on the CPU: fake ops, CUDA's timing and graphs stood in for ------------------
+
+class _FakeGraph:
+    captured: list = []
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+class _Capture:
+    def __init__(self, graph, pool=None):
+        self.graph = graph
+
+    def __enter__(self):
+        _FakeGraph.captured.append(self.graph)
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_whole_run_on_the_cpu(describe, fake_ops, monkeypatch, tmp_path, capsys):
+    """run() end to end with tiny requests: every row of both page sizes replays every step
+    through the package (fake ops), decode steps through the graph path, and the result is
+    written and printed. Catches what only the GPU run would otherwise find (names, shapes,
+    bookkeeping), not the timing itself (stood in for)."""
+    import contextlib
+    import json
+    import types
+
+    import torch
+
+    describe(caps=(HOPPER,))
+    monkeypatch.setattr(serving, "DEVICE", "cpu")
+    enqueued = []
+
+    def timed(enqueue, reps, spin=None):
+        enqueue()
+        enqueued.append(enqueue)
+        return 1e-3, 1e-4, True
+
+    monkeypatch.setattr(serving, "_timed", timed)
+    monkeypatch.setattr(serving.common, "time_first_call", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(serving.common, "measure_ceilings",
+                        lambda **kw: {"copy_gbs": 4000.0, "bf16_matmul_tflops": 700.0})
+    monkeypatch.setattr(serving.common, "machine_info", lambda: {"gpu": "none"})
+    stream = types.SimpleNamespace(wait_stream=lambda other: None)
+    for name, value in (("graph_pool_handle", lambda: None), ("Stream", lambda: stream),
+                        ("stream", lambda s: contextlib.nullcontext()), ("current_stream", lambda: stream),
+                        ("CUDAGraph", _FakeGraph), ("graph", _Capture), ("synchronize", lambda: None),
+                        ("empty_cache", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    _FakeGraph.captured = []
+    args = serving.parse_args(["--num-requests", "6", "--prompt", "48", "--output", "3", "--kv-tokens", "4000",
+                               "--layers", "2", "--reps", "1", "--max-capture-size", "8", "--out", str(tmp_path),
+                               "--gpu-memory-bytes", str(sched.H200_BYTES)])
+    result = serving.run(args)
+    rows = {(r["variant"], r["block_size"]): r for r in result["rows"]}
+    assert set(rows) == {(v, page) for v in ("fa2", "fa3", "fa3_fp8", "fa3_fp8_same") for page in (16, 128)}
+    assert "fa4" in result["absent"]
+    for r in result["rows"]:
+        assert r["status"] == "ok", r
+        assert r["phases"]["prefill"]["steps"] and r["phases"]["decode_graph"]["steps"] == r["phases"]["decode_eager"]["steps"]
+        assert r["captures"] >= 1 and r["totals"]["graphed_s"] > 0
+        assert {e["mode"] for e in r["errors"]} == {"eager", "graph"}
+        if "fp8" in r["variant"]:
+            assert all("rel_l2_vs_bf16_values" in e for e in r["errors"])
+        # every timing stands at 1 ms: the layers (2 replayed) count 32 / 2 = 16 times; FA3's
+        # metadata (1 ms, in the step's 1 ms here) once per step, its layers then at 0 ms
+        steps = r["phases"]["prefill"]["steps"] + r["phases"]["decode_eager"]["steps"]
+        per_step = 1e-3 if r["variant"].startswith("fa3") else 16e-3
+        assert r["totals"]["eager_s"] == pytest.approx(per_step * steps)
+    graphs_replayed = sum(g.replays for g in _FakeGraph.captured)
+    assert graphs_replayed == sum(r["phases"]["decode_graph"]["steps"] for r in result["rows"])
+    assert result["end_to_end"]["rows"]["fa2@16"]["req_s"] == pytest.approx(serving.SEED["fa2_req_s"])
+    path = serving.common.write_json(tmp_path / "serving.json", result)
+    assert json.loads(path.read_text())["rows"][0]["phases"]["prefill"]["steps"] > 0
+    serving.print_results(result, plain=True)
+    assert "Serving replay" in capsys.readouterr().out
