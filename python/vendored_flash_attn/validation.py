@@ -397,7 +397,7 @@ def _static_ok(signature, family, comp) -> bool:
         name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
         and dtype_problem(family, comp, name, shown=str(dtype)) is None
         and head_size_problem(family, comp, head_size, head_size_v, name) is None
-        and not family.features_missing(comp.features, needed)
+        and not family.features_missing(comp.features if comp is not None else (), needed)
     )
     if ok:
         entry = _ACCEPTED.get(id(comp))
