@@ -118,15 +118,21 @@ PHASES = ("prefill", "decode_eager", "decode_graph")
 # The plan (no torch)
 
 
+def _importable_package() -> None:
+    """--dry-run and --record from a checkout without the package installed: its sources
+    (appended: an installed package comes first)."""
+    try:
+        import vendored_flash_attn  # noqa: F401
+    except ImportError:
+        sys.path.append(str(common.ROOT / "python"))
+
+
 def tile_page_size(fa4_interface=None) -> tuple[int, str]:
     """The kernels' tile as a page size: FA3's kBlockN for head dim 128 causal paged calls
     (its tile rule, vendored_flash_attn.scheduler_metadata.tile_size_sm90), checked against
     FA4's sm90 tile_n where its interface is given."""
-    try:
-        from vendored_flash_attn.scheduler_metadata import tile_size_sm90
-    except ImportError:  # --dry-run from a checkout without the package installed: its sources
-        sys.path.append(str(common.ROOT / "python"))
-        from vendored_flash_attn.scheduler_metadata import tile_size_sm90
+    _importable_package()
+    from vendored_flash_attn.scheduler_metadata import tile_size_sm90
 
     _, n = tile_size_sm90(128, 128, True, False, False, False, False, False, True)
     note = f"FA3's kBlockN for head dim 128 causal paged: {n}"
@@ -899,6 +905,113 @@ def _row_dict(row: Row) -> dict:
     return data
 
 
+# --------------------------------------------------------------------------------------
+# Recording a run for the selector's defaults (measured.json, the declaration's not_default)
+
+
+def measured_entry(result: dict) -> tuple[int, dict]:
+    """(GPU generation, the measured.json entry) of a serving.json: attention seconds per block
+    size, family and phase, with where they come from. Refuses what is not the seed workload
+    run in full (a --quick run, another request count, failed rows)."""
+    settings, workload = result.get("settings") or {}, result.get("workload") or {}
+    if settings.get("quick") or workload.get("num_requests") != sched.NUM_REQUESTS or \
+            workload.get("prompt") != sched.PROMPT or workload.get("output") != sched.OUTPUT:
+        raise ValueError("not the seed workload in full (--quick, or other requests/prompt/output): not recorded")
+    gpu = (result.get("machine") or {}).get("gpu") or {}
+    if not gpu.get("capability"):
+        raise ValueError("the run's JSON names no GPU (machine.gpu.capability)")
+    major = int(str(gpu["capability"]).split(".")[0])
+    rows: dict = {}
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            continue
+        p, t = r["phases"], r["totals"]
+        figures = {"prefill_s": p["prefill"]["gpu_s"], "decode_eager_s": p["decode_eager"]["gpu_s"],
+                   "decode_graph_s": p["decode_graph"]["gpu_s"] or None, "total_eager_s": t["eager_s"],
+                   "total_graphed_s": t["graphed_s"]}
+        errors = [e["rel_l2"] for e in r.get("errors", [])]
+        if errors:
+            figures["max_rel_l2"] = max(errors)
+        fp8 = [e["rel_l2_vs_bf16_values"] for e in r.get("errors", []) if "rel_l2_vs_bf16_values" in e]
+        if fp8:
+            figures["max_rel_l2_vs_bf16_values"] = max(fp8)
+        rows.setdefault(str(r["block_size"]), {})[r["variant"]] = {
+            k: (round(v, 4) if isinstance(v, float) and k.endswith("_s") else v) for k, v in figures.items()}
+    if not rows:
+        raise ValueError("no row of the run succeeded: nothing to record")
+    machine = result.get("machine") or {}
+    argv = machine.get("argv") or []
+    e2e = result.get("end_to_end") or {}
+    build = result.get("build_info") or {}
+    entry = {"gpu": gpu.get("name"), "date": str(machine.get("date", ""))[:10],
+             "command": " ".join(["python", "benchmarks/serving.py", *argv[1:]]),
+             "source": {"git_commit": machine.get("git_commit"), "package_version": build.get("_package_version"),
+                        "preset": build.get("preset")},
+             "workload": workload, "layers_replayed": settings.get("layers"), "rows": rows,
+             "winners": {str(result["settings"]["pages"].get(page, page)): {ph: w["bf16"] for ph, w in best.items()}
+                         for page, best in (result.get("winners") or {}).items()},
+             "end_to_end": {k: e2e.get(k) for k in ("fa3_over_fa2", "seed_fa3_over_fa2", "alpha_ms")
+                            if e2e.get(k) is not None}}
+    return major, entry
+
+
+def not_default_text(entry: dict, family: str, default: str, generation: str) -> str:
+    """The sentence for the families declaration's not_default[major] of ``family``, from a
+    recorded entry: its attention seconds against the default family's, per block size."""
+    per_size, faster = [], []
+    for size, rows in sorted(entry["rows"].items(), key=lambda kv: int(kv[0])):
+        ours, theirs = rows.get(family), rows.get(default)
+        if not ours or not theirs:
+            continue
+        parts = []
+        for key, label in (("prefill_s", "prefill"), ("decode_graph_s", "decode in CUDA graphs"),
+                           ("total_graphed_s", "total")):
+            if ours.get(key) and theirs.get(key):
+                parts.append(f"{label} {ours[key]:.3f} s against {theirs[key]:.3f} s")
+                if ours[key] < theirs[key]:
+                    faster.append(f"{label} at block size {size}")
+        per_size.append(f"block size {size}: " + ", ".join(parts))
+    head = (f"{default.upper()} stays the default on {generation}: on the {entry['gpu']} ({entry['date']}), "
+            f"benchmarks/serving.py's replay of vLLM's seed workload measured {family.upper()}'s attention at "
+            + "; ".join(per_size) + f" ({family.upper()} against {default.upper()}; measured.json)")
+    if faster:
+        head += f". {family.upper()} is faster in " + ", ".join(faster) + ": the default needs a decision"
+    return head
+
+
+def record(json_path: Path, measured_path: Path) -> int:
+    """--record: the run's figures into measured.json, and the not_default sentences to paste
+    into cmake/knobs.json."""
+    import json
+
+    result = json.loads(Path(json_path).read_text())
+    try:
+        major, entry = measured_entry(result)
+    except ValueError as exc:
+        print(f"serving.py --record {json_path}: {exc}", file=sys.stderr)
+        return 1
+    data = json.loads(measured_path.read_text())
+    data.setdefault("serving", {})[str(major)] = entry
+    measured_path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    print(f"recorded compute capability {major}.x ({entry['gpu']}, {entry['date']}) in {measured_path}")
+    for size, winners in entry["winners"].items():
+        print(f"  fastest bf16 family at block size {size}: " + ", ".join(f"{ph} {w}" for ph, w in winners.items()))
+    _importable_package()
+    from vendored_flash_attn.families import registry
+
+    families = registry()
+    default = next((f for f in families.in_default_order() if f.is_default_on(major)), None)
+    for family in families:
+        if default is None or family is default or family.is_default_on(major):
+            continue
+        if major not in family.generations and family.generations:
+            continue
+        generation = {9: "Hopper", 10: "Blackwell", 11: "Blackwell"}.get(major, f"compute capability {major}.x")
+        print(f"\ncmake/knobs.json families.{family.name}.not_default[\"{major}\"], to paste (and extend with what "
+              f"else it rests on):\n  {json.dumps(not_default_text(entry, family.name, default.name, generation))}")
+    return 0
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for serving.json")
@@ -925,6 +1038,11 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=300.0, help="stop replaying new steps after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the schedules and rows, no GPU")
+    p.add_argument("--record", type=Path, metavar="SERVING_JSON",
+                   help="write a run's figures into the package's measured.json (what `info` shows and the "
+                        "declaration's not_default cites) and print the not_default sentences; no GPU")
+    p.add_argument("--measured", type=Path, default=common.ROOT / "python" / "vendored_flash_attn" / "measured.json",
+                   help=argparse.SUPPRESS)
     p.add_argument("--plain", action="store_true")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -941,6 +1059,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.record:
+        return record(args.record, args.measured)
     if args.dry_run:
         tile, note = tile_page_size()
         plan = make_plan(args, args.gpu_memory_bytes or sched.H200_BYTES, tile)
