@@ -339,7 +339,7 @@ def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, ra
         fns["u4_upstream_cute_fa4"] = lambda: cute.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=kwargs["cu_seqlens_q"], max_seqlen_q=kwargs["max_seqlen_q"],
             max_seqlen_k=kwargs["max_seqlen_k"], seqused_k=kwargs["seqused_k"], page_table=kwargs["block_table"],
-            causal=kwargs["causal"])
+            causal=kwargs["causal"], num_splits=0)  # 0: its split heuristic, as this package's call
     for version, (target, args, kw) in raw.items():
         fns[RAW_NAMES[version]] = lambda target=target, args=args, kw=kw: target(*args, **kw)
     return fns

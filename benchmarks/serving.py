@@ -376,6 +376,15 @@ class GraphBuffers:
                     num_splits=GRAPH_NUM_SPLITS if fa3 else 0, s_aux=None)
 
 
+def _gather(cache, ids):
+    """cache[ids]; FP8 pages gathered as bytes (indexing kernels need not exist for float8)."""
+    import torch
+
+    if cache.element_size() == 1 and cache.dtype != torch.uint8:
+        return cache.view(torch.uint8)[ids].view(cache.dtype)
+    return cache[ids]
+
+
 def reference_rows(schedule: sched.Schedule, step: sched.Step, index: int, q, k, v, q_rows: int = 256,
                    scale: float = 1.0):
     """float64 attention of entry ``index`` of ``step`` (its last ``q_rows`` query rows) from
@@ -391,8 +400,8 @@ def reference_rows(schedule: sched.Schedule, step: sched.Step, index: int, q, k,
     first = start + e.query_len - rows
     ids = torch.tensor(schedule.block_ids(e), dtype=torch.long, device=k.device)
     heads_kv, dim = k.shape[-2], k.shape[-1]
-    keys = k[ids].reshape(-1, heads_kv, dim)[:e.seq_len].float().double() * scale
-    values = v[ids].reshape(-1, heads_kv, dim)[:e.seq_len].float().double() * scale
+    keys = _gather(k, ids).reshape(-1, heads_kv, dim)[:e.seq_len].float().double() * scale
+    values = _gather(v, ids).reshape(-1, heads_kv, dim)[:e.seq_len].float().double() * scale
     qs = q[first:start + e.query_len].float().double() * scale
     group = qs.shape[1] // heads_kv
     keys = keys.repeat_interleave(group, dim=1)
@@ -776,6 +785,29 @@ def print_results(result: dict, plain: bool = False) -> None:
     common.print_table("Serving replay: attention of the seed workload (seconds)", columns, table, notes, plain=plain)
 
 
+def markdown_table(result: dict) -> str:
+    """docs/PERFORMANCE.md's serving table, filled from a run's JSON (``--markdown``)."""
+    lines = ["| row | block size | prefill s | decode eager s | decode graph s | total eager s | total graphed s | "
+             "vs FA2 (graphed) | max error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        t, p = r["totals"], r["phases"]
+        if r["status"] != "ok":
+            lines.append(f"| {BY_NAME[r['variant']].label} | {r['block_size']} | {r['status']}: {r.get('note', '')} "
+                         "| | | | | | |")
+            continue
+        errs = [e["rel_l2"] for e in r.get("errors", [])]
+        fp8 = [e["rel_l2_vs_bf16_values"] for e in r.get("errors", []) if "rel_l2_vs_bf16_values" in e]
+        err = f"{max(errs) * 100:.2f} %" if errs else "—"
+        if fp8:
+            err += f" ({max(fp8) * 100:.2f} % vs bf16 values)"
+        cells = [BY_NAME[r["variant"]].label, str(r["block_size"]), common.fmt(p["prefill"]["gpu_s"], 3),
+                 common.fmt(p["decode_eager"]["gpu_s"], 3), common.fmt(p["decode_graph"]["gpu_s"] or None, 3),
+                 common.fmt(t["eager_s"], 3), common.fmt(t["graphed_s"], 3),
+                 common.fmt((r.get("vs_fa2") or {}).get("total_graphed"), 3, "×"), err]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def print_plan(plan: Plan, args) -> None:
     for (kv, page), s in plan.schedules.items():
         summary = s.summary()
@@ -1041,6 +1073,8 @@ def parse_args(argv=None):
     p.add_argument("--record", type=Path, metavar="SERVING_JSON",
                    help="write a run's figures into the package's measured.json (what `info` shows and the "
                         "declaration's not_default cites) and print the not_default sentences; no GPU")
+    p.add_argument("--markdown", type=Path, metavar="SERVING_JSON",
+                   help="print docs/PERFORMANCE.md's serving table from a run's JSON; no GPU")
     p.add_argument("--measured", type=Path, default=common.ROOT / "python" / "vendored_flash_attn" / "measured.json",
                    help=argparse.SUPPRESS)
     p.add_argument("--plain", action="store_true")
@@ -1061,6 +1095,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.record:
         return record(args.record, args.measured)
+    if args.markdown:
+        import json
+
+        print(markdown_table(json.loads(args.markdown.read_text())))
+        return 0
     if args.dry_run:
         tile, note = tile_page_size()
         plan = make_plan(args, args.gpu_memory_bytes or sched.H200_BYTES, tile)

@@ -65,9 +65,13 @@ class DecodeBuffers:
         cols = max(p.block_table.shape[1] for p in problems)
         self.capacity = cols * PAGE  # capture-static max_seqlen_k
         kv_dtype = TORCH_DTYPES[dtype]
+        # FP8 tensors made by conversion from float32 (no fill kernel is asked for float8)
         self.q = torch.zeros(BATCH, HEADS, head_dim, device="cuda").to(kv_dtype)
         self.k = torch.zeros(blocks, PAGE, KV_HEADS, head_dim, device="cuda").to(kv_dtype)
-        self.v = torch.zeros_like(self.k)
+        self.v = torch.zeros(blocks, PAGE, KV_HEADS, head_dim, device="cuda").to(kv_dtype)
+        # cache slots a problem does not use: large garbage, as after other requests
+        self.k_garbage = torch.full(self.k.shape, 50.0, device="cuda").to(kv_dtype)
+        self.v_garbage = torch.full(self.v.shape, -50.0, device="cuda").to(kv_dtype)
         self.cu = torch.zeros(BATCH + 1, dtype=torch.int32, device="cuda")
         self.used = torch.zeros(BATCH, dtype=torch.int32, device="cuda")
         self.table = torch.zeros(BATCH, cols, dtype=torch.int32, device="cuda")
@@ -80,8 +84,8 @@ class DecodeBuffers:
     def load(self, p) -> None:
         """Write problem ``p`` into the buffers in place (and FA3's metadata for it)."""
         self.q.copy_(p.q)
-        self.k.fill_(50.0)  # cache slots ``p`` does not use: large garbage, as after other requests
-        self.v.fill_(-50.0)
+        self.k.copy_(self.k_garbage)
+        self.v.copy_(self.v_garbage)
         self.k[:p.k.shape[0]].copy_(p.k)
         self.v[:p.v.shape[0]].copy_(p.v)
         self.cu.copy_(p.cu_seqlens_q)

@@ -389,3 +389,16 @@ def test_the_whole_run_on_the_cpu(describe, fake_ops, monkeypatch, tmp_path, cap
     assert json.loads(path.read_text())["rows"][0]["phases"]["prefill"]["steps"] > 0
     serving.print_results(result, plain=True)
     assert "Serving replay" in capsys.readouterr().out
+
+
+def test_the_markdown_table_for_the_docs(tmp_path, capsys):
+    rows = [_row("fa2", "16", 4.0, 3.0, 2.5), _row("fa3", "16", 2.0, 2.0, 1.5),
+            dict(_row("fa4", "16", 1.0, 1.0, 1.0), status="error", note="boom")]
+    serving.ratios(rows)
+    run = tmp_path / "serving.json"
+    run.write_text(__import__("json").dumps({"rows": rows}))
+    assert serving.main(["--markdown", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| FA2 | 16 | 4.000 | 3.000 | 2.500 | 7.000 | 6.500 | - | 0.20 % |"
+    assert lines[3] == "| FA3 bf16 | 16 | 2.000 | 2.000 | 1.500 | 4.000 | 3.500 | 1.857× | 0.20 % |"
+    assert lines[4].startswith("| FA4 bf16 | 16 | error: boom")
