@@ -42,11 +42,28 @@ would be GPU time. Two ways around it, both reported:
            is flagged as possibly GPU-bound.
 Rounds interleave the variants (a, b, c, ...) so drift in CPU clocks hits all alike;
 the median over rounds is reported. The Python garbage collector is off while timing.
+
+Against upstream's own wrappers (``--upstream-file``, or ``--upstream-git``; by default
+``.upstream-tests/flash_attn_interface.py`` when present; section "upstream" of the JSON),
+same inputs, same run, isolated and stalled as above:
+  (u3) (u2) upstream's ``vllm_flash_attn.flash_attn_varlen_func(..., fa_version=3 / 2)`` of
+       the pinned commit, loaded at run time (benchmarks/upstream_interface.py: the pinned git
+       blob checked first) and pointed at this wheel's ops
+  (a4) this package's ``fa_version=4``; (u4) upstream's ``flash_attn/cute`` interface,
+       ``flash_attn_varlen_func`` (the wheel's copy of it); (c4) upstream's
+       ``_flash_attn_fwd`` called with the arguments this package's FA4 adapter passes it
+       (what the adapter adds is (a4) - (c4))
+Isolated, upstream's ops are a stub reached through the same ``torch.ops`` attribute (its
+OpOverloadPacket's overload resolution, which this package skips by calling ``.default``, is
+not counted: in upstream's favour); FA4's ``_flash_attn_fwd`` is a stub for (a4), (u4) and (c4)
+alike. Goals (issue 27): this package's overhead <= upstream's for each family, and
+(b) - (c) <= 3 us.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
@@ -60,6 +77,7 @@ import common  # noqa: E402
 from common import LLAMA_8B, PAGE_SIZE  # noqa: E402
 
 BAR_US = 5.0
+GOAL_SELECTOR_US = 3.0  # issue 27: fa_version=None at most 3 us over the raw op
 
 
 class DecodeInputs:
@@ -220,8 +238,8 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
             def call(fa_version=fa_version):
                 return flash_attn_varlen_func(q, k, v, fa_version=fa_version, **call_kwargs)
             call()  # resolves the version and loads the real op into interface._resolved
-            for key, (version, comp, _op, *rest) in list(interface._resolved.items()):
-                interface._resolved[key] = (version, comp, stubs[version], *rest)
+            for key, entry in list(interface._resolved.items()):
+                interface._resolved[key] = entry._replace(op=stubs[entry.version])
             call()  # the stub records this call's op arguments
             calls_by_name[names[fa_version]] = call
         for version in sorted(recorded):
@@ -280,6 +298,226 @@ def overhead_rows(medians: dict[str, Optional[float]]) -> list[dict]:
         rows.append({"comparison": label, "interface": a, "raw": c, "overhead_us": diff,
                      "bar_us": BAR_US, "verdict": common.bar_verdict(diff, BAR_US, higher_is_better=False)})
     return rows
+
+
+# --- against upstream's wrappers ----------------------------------------------------------
+
+SIDE_LABELS = {
+    "a_interface_fa3": "(a) this package, fa_version=3",
+    "b_interface_selector": "(b) this package, fa_version=None",
+    "u3_upstream_fa3": "(u3) upstream vllm_flash_attn, fa_version=3",
+    "c_raw_fa3": "(c) raw FA3 op",
+    "a2_interface_fa2": "(a2) this package, fa_version=2",
+    "u2_upstream_fa2": "(u2) upstream vllm_flash_attn, fa_version=2",
+    "c2_raw_fa2": "(c2) raw FA2 op",
+    "a4_interface_fa4": "(a4) this package, fa_version=4",
+    "u4_upstream_cute_fa4": "(u4) upstream flash_attn.cute flash_attn_varlen_func",
+    "c4_raw_fa4": "(c4) upstream _flash_attn_fwd, the adapter's arguments",
+}
+# (family, this package, upstream's wrapper, raw)
+SIDE_PAIRS = (("FA3", "a_interface_fa3", "u3_upstream_fa3", "c_raw_fa3"),
+              ("FA3 (selector)", "b_interface_selector", "u3_upstream_fa3", "c_raw_fa3"),
+              ("FA2", "a2_interface_fa2", "u2_upstream_fa2", "c2_raw_fa2"),
+              ("FA4", "a4_interface_fa4", "u4_upstream_cute_fa4", "c4_raw_fa4"))
+RAW_NAMES = {3: "c_raw_fa3", 2: "c2_raw_fa2", 4: "c4_raw_fa4"}
+
+
+def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, raw: dict) -> dict:
+    """name -> zero-argument call of each variant (SIDE_LABELS). ``raw``: {version: (target,
+    args, kwargs)}: the op (or FA4's ``_flash_attn_fwd``) and the arguments this package
+    passed it."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    fns = {}
+    names = {3: "a_interface_fa3", None: "b_interface_selector", 2: "a2_interface_fa2", 4: "a4_interface_fa4"}
+    for version in versions:
+        fns[names[version]] = lambda version=version: flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs)
+        if version in (2, 3) and upstream is not None:
+            fns[f"u{version}_upstream_fa{version}"] = (
+                lambda version=version: upstream.flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs))
+    if 4 in versions and cute is not None:
+        fns["u4_upstream_cute_fa4"] = lambda: cute.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=kwargs["cu_seqlens_q"], max_seqlen_q=kwargs["max_seqlen_q"],
+            max_seqlen_k=kwargs["max_seqlen_k"], seqused_k=kwargs["seqused_k"], page_table=kwargs["block_table"],
+            causal=kwargs["causal"], num_splits=0)  # 0: its split heuristic, as this package's call
+    for version, (target, args, kw) in raw.items():
+        fns[RAW_NAMES[version]] = lambda target=target, args=args, kw=kw: target(*args, **kw)
+    return fns
+
+
+@contextlib.contextmanager
+def stubbed_ops(upstream, cute, q):
+    """Every op of the side-by-side replaced by a no-op (this package's resolved ops, upstream's
+    torch.ops namespaces, FA4's _flash_attn_fwd); yields {version: (stub, args, kwargs)} of the
+    first op call this package makes per version."""
+    import types
+
+    import torch
+
+    from vendored_flash_attn import interface
+
+    empty = q.new_empty(0)
+    recorded: dict = {}
+
+    def make(version, results, record=True):
+        def stub(*args, **kw):
+            if record and version not in recorded:
+                recorded[version] = (stub, args, kw)
+            return results
+        return stub
+
+    ours = {2: make(2, [empty, empty]), 3: make(3, [empty] * 4)}
+    saved_resolved = dict(interface._resolved)
+    for key, entry in saved_resolved.items():
+        if entry.version in ours:
+            interface._resolved[key] = entry._replace(op=ours[entry.version])
+    saved_ops = {name: vars(torch.ops).get(name) for name in ("_vllm_fa2_C", "_vllm_fa3_C")}
+    if upstream is not None:
+        torch.ops._vllm_fa2_C = types.SimpleNamespace(varlen_fwd=make(2, [empty, empty], record=False))
+        torch.ops._vllm_fa3_C = types.SimpleNamespace(fwd=make(3, [empty] * 4, record=False))
+    saved_fwd = getattr(cute, "_flash_attn_fwd", None)
+    if cute is not None:
+        cute._flash_attn_fwd = make(4, (empty, None, None, None))
+    try:
+        yield recorded
+    finally:
+        interface._resolved.clear()
+        interface._resolved.update(saved_resolved)
+        for name, value in saved_ops.items():
+            if value is None:
+                vars(torch.ops).pop(name, None)
+            else:
+                setattr(torch.ops, name, value)
+        if cute is not None:
+            cute._flash_attn_fwd = saved_fwd
+
+
+def _interleaved(fns: dict, rounds: int, sample) -> dict:
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                samples[name].append(sample(fn))
+    finally:
+        gc.enable()
+    return {name: {"median_us": statistics.median(xs), "min_us": min(xs), "samples": len(xs)}
+            for name, xs in samples.items() if xs}
+
+
+def side_by_side(q, k, v, kwargs: dict, upstream, cute, versions: list, *, rounds: int, calls: int,
+                 stalled: Optional[dict] = None) -> dict:
+    """This package, upstream's wrappers and the raw ops side by side: isolated (stubs), and
+    with ``stalled`` = {rounds, batch, spin_cycles} also the real ops behind a spin kernel."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    for version in versions:  # resolve and load everything with the real ops first
+        flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs)
+    with stubbed_ops(upstream, cute, q) as recorded:
+        for version in versions:
+            flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs)  # the stubs record our op calls
+        fns = side_by_side_calls(q, k, v, kwargs, upstream, cute, versions, dict(recorded))
+        for fn in fns.values():
+            fn()
+
+        def isolated_sample(fn):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t0) / calls * 1e6
+
+        result = {"isolated": _interleaved(fns, rounds, isolated_sample)}
+        ours = dict(recorded)
+    if stalled:
+        import torch
+
+        real = {2: ("_vendored_fa2_C", "varlen_fwd"), 3: ("_vendored_fa3_C", "fwd")}
+        raw = {version: (getattr(getattr(torch.ops, real[version][0]), real[version][1]).default, args, kw)
+               for version, (_, args, kw) in ours.items() if version in real}
+        if cute is not None and 4 in ours:
+            raw[4] = (cute._flash_attn_fwd, ours[4][1], ours[4][2])
+        fns = side_by_side_calls(q, k, v, kwargs, upstream, cute, versions, raw)
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
+        torch.cuda.synchronize()
+        held_all = []
+
+        def stalled_sample(fn):
+            us, held = stalled_batch_us(fn, stalled["batch"], stalled["spin_cycles"])
+            held_all.append(held)
+            return us
+
+        result["stalled"] = _interleaved(fns, stalled["rounds"], stalled_sample)
+        result["stalled_held"] = all(held_all)
+    for mode in ("isolated", "stalled"):
+        if mode in result:
+            result[f"{mode}_overhead"] = side_by_side_rows({n: r["median_us"] for n, r in result[mode].items()})
+    return result
+
+
+def side_by_side_rows(medians: dict) -> list[dict]:
+    """Per family: this package and upstream's wrapper over the raw op, and the goals of issue
+    27 (this package's overhead <= upstream's; fa_version=None <= 3 us over the raw op)."""
+    rows = []
+    for family, ours, theirs, raw in SIDE_PAIRS:
+        if medians.get(ours) is None or medians.get(raw) is None:
+            continue
+        row = {"family": family, "ours": ours, "upstream": theirs, "raw": raw,
+               "ours_us": medians[ours] - medians[raw]}
+        if medians.get(theirs) is not None:
+            row["upstream_us"] = medians[theirs] - medians[raw]
+            row["ours_minus_upstream_us"] = medians[ours] - medians[theirs]
+            row["goal_not_above_upstream"] = common.bar_verdict(row["ours_minus_upstream_us"], 0.0,
+                                                                higher_is_better=False)
+        if ours == "b_interface_selector":
+            row["goal_selector_us"] = GOAL_SELECTOR_US
+            row["goal_selector"] = common.bar_verdict(row["ours_us"], GOAL_SELECTOR_US, higher_is_better=False)
+        rows.append(row)
+    return rows
+
+
+def upstream_section(args, inp) -> dict:
+    """The side-by-side against upstream's wrappers, or why it was not run."""
+    import upstream_interface
+
+    import vendored_flash_attn as vfa
+
+    try:
+        source, info = upstream_interface.read_source(args.upstream_file, args.upstream_git)
+    except upstream_interface.UpstreamFileError as exc:
+        return {"error": str(exc)}
+    versions = [v for v in (3, None, 2, 4) if v is None or vfa.is_fa_version_supported(v)]
+    if 2 in versions and args.no_fa2:
+        versions.remove(2)
+    cute = None
+    if 4 in versions:
+        try:
+            from vendored_flash_attn import fa4
+
+            cute = fa4.load().interface
+        except Exception as exc:  # noqa: BLE001 - FA4 left out of the comparison, saying why
+            versions.remove(4)
+            info["fa4_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    try:
+        with upstream_interface.op_aliases():
+            upstream = upstream_interface.load(source, info["commit"][:12])
+            result = side_by_side(inp.q, inp.k, inp.v, call_kwargs(inp), upstream, cute, versions,
+                                  rounds=args.isolated_rounds, calls=max(1, args.isolated_calls // 4),
+                                  stalled={"rounds": args.rounds, "batch": args.batch,
+                                           "spin_cycles": int(args.spin_ms * 1e-3 * 2.0e9)})
+    except upstream_interface.UpstreamFileError as exc:
+        return {"error": str(exc), "upstream_file": info}
+    result["upstream_file"] = info
+    result["versions"] = versions
+    return result
+
+
+def upstream_interface_carried() -> bool:
+    import upstream_interface
+
+    return upstream_interface.CARRIED.is_file()
 
 
 def measure(args) -> dict:
@@ -353,6 +591,8 @@ def measure(args) -> dict:
                    args.isolated_rounds, args.isolated_calls, raw_args=raw_op_args(inp))
     iso["context"] = "2048..2175 (seed decode); ops swapped for a no-op stub"
     results["isolated"] = iso
+    if args.upstream_file or args.upstream_git or upstream_interface_carried():
+        results["upstream"] = upstream_section(args, inp)
     del inp
     return {
         "benchmark": "overhead",
@@ -420,6 +660,37 @@ def print_results(result: dict, plain: bool = False) -> None:
                        rows, notes, plain=plain)
 
 
+def print_side_by_side(section: dict, plain: bool = False) -> None:
+    if "error" in section:
+        print(f"against upstream's wrappers: not run: {section['error']}")
+        return
+    iso, stalled = section.get("isolated", {}), section.get("stalled", {})
+    rows = []
+    for name, label in SIDE_LABELS.items():
+        if name in iso:
+            rows.append([label, common.fmt(iso[name]["median_us"], 2),
+                         common.fmt((stalled.get(name) or {}).get("median_us"), 2),
+                         common.fmt((stalled.get(name) or {}).get("min_us"), 2)])
+    notes = []
+    for mode in ("isolated", "stalled"):
+        for r in section.get(f"{mode}_overhead", []):
+            line = f"[{mode}] {r['family']}: this package {r['ours_us']:+.2f} us over the raw op"
+            if "upstream_us" in r:
+                line += (f", upstream {r['upstream_us']:+.2f} us: this package {r['ours_minus_upstream_us']:+.2f} us "
+                         f"against upstream ({r['goal_not_above_upstream']} for <= upstream)")
+            if "goal_selector" in r:
+                line += f"; goal <= {r['goal_selector_us']:.0f} us: {r['goal_selector']}"
+            notes.append(line)
+    info = section.get("upstream_file", {})
+    fa4 = "yes" if 4 in section.get("versions", []) else f"no ({info.get('fa4_error', 'FA4 not usable here')})"
+    notes.append(f"upstream's wrapper: {info.get('source')} (blob {str(info.get('blob'))[:12]}, the pinned one: "
+                 f"{'yes' if info.get('matches_pin') else 'NO'}); FA4 rows: {fa4}")
+    if section.get("stalled_held") is False:
+        notes.append("some stalled batches outlived their spin kernel (raise --spin-ms): their host time is not pure")
+    common.print_table("Against upstream's wrappers, us per call (isolated: stubbed ops; stalled: real ops)",
+                       ["variant", "isolated median", "stalled median", "stalled min"], rows, notes, plain=plain)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for overhead.json")
@@ -431,6 +702,10 @@ def parse_args(argv=None):
     p.add_argument("--no-fa2", action="store_true", help="skip the FA2 pair")
     p.add_argument("--isolated-rounds", type=int, default=31, help="interleaved rounds of the isolated mode")
     p.add_argument("--isolated-calls", type=int, default=2000, help="calls per isolated sample")
+    p.add_argument("--upstream-file", type=Path, default=None,
+                   help="upstream's vllm_flash_attn/flash_attn_interface.py at the pin (default: "
+                        ".upstream-tests/flash_attn_interface.py when present); its git blob is checked")
+    p.add_argument("--upstream-git", default=None, help="a clone or mirror of upstream to read that file from")
     p.add_argument("--plain", action="store_true")
     return p.parse_args(argv)
 
@@ -446,6 +721,8 @@ def main(argv=None) -> int:
     path = common.write_json(args.out / "overhead.json", result)
     print(f"[overhead] wrote {path}", file=sys.stderr)
     print_results(result, plain=args.plain)
+    if "upstream" in result.get("modes", {}):
+        print_side_by_side(result["modes"]["upstream"], plain=args.plain)
     return 0 if "error" not in result else 1
 
 

@@ -32,6 +32,7 @@ _EXPORTS = {
     "FlashAttnTypeError": "errors",
     "FlashAttnUnavailableError": "errors",
     "FlashAttnFallbackWarning": "errors",
+    "FlashAttnCaptureError": "errors",
     "load_build_info": "build_info",
     "BuildInfo": "build_info",
     "BuildInfoMissing": "build_info",

@@ -12,6 +12,7 @@ import sys
 import warnings
 from typing import Any, Optional
 
+from . import measured
 from .build_info import BuildInfo, BuildInfoMissing
 from .environment import current_environment
 from .families import registry
@@ -103,6 +104,13 @@ def collect() -> dict:
             for family in registry():
                 device["unsupported"][family.name] = version_problem(family.version, index)
             report["devices"].append(device)
+    # What the defaults were decided on (measured.json): the generations of the GPUs here and
+    # every generation measured.
+    data = measured.load()
+    majors = {int(d["capability"].split(".")[0]) for d in report["devices"]}
+    majors |= {int(m) for m in (data.get("serving") or {}) if str(m).isdigit()}
+    report["measured"] = {"error": data.get("error"),
+                          "serving": {str(m): measured.serving(m, data) for m in sorted(majors)}}
     return report
 
 
@@ -222,6 +230,15 @@ def render(report: dict) -> str:
         for key, problem in device["unsupported"].items():
             if problem:
                 lines.append(f"    {key.upper()} unusable: {problem}")
+    figures = report.get("measured") or {}
+    if figures.get("error") or figures.get("serving"):
+        lines += ["", "Measured for the defaults (measured.json)"]
+        if figures.get("error"):
+            lines.append(f"  unreadable: {figures['error']}")
+        for major in figures.get("serving") or {}:
+            data = {"serving": {major: figures["serving"][major]}} if figures["serving"][major] else {"serving": {}}
+            lines += [f"  compute capability {major}.x: " + line if i == 0 else f"  {line}"
+                      for i, line in enumerate(measured.serving_lines(int(major), data))]
     return "\n".join(lines)
 
 

@@ -22,3 +22,8 @@ class FlashAttnUnavailableError(RuntimeError):
 
 class FlashAttnFallbackWarning(UserWarning):
     """The selector picked another version than the one asked for or preferred."""
+
+
+class FlashAttnCaptureError(FlashAttnUnavailableError):
+    """A call that cannot be part of the CUDA graph being captured on the current stream,
+    refused before anything is enqueued (the capture itself is not disturbed)."""

@@ -58,11 +58,16 @@ class CallRules:
     head_sizes: Optional[dict[str, tuple[tuple[int, int, int, int], ...]]] = None
     head_size_alignment_bytes: int = 1  # head sizes are multiples of this many bytes of K/V
     head_sizes_why: str = ""
+    # Its calls may be captured in a CUDA graph (vLLM captures decode); false: the interface
+    # refuses a call under capture, saying cuda_graphs_why, instead of a wrong replay.
+    cuda_graphs: bool = True
+    cuda_graphs_why: str = ""
 
 
 _CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max_q_heads",
                 "sinks_same_head_sizes", "fp8_kv_head_dims", "fp8_kv_why", "head_sizes",
-                "head_size_alignment_bytes", "head_sizes_why"}
+                "head_size_alignment_bytes", "head_sizes_why",
+                "cuda_graphs", "cuda_graphs_why"}
 
 
 def _call_rules(call: dict, where: str) -> CallRules:
@@ -210,6 +215,10 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         raise FamilyDeclarationError(f"{where}: call must be an object of {sorted(_CALL_FIELDS)}")
     if set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
         raise FamilyDeclarationError(f"{where}: call.kv_layouts must be of {', '.join(KV_LAYOUTS)}")
+    if not isinstance(call.get("cuda_graphs", True), bool) or (
+            call.get("cuda_graphs") is False and not call.get("cuda_graphs_why")):
+        raise FamilyDeclarationError(f"{where}: call.cuda_graphs must be true or false, and false needs "
+                                     "call.cuda_graphs_why (what the refusal under capture says)")
     pythons = entry.get("pythons", [])
     if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
         raise FamilyDeclarationError(f"{where}: pythons must be a list of Python minors such as \"3.12\"")

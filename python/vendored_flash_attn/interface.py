@@ -12,20 +12,22 @@ argument order of its schema; a family of Python kernels (FA4) gets the whole ca
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
+from .build_info import ComponentInfo
 from .compiled import component as _component, ops as _ops
-from .debug_checks import debug_checks_enabled, run_debug_checks
+from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
-from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
+from .errors import (FlashAttnCaptureError, FlashAttnInputError, FlashAttnTypeError,
+                     FlashAttnUnavailableError)
 from .fa3 import get_scheduler_metadata, maybe_contiguous  # noqa: F401  (the package's API)
-from .families import registry, titles_text
+from .families import Family, registry, titles_text
 from .kernels import dtype_name
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
 from .validation import (_is_local, check_q_device, check_varlen_call, quick_check_varlen_call,
-                         window_tuple)
+                         static_verdict, window_tuple)
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -58,34 +60,76 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
-# (fa_version, device) or (None, device, VLLM_FLASH_ATTN_VERSION, traits) -> (version,
-# ComponentInfo, forward op, VFA_DEBUG_CHECKS on, Family, the compiled family's adapter
-# forward or None): the answer for a device and a kind of
-# call does not change within one environment, and asking the selector costs
-# microseconds on every layer of every step.
+# The resolution of a kind of call, one dictionary lookup per call (asking the selector
+# costs microseconds on every layer of every step, and the answer does not change within
+# one environment). Key: (fa_version, device, signature) for a named version, or (None,
+# device, VLLM_FLASH_ATTN_VERSION, ALiBi?, sinks?, signature) for the selector, where the
+# signature is (dtype, q heads, head size, KV heads, V head size, bits of _NEEDS). Entry: a
+# Resolved.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
-# Bits of the resolution key: the FA3 kernel features a call needs (the selector falls
-# back to FA2 when this wheel's FA3 lacks one that FA2 has).
+# Bits of the signature: the kernel features a call needs (the selector falls back to FA2
+# when this wheel's FA3 lacks one that FA2 has; the quick check's verdict depends on them).
 _NEEDS = ((1, "paged"), (2, "softcap"), (4, "local"), (8, "split"))
+_NO_WINDOW = (-1, -1)
 
 
-def _resolve(key: tuple, tensor: torch.Tensor, traits: tuple) -> tuple:
-    """Fill _resolved[key]; ``traits`` = (requires_alibi, head_size, head_size_v,
-    has_sinks, dtype, bits of _NEEDS) of the call."""
-    requires_alibi, head_size, head_size_v, has_sinks, dtype, needs = traits
-    version = _resolve_version(key[0], tensor, requires_alibi=requires_alibi,
+class Resolved(NamedTuple):
+    version: int
+    comp: Optional[ComponentInfo]   # None: a family of Python kernels (FA4), no build record
+    op: object                      # the forward op, or the adapter taking the whole call
+    debug: bool                     # VFA_DEBUG_CHECKS
+    family: Family
+    forward: Optional[object]       # a compiled family's adapter forward; None: op takes the call
+    quick: bool                     # validation.static_verdict of the signature
+    capture_guard: bool             # ask whether the stream is capturing (see _refuse_capture)
+
+
+def _resolve(key: tuple, tensor: torch.Tensor, fa_version, requires_alibi: bool, has_sinks: bool,
+             signature: tuple) -> Resolved:
+    """Fill _resolved[key]."""
+    dtype, num_heads, head_size, num_heads_k, head_size_v, needs = signature
+    features = tuple(name for bit, name in _NEEDS if needs & bit)
+    version = _resolve_version(fa_version, tensor, requires_alibi=requires_alibi,
                                head_size=head_size, head_size_v=head_size_v,
-                               has_sinks=has_sinks, dtype=dtype,
-                               features=tuple(name for bit, name in _NEEDS if needs & bit))
+                               has_sinks=has_sinks, dtype=dtype, features=features)
     # A family of Python kernels (FA4) gets comp None and no forward: its adapter takes the
     # whole call (families.py: "adapter").
     family = registry()[version]
     comp = _component(version) if family.compiled else None
     forward = family.adapter_function() if family.compiled else None
-    hit = _resolved[key] = (version, comp, _forward_op(version), debug_checks_enabled(), family, forward)
+    quick = comp is not None and isinstance(num_heads, int) and static_verdict(
+        family, comp, dtype, num_heads, head_size, num_heads_k, head_size_v, *(
+            bool(needs & bit) for bit, _ in _NEEDS))
+    debug = debug_checks_enabled()
+    hit = _resolved[key] = Resolved(version, comp, _forward_op(version), debug, family, forward, quick,
+                                    debug or not family.call.cuda_graphs)
     return hit
+
+
+def _stream_capturing(q: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream (never for a tensor that
+    is not on a CUDA device: no driver is asked then)."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _refuse_capture(resolved: Resolved, q: torch.Tensor) -> None:
+    """Raise before anything is enqueued when this call cannot be part of a CUDA graph being
+    captured on the current stream: the debug checks read index tensors on the host (a device
+    sync, which capture forbids), and a family declared not capturable would be replayed
+    wrongly. Only asked when the resolution says one of the two applies (capture_guard)."""
+    if not _stream_capturing(q):
+        return
+    if resolved.debug:
+        raise FlashAttnCaptureError(
+            f"{DEBUG_ENV}=1 reads index tensors on the host (a device sync), which a CUDA graph capture "
+            f"cannot contain: unset {DEBUG_ENV} for the captured calls (run them once eagerly with it on "
+            "to check their inputs)")
+    family = resolved.family
+    raise FlashAttnCaptureError(
+        f"{family.title} cannot be captured in a CUDA graph: {family.call.cuda_graphs_why}; run it eagerly "
+        f"or use {titles_text(f for f in registry() if f.call.cuda_graphs)}")
 
 
 def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
@@ -164,33 +208,40 @@ def flash_attn_varlen_func(
     if device < 0 or env.device_type != "cuda":
         if q.is_cuda != (env.device_type == "cuda"):
             check_q_device(q, env.device_type)  # raises before the selector looks at q.device
-    window = window_tuple(window_size)
+    window = _NO_WINDOW if window_size is None else window_tuple(window_size)
     q_shape = q.shape
-    head_size = q_shape[-1]
-    v_shape = v.shape if isinstance(v, torch.Tensor) else None
-    head_size_v = v_shape[-1] if v_shape else None
     dtype = q.dtype
-    # An explicit fa_version is checked against the device only; the selector's answer
-    # depends on the override and the kind of call too, including the FA3 kernel
-    # features it needs (_NEEDS).
+    try:
+        num_heads, head_size = q_shape[-2], q_shape[-1]
+        k_shape, v_shape = k.shape, v.shape
+        num_heads_k, head_size_v = k_shape[-2], v_shape[-1]
+    except (AttributeError, IndexError):  # not tensors or too few dims: the full check says so
+        num_heads = num_heads_k = k_shape = None
+        head_size = q_shape[-1] if q_shape else None
+        v_shape = v.shape if isinstance(v, torch.Tensor) else None
+        head_size_v = v_shape[-1] if v_shape else None
+    # The FA3 kernel features the call needs (_NEEDS): part of the resolution key, as the
+    # selector's answer and the quick check's verdict depend on them.
+    needs = 1 if block_table is not None else 0
+    if (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal):
+        needs |= 4
+    try:
+        if softcap > 0:
+            needs |= 2
+        if num_splits > 1:
+            needs |= 8
+    except (TypeError, RuntimeError):  # not numbers: validation says so
+        pass
+    signature = (dtype, num_heads, head_size, num_heads_k, head_size_v, needs)
     if fa_version is not None:
-        key = (fa_version, device)
+        key = (fa_version, device, signature)
     else:
-        needs = 1 if block_table is not None else 0
-        if (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal):
-            needs |= 4
-        try:
-            if softcap > 0:
-                needs |= 2
-            if num_splits > 1:
-                needs |= 8
-        except (TypeError, RuntimeError):  # not numbers: validation says so
-            pass
-        key = (None, device, env.getenv(ENV_VAR), alibi_slopes is not None, head_size,
-               head_size_v, s_aux is not None, dtype, needs)
-    version, comp, op, debug, family, forward = _resolved.get(key) or _resolve(key, q, (
-        alibi_slopes is not None, head_size, head_size_v, s_aux is not None, dtype,
-        key[-1] if fa_version is None else 0))
+        key = (None, device, env.getenv(ENV_VAR), alibi_slopes is not None, s_aux is not None, signature)
+    resolved = _resolved.get(key) or _resolve(key, q, fa_version, alibi_slopes is not None,
+                                              s_aux is not None, signature)
+    if resolved.capture_guard:
+        _refuse_capture(resolved, q)
+    version, comp, op, debug, family, forward, static, _ = resolved
     if forward is None:
         # A family whose adapter takes the whole call (FA4): it runs the shared checks and
         # its own, and refuses what it cannot run before any kernel, naming who can.
@@ -213,12 +264,12 @@ def flash_attn_varlen_func(
         v = v.contiguous()
     # The common call shapes take the quick check (validation.py); the others, and every
     # call it does not accept, the full one, which raises with the precise message.
-    quick = (q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
+    quick = (static and q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
              and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
                  family, comp, device, q_shape, v_shape, dtype, q, k, v, max_seqlen_q,
                  cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window,
                  softcap, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
-                 num_splits))
+                 num_splits, True, k_shape))
     if quick:
         # Checked to be exact ints (and cp_world_size == 1, cp_rank == 0) on this path;
         # the schema takes Python ints, so nothing to convert.

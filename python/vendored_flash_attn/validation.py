@@ -397,7 +397,7 @@ def _static_ok(signature, family, comp) -> bool:
         name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
         and dtype_problem(family, comp, name, shown=str(dtype)) is None
         and head_size_problem(family, comp, head_size, head_size_v, name) is None
-        and not family.features_missing(comp.features, needed)
+        and not family.features_missing(comp.features if comp is not None else (), needed)
     )
     if ok:
         entry = _ACCEPTED.get(id(comp))
@@ -410,16 +410,28 @@ def _static_ok(signature, family, comp) -> bool:
 _INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 
+def static_verdict(family, comp, dtype, num_heads: int, head_size: int, num_heads_k: int,
+                   head_size_v: int, paged: bool, softcap_on: bool, local: bool, split: bool) -> bool:
+    """Whether calls of this static signature (dtype, heads, head sizes, the features they
+    need) can take the quick check at all: check_varlen_call's own rules, decided once. The
+    interface asks this when it resolves a kind of call and keeps the answer with the
+    resolution (one dictionary lookup per call instead of a second one here)."""
+    return _static_ok((family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
+                       softcap_on, local, split), family, comp)
+
+
 def quick_check_varlen_call(
     family, comp, device: int, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
     max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
-    scheduler_metadata, q_descale, k_descale, v_descale, num_splits,
+    scheduler_metadata, q_descale, k_descale, v_descale, num_splits, static=None, k_shape=None,
 ) -> bool:
     """True: the call is one of the common shapes and valid; False: ask check_varlen_call
     (which raises with the precise message, or accepts a rarer call). ``device``,
     ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype, which
     the caller has read already; it has also checked that q is on the runtime's device
-    type and ruled out q_v, alibi_slopes, s_aux and context parallelism."""
+    type and ruled out q_v, alibi_slopes, s_aux and context parallelism. ``static``: the
+    static_verdict of the call's signature where the caller has it (None: decided here, from
+    the verdicts cached per build record); ``k_shape``: k.shape where the caller read it."""
     try:
         if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
                 or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
@@ -433,10 +445,10 @@ def quick_check_varlen_call(
         # test machine), so whole devices are compared there.
         if device < 0:
             q_device = q.device
-            if any(x is not None and x.device != q_device for x in (
-                    k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out,
-                    scheduler_metadata, q_descale, k_descale, v_descale)):
-                return False
+            for x in (k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out,
+                      scheduler_metadata, q_descale, k_descale, v_descale):
+                if x is not None and x.device != q_device:
+                    return False
         elif (k.get_device() != device or v.get_device() != device
               or cu_seqlens_q.get_device() != device
               or (cu_seqlens_k is not None and cu_seqlens_k.get_device() != device)
@@ -453,7 +465,8 @@ def quick_check_varlen_call(
         if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
             return False
         paged = block_table is not None
-        k_shape = k.shape
+        if k_shape is None:
+            k_shape = k.shape
         head_size_v = v_shape[-1]
         # k and v agree in all but the last dimension (one compare when the head sizes
         # match, the common case).
@@ -498,6 +511,10 @@ def quick_check_varlen_call(
                 "scheduler_metadata" not in features or scheduler_metadata.dtype is not _INT32
                 or scheduler_metadata.dim() != 1 or not scheduler_metadata.is_contiguous()):
             return False
+        if static is not None:
+            # The caller's verdict was made for this very signature (its resolution key holds
+            # dtype, heads, head sizes and the features the call needs).
+            return static
         local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
         signature = (family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
                      softcap > 0, local, split)

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("kernels", "overhead", "first_call", "import_time", "fp8_accuracy", "build", "launcher_overhead")
+SCRIPTS = ("kernels", "overhead", "first_call", "import_time", "fp8_accuracy", "build", "launcher_overhead", "serving")
 
 
 def load(name: str):

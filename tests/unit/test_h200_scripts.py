@@ -122,3 +122,34 @@ def test_upstream_tests_fail_the_stage_on_a_failure_and_say_when_not_run(tmp_pat
     assert result.returncode == 1 and "runner ran" in result.stdout, result.stdout + result.stderr
     assert "--file" in (out / "upstream-tests.log").read_text()
     assert upstream_tests(0).returncode == 0
+
+
+def test_serving_script_overlays_and_runs_the_named_stages(tmp_path):
+    """tests/gpu/serving_h200.sh with a stand-in Python: this checkout's Python files go over
+    the installed package, each stage runs its script with the results under $OUT/serving
+    (overhead.py given the carried upstream wrapper when present), and an unknown stage stops."""
+    site = tmp_path / "site" / "vendored_flash_attn"
+    site.mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    fake_py = tmp_path / "fakepy"
+    fake_py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1" == "-c" ]]; then echo {site}; exit 0; fi
+printf '%s\\n' "$*" >> {calls}
+exit 0
+""")
+    fake_py.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake_py), "OUT": str(tmp_path / "out"), "FA4_SITE": str(tmp_path / "none")}
+    result = run("serving_h200.sh", "serving", "overhead", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (site / "interface.py").read_bytes() == (ROOT / "python/vendored_flash_attn/interface.py").read_bytes()
+    assert (site / "knobs.json").read_bytes() == (ROOT / "cmake/knobs.json").read_bytes()
+    assert (site / "measured.json").is_file()
+    lines = calls.read_text().splitlines()
+    out = tmp_path / "out" / "serving"
+    assert f"{ROOT}/benchmarks/serving.py --out {out} --plain" in lines
+    overhead = next(line for line in lines if "overhead.py" in line)
+    carried = ROOT / ".upstream-tests" / "flash_attn_interface.py"
+    assert ("--upstream-file" in overhead) == carried.is_file()
+    assert not any(line.startswith("-m pytest") for line in lines)  # only the stages named
+    bad = run("serving_h200.sh", "bench", env={**env, "OVERLAY_SOURCE": "0"})
+    assert bad.returncode == 2 and "unknown stage bench" in bad.stderr

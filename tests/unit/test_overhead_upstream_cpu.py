@@ -1,0 +1,145 @@
+"""benchmarks/overhead.py against upstream's own wrappers, on the CPU: how upstream's file is
+had (its pinned git blob checked before it runs), how it is loaded over this wheel's ops, and
+the isolated side-by-side with fake ops, a synthetic stand-in for upstream's wrapper (tests
+never read the real one: it is not in this repository) and a stand-in for FA4's cute interface."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from runtime_fakes import FA4_RECORD, HOPPER, make_build
+from test_benchmarks_cpu import load
+
+overhead = load("overhead")
+upstream_interface = load("upstream_interface")
+
+# Upstream's structure, in small: the relative import of the compiled module, the FA4 probe
+# through flash_attn, and the op calls through torch.ops._vllm_fa*_C in the schemas' order.
+SYNTHETIC = b'''
+import torch
+try:
+    from . import _vllm_fa3_C  # noqa: F401
+    FA3_AVAILABLE = True
+except ImportError:
+    FA3_AVAILABLE = False
+try:
+    from flash_attn.cute.interface import _flash_attn_fwd  # noqa: F401
+    FA4_AVAILABLE = True
+except ImportError:
+    FA4_AVAILABLE = False
+
+
+def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None, seqused_k=None,
+                           block_table=None, causal=False, fa_version=2, softmax_scale=None, **kw):
+    softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    if fa_version == 2:
+        out, lse = torch.ops._vllm_fa2_C.varlen_fwd(
+            q, k, v, None, cu_seqlens_q, torch.empty_like(cu_seqlens_q), seqused_k, None, block_table, None,
+            max_seqlen_q, max_seqlen_k, 0.0, softmax_scale, False, causal, -1, -1, 0.0, False, 0, None)
+    else:
+        out, lse, _, _ = torch.ops._vllm_fa3_C.fwd(
+            q, k, v, None, None, None, None, cu_seqlens_q, cu_seqlens_k, None, None, seqused_k, max_seqlen_q,
+            max_seqlen_k, block_table, None, None, None, None, None, None, None, None, softmax_scale, causal,
+            -1, -1, 0.0, True, None, 0, None, 0, None, 1, 0, None)
+    return out
+'''
+
+CUTE = '''
+calls = []
+
+
+def _flash_attn_fwd(q, k, v, **kwargs):
+    calls.append(kwargs)
+    return kwargs["out"] if kwargs.get("out") is not None else q.new_zeros(q.shape), None, None, None
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                           page_table=None, causal=False, **kw):
+    out, lse, _, _ = _flash_attn_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                     page_table=page_table, causal=causal)
+    return out
+'''
+
+
+def test_the_pinned_blob_is_checked_before_anything_runs(tmp_path):
+    path = tmp_path / "flash_attn_interface.py"
+    path.write_bytes(SYNTHETIC)
+    with pytest.raises(upstream_interface.UpstreamFileError, match="not the pinned file, not run"):
+        upstream_interface.read_source(path)
+    data, info = upstream_interface.read_source(path, allow_other=True)
+    assert data == SYNTHETIC and info["matches_pin"] is False
+    assert info["blob"] == upstream_interface.git_blob_hash(SYNTHETIC)
+    with pytest.raises(upstream_interface.UpstreamFileError, match=r"git -C .* show 617264c1.*:vllm_flash_attn/"):
+        upstream_interface.read_source(tmp_path / "missing.py")
+
+
+def test_git_blob_hash_is_gits():
+    # `printf 'hello\n' | git hash-object --stdin`
+    assert upstream_interface.git_blob_hash(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def test_the_file_loads_over_this_wheels_ops_and_imports_no_flash_attn(fake_ops):
+    module = upstream_interface.load(SYNTHETIC)
+    assert module.FA4_AVAILABLE is False  # flash_attn made unimportable while it loaded
+    import sys
+
+    assert "flash_attn" not in sys.modules
+    with upstream_interface.op_aliases():
+        assert torch.ops._vllm_fa3_C is torch.ops._vendored_fa3_C
+        with pytest.raises(upstream_interface.UpstreamFileError, match="already has _vllm_fa2_C, _vllm_fa3_C"):
+            with upstream_interface.op_aliases():
+                pass
+    assert "_vllm_fa3_C" not in vars(torch.ops)
+
+
+@pytest.fixture
+def cute(monkeypatch):
+    from vendored_flash_attn import fa4
+
+    module = types.ModuleType("fake_cute_interface")
+    exec(CUTE, module.__dict__)  # noqa: S102
+    monkeypatch.setattr(fa4, "_loaded", fa4.Loaded(module, {}))
+    return module
+
+
+def test_side_by_side_isolated(describe, fake_ops, cute):
+    """Every variant runs against a stub; what the stubs recorded is this package's own op
+    call (the raw variants replay it); everything real is back afterwards."""
+    from vendored_flash_attn import flash_attn_varlen_func, interface
+
+    describe(caps=(HOPPER,), build=make_build("minimal", fa4=FA4_RECORD))
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    kwargs = overhead.call_kwargs(inp)
+    with upstream_interface.op_aliases():
+        upstream = upstream_interface.load(SYNTHETIC)
+        result = overhead.side_by_side(inp.q, inp.k, inp.v, kwargs, upstream, cute, [3, None, 2, 4],
+                                       rounds=2, calls=3)
+    assert set(result["isolated"]) == set(overhead.SIDE_LABELS)
+    assert all(r["samples"] == 2 and r["median_us"] > 0 for r in result["isolated"].values())
+    families = [r["family"] for r in result["isolated_overhead"]]
+    assert families == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert all("ours_minus_upstream_us" in r for r in result["isolated_overhead"])
+    # the real ops are back: this package's next call reaches the fake op, FA4 the real stand-in
+    fake_ops.calls.clear()
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=3, **kwargs)
+    assert [n for n, _ in fake_ops.calls] == ["fwd"]
+    assert all(entry.op.__name__ != "stub" for entry in interface._resolved.values())
+    before = len(cute.calls)
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=4, **kwargs)
+    assert len(cute.calls) == before + 1 and cute.calls[-1]["page_table"] is inp.block_table
+    assert "_vllm_fa3_C" not in vars(torch.ops)
+
+
+def test_side_by_side_rows_and_goals():
+    medians = {"a_interface_fa3": 44.0, "b_interface_selector": 45.0, "u3_upstream_fa3": 46.0, "c_raw_fa3": 40.0,
+               "a2_interface_fa2": 70.0, "u2_upstream_fa2": 69.0, "c2_raw_fa2": 65.0,
+               "a4_interface_fa4": 95.0, "c4_raw_fa4": 60.0}
+    rows = {r["family"]: r for r in overhead.side_by_side_rows(medians)}
+    assert rows["FA3"]["ours_us"] == pytest.approx(4.0) and rows["FA3"]["goal_not_above_upstream"] == "PASS"
+    assert rows["FA3 (selector)"]["goal_selector"] == "FAIL"  # 5 us over the raw op, goal 3
+    assert rows["FA2"]["goal_not_above_upstream"] == "FAIL" and rows["FA2"]["ours_minus_upstream_us"] == pytest.approx(1.0)
+    assert rows["FA4"]["ours_us"] == pytest.approx(35.0) and "upstream_us" not in rows["FA4"]
