@@ -122,6 +122,13 @@ def add_precompile_run(record: Path, run: dict) -> None:
     record.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def portable(text: str) -> str:
+    """``text`` (an error message) with every absolute path cut to its last part: FA4's
+    build record ships in the wheel, whose bytes must not depend on where this machine keeps
+    its Python, its temporary build environment (pip's isolation) or the build dir."""
+    return re.sub(r"(?<![\w.~])/(?:[^\s/'\":]+/)+(?=[^\s/'\":])", ".../", text)
+
+
 def probe() -> dict:
     """What the build's Python can do: "" when it can, else why not (CMake reads this).
 
@@ -133,18 +140,20 @@ def probe() -> dict:
     stage_missing = [m for m in ("packaging",) if importlib.util.find_spec(m) is None]
     if importlib.util.find_spec("tomllib") is None and importlib.util.find_spec("tomli") is None:
         stage_missing.append("tomli")
-    stage_reason = (f"the build's Python ({sys.executable}) lacks {', '.join(stage_missing)}"
-                    if stage_missing else "")
+    # Named by version, not path: the reasons go into FA4's build record, which ships
+    # (CMake's own messages name the interpreter's path).
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    stage_reason = f"the build's {python} lacks {', '.join(stage_missing)}" if stage_missing else ""
     if stage_reason:
-        return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason}
+        return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason, "python": python[7:]}
     problems = fa4_deps.problems()
     if importlib.util.find_spec("torch") is None:
         problems.append("torch is not installed")
     precompile_reason = ""
     if problems:
-        precompile_reason = (f"the build's Python ({sys.executable}) lacks FA4's dependencies: "
+        precompile_reason = (f"the build's {python} lacks FA4's dependencies: "
                              + "; ".join(problems) + f" (install them with: {fa4_deps.INSTALL_COMMAND})")
-    return {"stage": "", "precompile": precompile_reason}
+    return {"stage": "", "precompile": precompile_reason, "python": python[7:]}
 
 
 def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
@@ -723,11 +732,73 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+# How long a worker asked to stop (SIGTERM) may take before it is killed: the DSL's compile
+# of one kernel does not look at signals, so a stop can wait for the kernel in hand.
+WORKER_STOP_SECONDS = 10.0
+
+
+def _interpreter_flags() -> list[str]:
+    """This interpreter's own flags for a worker, so it sees what this process sees (the
+    build runs FA4's steps in the environment its probe checked: cmake/FA4Package.cmake)."""
+    flags = sys.flags
+    return [flag for flag, on in (("-I", flags.isolated), ("-E", flags.ignore_environment and not flags.isolated),
+                                  ("-s", flags.no_user_site and not flags.isolated), ("-S", flags.no_site)) if on]
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: killed when the process that started it dies (Linux),
+    so no worker outlives the build step, whatever ended the step."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor's own stop still applies
+        pass
+
+
+def _first_error(text: str) -> str:
+    """The line that says what went wrong in a worker's stderr: a traceback's last line (the
+    exception), else its last non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line
+    return lines[-1] if lines else "(nothing on stderr)"
+
+
+class WorkerFailed(RuntimeError):
+    """A compile worker failed; the others were stopped before this was raised."""
+
+
+def _stop(processes) -> None:
+    """Stop every process still running (SIGTERM, then SIGKILL after WORKER_STOP_SECONDS) and
+    reap them all: when this returns, none of them runs or writes anything any more."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + WORKER_STOP_SECONDS
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it ignored SIGTERM
+            process.kill()
+            process.wait()
+
+
 def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], jobs: int) -> dict:
     """``compile_selection`` over ``jobs`` worker processes of this interpreter (each imports
     the DSL: about 1.4 GB), the calls dealt round-robin; one report, calls in plan order.
     Kernels are keyed files, so workers share the output folder; a kernel two workers reach
-    (the split-KV combine) is written under upstream's lock, with the same bytes."""
+    (the split-KV combine) is written under upstream's lock, with the same bytes.
+
+    Supervised: the first worker to fail stops the others (SIGTERM, then SIGKILL) before this
+    raises, and so does anything that ends this process's wait (Ctrl-C, SIGTERM from the
+    build tool): when this returns or raises, no worker is left to write into ``out``, so a
+    clean-up after it sees every file there is going to be. Each worker's stderr is kept in
+    a file and copied to this process's stderr, under a header, when it has ended; the error
+    raised names the first failing worker's error line (WorkerFailed)."""
+    import signal
     import subprocess
     import tempfile
 
@@ -735,20 +806,51 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
     if len(shards) <= 1:
         return compile_selection(stage_root, out, arch, calls)
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-workers-") as tmp:
-        workers = []
-        for index, shard in enumerate(shards):
-            todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
-            todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
-            command = [sys.executable, "-E", "-s", str(Path(__file__).resolve()), "compile-worker",
-                       "--stage", str(stage_root), "--out", str(out), "--arch", arch,
-                       "--calls", str(todo), "--report", str(report)]
-            workers.append((subprocess.Popen(command), report))
-        reports = []
-        for process, report in workers:
-            code = process.wait()
-            if code != 0 or not report.is_file():
-                raise RuntimeError(f"an FA4 compile worker exited with {code}: see the lines above")
-            reports.append(json.loads(report.read_text()))
+        workers = []  # (index, process, report file, stderr file)
+        # SIGTERM (what ninja and CI runners send) ends the wait like Ctrl-C does, so the
+        # workers are stopped below, never left running.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            for index, shard in enumerate(shards):
+                todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
+                todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
+                command = [sys.executable, *_interpreter_flags(), str(Path(__file__).resolve()), "compile-worker",
+                           "--stage", str(stage_root), "--out", str(out), "--arch", arch,
+                           "--calls", str(todo), "--report", str(report)]
+                stderr = open(Path(tmp, f"{index}.stderr"), "w+b")  # noqa: SIM115 - closed below
+                workers.append((index, subprocess.Popen(command, stderr=stderr, preexec_fn=_die_with_parent),
+                                report, stderr))
+            failed = None
+            running = {index for index, *_ in workers}
+            while running and failed is None:
+                for index, process, report, _ in workers:
+                    if index in running and process.poll() is not None:
+                        running.discard(index)
+                        if process.returncode != 0 or not report.is_file():
+                            failed = (index, process.returncode)
+                            break
+                else:
+                    time.sleep(0.1)
+        finally:
+            _stop([process for _, process, _, _ in workers])
+            signal.signal(signal.SIGTERM, previous)
+            errors = {}
+            for index, process, _, stderr in workers:
+                stderr.seek(0)
+                text = stderr.read().decode(errors="replace")
+                stderr.close()
+                if text.strip():
+                    errors[index] = text
+                    sys.stderr.write(f"--- FA4 compile worker {index + 1} of {len(workers)} "
+                                     f"(exit {process.returncode}), its stderr:\n{text.rstrip()}\n")
+            sys.stderr.flush()
+        if failed is not None:
+            index, code = failed
+            stopped = len(workers) - 1
+            raise WorkerFailed(f"FA4 compile worker {index + 1} of {len(workers)} exited with {code}: "
+                               f"{_first_error(errors.get(index, ''))} (the other {stopped} stopped; "
+                               "each worker's stderr is above)")
+        reports = [json.loads(report.read_text()) for _, _, report, _ in workers]
     order = {call.name: i for i, call in enumerate(calls)}
     merged = {**reports[0], "jobs": len(shards),
               "import_seconds": max(r["import_seconds"] for r in reports),
@@ -771,7 +873,10 @@ def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> in
     try:
         report = produce(args, calls)
         failed = [c["call"] for c in report["calls"] if c["error"]]
-    except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
+    except Exception as exc:  # noqa: BLE001 - an import error deep in cutlass included
+        # Not BaseException: Ctrl-C and SIGTERM stop the build (non-zero), never a warning.
+        # The workers have all stopped by now (compile_in_workers), so the clean-up below
+        # sees every file this run wrote.
         report, failed = None, [f"{type(exc).__name__}: {exc}"]
     if not failed:
         keep_share_record(args, report)
@@ -791,7 +896,8 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: S
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     chosen = dataclasses.asdict(selection)
     if report is None or failed:
-        return {"arch": arch, "python": python, "kernels": 0, "selection": chosen, "error": "; ".join(failed)[:2000]}
+        return {"arch": arch, "python": python, "kernels": 0, "selection": chosen,
+                "error": portable("; ".join(failed))[:2000]}
     calls = report["calls"]
     shipped = {**_shipped_objects(report), **report.get("aliased", {})}
     # A Python sharing another's kernels: its kernels are the aliases its index lists.
@@ -869,4 +975,8 @@ def check_installed(report_path: Path | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during the workers' run: stop the build
+        print("fa4_precompile.py: interrupted; every FA4 compile worker it started has stopped", file=sys.stderr)
+        sys.exit(130)

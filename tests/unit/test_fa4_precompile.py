@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,127 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
     aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
     assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
     assert all(path.is_file() for table in aliases.values() for path in table.values())
+
+
+# The workers of `compile --jobs N` under supervision: stand-in workers (this interpreter
+# running FAKE_WORKER instead of the real script) fail, stall or would write late, as the
+# environment's FAKE_WORKER_PLAN tells each (by its index).
+FAKE_WORKER = '''#!{python}
+import json, os, pathlib, sys, time
+args = sys.argv[1:]
+value = lambda flag: pathlib.Path(args[args.index(flag) + 1])
+index = value("--calls").name.split(".")[0]
+with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+    log.write(f"{{index}} {{os.getpid()}}\\n")
+plan = json.loads(os.environ["FAKE_WORKER_PLAN"])[index]
+if plan == "fail":
+    sys.stderr.write("compiling varlen-hd128-bf16-full-gqa1\\nTraceback (most recent call last):\\n"
+                     "  File \\"flash_fwd.py\\", line 844\\nNameError: name 'mDynamicCausal' is not defined\\n")
+    sys.exit(1)
+time.sleep(float(plan))
+(value("--out") / "late.o").write_bytes(b"a kernel written after the step ended")
+value("--report").write_text(json.dumps({{"calls": [], "import_seconds": 0, "peak_rss_mb": 1}}))
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture
+def fake_workers(tmp_path, monkeypatch):
+    """Every worker the precompile starts is FAKE_WORKER; set(plan) gives each its part."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_WORKER.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "workers.log"
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+
+    class Workers:
+        python = str(fake)
+        real_python = sys.executable
+
+        @staticmethod
+        def plan(**parts):
+            monkeypatch.setenv("FAKE_WORKER_PLAN", json.dumps({k.lstrip("w"): v for k, v in parts.items()}))
+
+        @staticmethod
+        def pids():
+            return [int(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+
+    monkeypatch.setattr(sys, "executable", str(fake))
+    return Workers
+
+
+def _compile_args(dest, record, *extra):
+    out = dest / "vendored_flash_attn/_fa4/kernels"
+    out.mkdir(parents=True, exist_ok=True)
+    return out, ["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a", "--jobs", "2",
+                 "--record", str(record), *extra]
+
+
+def test_a_failed_worker_stops_the_others_before_the_clean_up_and_its_error_is_shown(
+        precompile, staged, fake_workers, capsys):
+    # Worker 1 fails at once; worker 2 would write a kernel 30 s later. The step must not wait
+    # for it, must stop it before removing this run's kernels, and must say what worker 1 said.
+    dest, record = staged
+    fake_workers.plan(w0="fail", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    start = time.monotonic()
+    assert precompile.main(args) == 0
+    assert time.monotonic() - start < 20
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    assert not list(out.rglob("*.o"))
+    printed = capsys.readouterr()
+    error = "NameError: name 'mDynamicCausal' is not defined"
+    assert f"FA4 compile worker 1 of 2 exited with 1: {error} (the other 1 stopped" in printed.out
+    # the worker's whole stderr is in the step's log, under a header
+    assert "--- FA4 compile worker 1 of 2 (exit 1), its stderr:\ncompiling varlen-hd128" in printed.err
+    run = json.loads(record.read_text())["precompile"]["runs"][0]
+    assert run["kernels"] == 0 and error in run["error"]
+
+
+def test_ctrl_c_stops_every_worker_and_is_no_warning(precompile, staged, fake_workers, capsys):
+    import _thread
+    import threading
+
+    dest, record = staged
+    fake_workers.plan(w0="30", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    threading.Timer(1.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        precompile.main(args)
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    assert "WARNING" not in capsys.readouterr().out
+    assert not list(out.rglob("*.o"))
+
+
+def test_sigterm_stops_every_worker_and_the_step_exits_non_zero(staged, fake_workers, tmp_path):
+    # What a build tool sends when it stops (ninja on Ctrl-C, a CI runner's timeout): the step
+    # run as the build runs it (its __main__), its workers stand-ins.
+    import subprocess
+
+    dest, record = staged
+    fake_workers.plan(w0="30", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    driver = ("import os, runpy, signal, sys, threading\n"
+              f"sys.executable = {fake_workers.python!r}\n"
+              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              "threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    start = time.monotonic()
+    proc = subprocess.run([fake_workers.real_python, "-c", driver], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert time.monotonic() - start < 25
+    assert "interrupted; every FA4 compile worker it started has stopped" in proc.stderr
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    time.sleep(0.5)
+    assert not list(out.rglob("*.o"))
