@@ -26,14 +26,14 @@ why each choice was made and what was measured):
     version string), so the flavour directory above it keeps kernels of one flavour from
     ever loading in the other.
 
-    ``--share FILE`` (the build passes one per arch to every Python): kernels compiled once
-    for every Python. When FILE is absent, this Python compiles and writes there the key
-    hash of every kernel each call looked up. When another Python wrote it, this one makes
-    its calls with every lookup answered by a stand-in (nothing compiles; its own key hashes
-    are noted), compiles one call for real and compares those kernels byte for byte with the
-    other Python's; equal: the kernels ship once and this Python gets
-    ``<flavour>/<its fingerprint>/aliases.json`` (its key hashes -> the other Python's files,
-    read by fa4_cache); else it compiles its own set and says why.
+    ``--share FILE`` (the build passes one per arch to every Python): one kernel set shipped
+    for every Python whose kernels are the same bytes. When FILE is absent, this Python
+    compiles and writes there the key hash of every kernel each call looked up. When another
+    Python wrote it, this one compiles every call too, into a scratch folder, and compares
+    every kernel byte for byte with the other Python's file for the same call (the cost is
+    the same as compiling its own set: docs/fa4.md measured both); all equal: only
+    ``<flavour>/<its fingerprint>/aliases.json`` ships for it (its key hashes -> the other
+    Python's files, read by fa4_cache); else its own set ships and the log says why.
 
 ``verify``
     Loads them back as the installed wheel does; a kernel that compiles instead fails it.
@@ -411,25 +411,24 @@ def _objects(root: Path) -> dict[str, int]:
 
 class _KeyLog:
     """Upstream's compile cache of one kernel kind (``kind``), noting the key hash of every
-    lookup in ``sink``. ``keys_only``: every lookup is answered as present with a kernel that
-    does nothing, so a call compiles and loads nothing and only its keys are learnt."""
+    lookup in ``sink`` (what --share compares and indexes)."""
 
-    def __init__(self, inner, kind: str, hasher, sink: list, keys_only: bool):
-        self.inner, self.kind, self.hasher, self.sink, self.keys_only = inner, kind, hasher, sink, keys_only
+    def __init__(self, inner, kind: str, hasher, sink: list):
+        self.inner, self.kind, self.hasher, self.sink = inner, kind, hasher, sink
 
     def __contains__(self, key) -> bool:
         self.sink.append([self.kind, self.hasher(key)])
-        return True if self.keys_only else key in self.inner
+        return key in self.inner
 
     def __getitem__(self, key):
-        return (lambda *args, **kwargs: None) if self.keys_only else self.inner[key]
+        return self.inner[key]
 
     def __setitem__(self, key, fn) -> None:
         self.inner[key] = fn
 
 
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE, verify: bool = False, keys_only: bool = False) -> dict:
+                      package: str = VENDORED_PACKAGE, verify: bool = False) -> dict:
     """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
     FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict, each
     call with the ``[kind, key hash]`` of every kernel it looked up (``lookups``).
@@ -438,7 +437,6 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     of run-time calls: the adapter picks split-KV, descales, windows and the like the way it
     does for vLLM's calls. ``verify``: load from ``out`` as the installed wheel does and make
     each call twice; a kernel written to the (temporary) user cache means it compiled.
-    ``keys_only``: note the lookups only (``_KeyLog``); nothing is compiled or written.
     """
     import resource
     import tempfile
@@ -465,14 +463,14 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
 
     loaded = fa4.load()
     cache_utils = importlib.import_module(f"{package}.cache_utils")
-    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify or keys_only else out
+    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify else out
     fa4_cache.install(loaded.interface, cache_utils, cutlass, shipped=out, user=user)
     lookups: list = []
     hasher = functools.partial(cache_utils.JITPersistentCache._key_to_hash, None)  # upstream's, uses no state
     for attribute, kind in fa4_cache.FORWARD_CACHES.items():
         function = getattr(loaded.interface, attribute, None)
         if function is not None:
-            function.compile_cache = _KeyLog(function.compile_cache, kind, hasher, lookups, keys_only)
+            function.compile_cache = _KeyLog(function.compile_cache, kind, hasher, lookups)
     # The DSL picks its cu12 or cu13 half at import: the flavour is read from cutlass
     # after the import (the run time's rule, fa4_cache).
     flavour = fa4_cache.dsl_flavour(cutlass)
@@ -498,7 +496,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
                         "lookups": [list(x) for x in lookups]})
         status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
         print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
-    if verify or keys_only:
+    if verify:
         shutil.rmtree(user, ignore_errors=True)
     import tvm_ffi
 
@@ -555,31 +553,39 @@ def alias_table(first: dict, own: dict, out: Path) -> tuple[dict, list[str]]:
     return table, problems
 
 
-def byte_differences(first: dict, sample: dict, out: Path, sample_out: Path) -> list[str]:
-    """Kernels this Python compiled (``sample``: the report of a compile into ``sample_out``)
+def byte_differences(first: dict, compiled: dict, out: Path, compiled_out: Path) -> list[str]:
+    """Kernels this Python compiled (``compiled``: the report of a compile into ``compiled_out``)
     that are not byte for byte the other Python's files for the same calls; [] when all are."""
-    differences = []
-    own = share_record(sample)
+    differences, seen = [], set()
+    own = share_record(compiled)
     for name, mine in own["calls"].items():
         theirs = first["calls"].get(name, [])
         if len(mine) != len(theirs):
             differences.append(f"{name}: {len(mine)} kernels here, {len(theirs)} with Python {first['python']}")
             continue
         for (kind, own_hash), (_, first_hash) in zip(mine, theirs):
-            here, there = _kernel_file(sample_out, own, kind, own_hash), _kernel_file(out, first, kind, first_hash)
+            if (kind, own_hash) in seen:  # a kernel several calls reach (the split-KV combine)
+                continue
+            seen.add((kind, own_hash))
+            here, there = _kernel_file(compiled_out, own, kind, own_hash), _kernel_file(out, first, kind, first_hash)
             if not here.is_file() or not there.is_file() or here.read_bytes() != there.read_bytes():
                 differences.append(f"{name}: {kind} kernel {own_hash[:12]} differs from Python {first['python']}'s "
                                    f"{first_hash[:12]}")
     if not own["calls"]:
-        differences.append("the sample call compiled no kernel here: " + "; ".join(
-            str(c["error"] or c["refused"]) for c in sample["calls"]))
+        differences.append("no call compiled a kernel here: " + "; ".join(
+            str(c["error"] or c["refused"]) for c in compiled["calls"]))
     return differences
 
 
-def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path) -> tuple[dict | None, str]:
-    """``--share`` with another Python's record: ``(report, "")`` when this Python's kernels
-    are that Python's files, now listed in this Python's aliases.json; ``(None, why)`` when it
-    must compile its own set."""
+def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path,
+              jobs: int = 1) -> tuple[dict | None, str]:
+    """``--share`` with another Python's record. This Python compiles every call too, into a
+    scratch folder, and compares each kernel it made byte for byte with the other Python's
+    file for the same call and position (all of them: one sample would trust the rest).
+    Returns ``(report, "")`` when every kernel is the same: nothing of this Python's ships
+    but its aliases.json (its key hashes -> the other Python's files); ``(report, why)``
+    when any differs: its own set, moved into ``out``; ``(None, why)`` when there is no
+    record to compare with (compile as usual)."""
     import tempfile
 
     if not share.is_file():
@@ -587,46 +593,57 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
     first = json.loads(share.read_text())
     if first.get("schema") != SHARE_SCHEMA or first.get("arch") != arch:
         return None, f"{share} is not a record of this step for {arch}"
-    own = compile_selection(stage_root, out, arch, calls, keys_only=True)
-    if own["flavour"] != first["flavour"]:
-        return None, f"its DSL is the {own['flavour']} build, Python {first['python']}'s the {first['flavour']}"
-    if own["fingerprint"] == first["fingerprint"]:  # another interpreter of the same minor and versions
-        own.update(aliases=0, aliased={}, same_as={"python": first["python"], "fingerprint": first["fingerprint"]})
-        return own, ""
-    table, problems = alias_table(first, share_record(own), out)
-    if problems:
-        return None, f"{len(problems)} calls do not match: {problems[0]}"
-    # The identity check: the call with the most kernel kinds (a split-KV call reaches both),
-    # compiled here for real, must give the other Python's bytes.
-    sample = max(first["calls"], key=lambda name: len({kind for kind, _ in first["calls"][name]}))  # the first such
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
-        compiled = compile_selection(stage_root, Path(tmp), arch, [c for c in calls if c.name == sample])
-        differences = byte_differences(first, compiled, out, Path(tmp))
-    if differences:
-        return None, differences[0]
+        scratch = Path(tmp)
+        compiled = compile_in_workers(stage_root, scratch, arch, calls, jobs)
+        own = share_record(compiled)
+        why = ""
+        if compiled["flavour"] != first["flavour"]:
+            why = f"its DSL is the {compiled['flavour']} build, Python {first['python']}'s the {first['flavour']}"
+        table, problems = ({}, []) if why else alias_table(first, own, out)
+        if problems:
+            why = f"{len(problems)} calls do not match: {problems[0]}"
+        differences = [] if why else byte_differences(first, compiled, out, scratch)
+        if differences:
+            why = f"{len(differences)} of its kernels differ: {differences[0]}"
+        if why or any(c["error"] for c in compiled["calls"]):
+            if compiled["fingerprint"] == first["fingerprint"] and why:
+                raise RuntimeError(f"Python {compiled['python']} and {first['python']} share upstream's fingerprint "
+                                   f"{first['fingerprint'][:12]} but not their kernels: {why}")
+            # Its own set, compiled already: into the output, as a run without --share would leave it.
+            shutil.copytree(scratch, out, dirs_exist_ok=True)
+            return compiled, why or "some of its kernels failed to compile"
+    compared = sum(len(lookups) for lookups in own["calls"].values())
+    for call in compiled["calls"]:
+        call["objects"] = {}  # compiled to compare, not shipped
+    same_as = {"python": first["python"], "fingerprint": first["fingerprint"], "compared": compared}
+    if compiled["fingerprint"] == first["fingerprint"]:  # another interpreter of the same minor and versions
+        compiled.update(aliases=0, aliased={}, same_as=same_as)
+        return compiled, ""
     # One index per fingerprint, for every arch: an earlier arch's entries stay.
-    index = out / own["flavour"] / own["fingerprint"] / fa4_cache.ALIASES_FILE
+    index = out / compiled["flavour"] / compiled["fingerprint"] / fa4_cache.ALIASES_FILE
     entries = sum(len(t) for t in table.values())
     if index.is_file():
         earlier_same_as, earlier = fa4_cache.parse_aliases(index.read_bytes())
         if earlier_same_as != first["fingerprint"]:
-            return None, f"its index already names the kernels of another build Python ({earlier_same_as[:12]})"
+            raise RuntimeError(f"{index} already names the kernels of another build Python ({earlier_same_as[:12]})")
         for kind, more in earlier.items():
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(fa4_cache.aliases_text(first["fingerprint"], own["python"], table))
-    own.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size},
-               same_as={"python": first["python"], "fingerprint": first["fingerprint"], "sample": sample})
-    return own, ""
+    index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table))
+    compiled.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size}, same_as=same_as)
+    return compiled, ""
 
 
 def produce(args: argparse.Namespace, calls: list[KernelCall]) -> dict:
-    """The kernels of ``compile``: another Python's files where ``--share`` finds them the
-    same, else compiled here (then recorded in ``--share`` for the next Python)."""
+    """The kernels of ``compile``: another Python's files where ``--share`` finds every one of
+    them the same, else this Python's own (then recorded in ``--share`` for the next Python)."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if args.share:
-        report, why = share_run(args.stage, args.out, args.arch, calls, args.share)
+        report, why = share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs)
         if report is not None:
+            if why:
+                print(f"Python {python} ships its own FA4 kernels for {args.arch}: {why}", flush=True)
             return report
         print(f"Python {python} compiles its own FA4 kernels for {args.arch}: {why}", flush=True)
     return compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)

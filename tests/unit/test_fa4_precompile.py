@@ -119,8 +119,9 @@ def test_a_run_in_workers_counts_each_kernel_once(precompile):
 # bytes only where a test says so.
 class FakeDSL:
     def __init__(self, python, flavour="cu12.9", bytes_hold_python=False, combine_kinds=("fwd_combine",),
-                 arch_salt=""):
+                 arch_salt="", differs_on=""):
         self.python, self.flavour, self.bytes_hold_python = python, flavour, bytes_hold_python
+        self.differs_on = differs_on  # the one call whose kernel holds the Python's version
         self.arch_salt = arch_salt  # the arch is in upstream's key
         self.combine_kinds = combine_kinds
         self.compiled: list[str] = []
@@ -131,7 +132,7 @@ class FakeDSL:
 
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def __call__(self, stage_root, out, arch, calls, package=None, verify=False, keys_only=False):
+    def __call__(self, stage_root, out, arch, calls, package=None, verify=False):
         fingerprint = self.digest(f"fingerprint-py{self.python}")
         results = []
         for call in calls:
@@ -140,9 +141,10 @@ class FakeDSL:
                 key_hash = self.digest(f"{name}{self.arch_salt}-pickled-by-{self.python}")
                 lookups.append([kind, key_hash])
                 path = Path(out) / self.flavour / fingerprint / kind / f"{key_hash}.o"
-                if not keys_only and not path.exists():
+                if not path.exists():
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(f"sass of {name}".encode() + (self.python.encode() if self.bytes_hold_python else b""))
+                    own = self.bytes_hold_python or name == self.differs_on
+                    path.write_bytes(f"sass of {name}".encode() + (self.python.encode() if own else b""))
                     objects[str(path.relative_to(out))] = path.stat().st_size
                     self.compiled.append(name)
             results.append({"call": call.name, "attempt": 1, "objects": objects, "error": None,
@@ -173,8 +175,8 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     second = FakeDSL("3.14")
     code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
     assert code == 0
-    # one sample call (a split-KV one: both kinds) compiled to compare, into a folder that is gone
-    assert len(second.compiled) == 2 and second.compiled[0].endswith("-split") and second.compiled[1] == "combine"
+    # every kernel compiled again to compare, into a folder that is gone: none of them ships
+    assert len(second.compiled) == 5
     assert len(list(out.rglob("*.o"))) == 5
     fingerprint = FakeDSL.digest("fingerprint-py3.14")
     aliases = fa4_cache.read_aliases(out, "cu12.9", fingerprint)
@@ -184,13 +186,17 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert [(r["python"], r["kernels"]) for r in runs] == [("3.12", 5), ("3.14", 5)]
     assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12")}
+    assert runs[1]["bytes"] == (out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE).stat().st_size
     assert "shipped once: Python 3.12's files, 5 listed" in capsys.readouterr().out
     # the record the next Python shares stays the compiling Python's
     assert json.loads(share.read_text())["python"] == "3.12"
 
 
 @pytest.mark.parametrize("second, why", [
-    (FakeDSL("3.14", bytes_hold_python=True), "kernel .* differs from Python 3.12's"),
+    (FakeDSL("3.14", bytes_hold_python=True), "5 of its kernels differ: .*kernel .* differs from Python 3.12's"),
+    # one kernel of one call that no sample would pick (not a split-KV one): every kernel is compared
+    (FakeDSL("3.14", differs_on="varlen-hd128-bf16-full-gqa4"),
+     "1 of its kernels differ: varlen-hd128-bf16-full-gqa4: fwd kernel .* differs"),
     (FakeDSL("3.14", flavour="cu13.0"), "its DSL is the cu13.0 build, Python 3.12's the cu12.9"),
     (FakeDSL("3.14", combine_kinds=()), "calls do not match"),
 ])
@@ -201,10 +207,14 @@ def test_a_python_whose_kernels_are_not_the_first_ones_compiles_its_own_set(prec
     code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
     assert code == 0
     printed = capsys.readouterr().out
-    assert re.search(r"Python [\d.]+ compiles its own FA4 kernels for sm_90a: .*" + why, printed), printed
+    assert re.search(r"Python [\d.]+ ships its own FA4 kernels for sm_90a: .*" + why, printed), printed
     assert not list(out.rglob(precompile.fa4_cache.ALIASES_FILE))
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert runs[1]["python"] == "3.14" and "same_as" not in runs[1] and runs[1]["kernels"] >= 4
+    # compiled once (to compare), shipped as compiled: its own files are in the output
+    fingerprint = FakeDSL.digest("fingerprint-py3.14")
+    assert len(list(out.glob(f"*/{fingerprint}/*/*.o"))) == runs[1]["kernels"]
+    assert len(second.compiled) == runs[1]["kernels"]
 
 
 def test_without_another_pythons_record_the_first_compiles_and_records_its_keys(precompile, staged, monkeypatch):
