@@ -266,6 +266,10 @@ with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
     log.write(f"{{index}} {{os.getpid()}}\\n")
 plan = json.loads(os.environ["FAKE_WORKER_PLAN"])[index]
 if plan == "fail":
+    # once every worker has started (each has logged its pid), so that the others are running
+    deadline = time.monotonic() + 20
+    while len(open(os.environ["FAKE_WORKER_LOG"]).read().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.stderr.write("compiling varlen-hd128-bf16-full-gqa1\\nTraceback (most recent call last):\\n"
                      "  File \\"flash_fwd.py\\", line 844\\nNameError: name 'mDynamicCausal' is not defined\\n")
     sys.exit(1)
