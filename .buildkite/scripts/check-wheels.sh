@@ -32,7 +32,7 @@ else
   .venv-check/bin/python -m pip install -q ${index:+--index-url "$index"} "torch==${VFA_TORCH_VERSION}"
   py=.venv-check/bin/python
 fi
-check() { PYTHONPATH="$ROOT/python" "$py" -m vendored_flash_attn.wheel_check "$@"; }
+wheel_check() { PYTHONPATH="$ROOT/python" "$py" -m vendored_flash_attn.wheel_check "$@"; }
 status=0
 found=0
 for dir in "$wheelhouse"/cu"${CUDA}"-*/; do
@@ -42,14 +42,14 @@ for dir in "$wheelhouse"/cu"${CUDA}"-*/; do
         --arch-list "${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" --require declared)
   [ -n "${VFA_PRESET:-}" ] && args+=(--preset "$VFA_PRESET")
   if [[ "$dir" == *x86_64* ]]; then
-    check all "$dir" "${args[@]}" || status=1
+    wheel_check all "$dir" "${args[@]}" || status=1
   else
     # Modules of another arch cannot be loaded here; cibuildwheel's test-command
     # loaded them on their own arch.
-    check size "$dir" || status=1
-    check abi3 "$dir" || status=1
-    check cxx-runtime "$dir" || status=1
-    check build-info "$dir" "${args[@]}" || status=1
+    wheel_check size "$dir" || status=1
+    wheel_check abi3 "$dir" || status=1
+    wheel_check cxx-runtime "$dir" || status=1
+    wheel_check build-info "$dir" "${args[@]}" || status=1
   fi
 done
 if [ "$found" = 0 ]; then
