@@ -14,9 +14,9 @@
 # the wheel (DIR/cu<CUDA>-x86_64/*.whl, or DIR/vendored_flash_attn-*.whl) and the wheels
 # of the [fa4] extra, which pip takes from there only (--no-index --find-links DIR);
 # VFA_GPU_PYTHON=PYTHON is an interpreter with torch and pytest installed (no venv, no
-# torch install); VFA_FA4_NO_DEPS=1 installs the wheel and each [fa4] requirement with
-# --no-deps (their own dependencies already installed), then the package's own check of
-# the installed versions against the pin (fa4_deps) must pass.
+# torch install); VFA_FA4_NO_DEPS=1 installs every other wheel of VFA_WHEELHOUSE and each
+# [fa4] requirement with --no-deps (what else they need already installed), then the
+# package's own check of the installed versions against the pin (fa4_deps) must pass.
 source "$(dirname "$0")/common.sh"
 PART=${1:?usage: gpu-test.sh fa2|fa3 CUDA}
 CUDA=${2:?usage: gpu-test.sh fa2|fa3 CUDA}
@@ -67,6 +67,14 @@ for requirement in HeaderParser().parsestr(zf.read(meta).decode()).get_all("Requ
         print(spec.strip())
 PY
 )
+    # Every other wheel of the folder first (the extra's requirements and what they need that
+    # this machine lacks, nvidia-cutlass-dsl-libs-base among them), then the requirements by
+    # name: each must be met, by a wheel of the folder or what is installed.
+    mapfile -t others < <(find "${VFA_WHEELHOUSE:?VFA_FA4_NO_DEPS=1 needs VFA_WHEELHOUSE}" -maxdepth 1 -name '*.whl' \
+                            ! -name 'vendored_flash_attn-*' | sort)
+    if [ "${#others[@]}" -gt 0 ]; then
+      "$py" -m pip install -q --no-deps "${pip_source[@]}" "${others[@]}"
+    fi
     "$py" -m pip install -q --no-deps "${pip_source[@]}" "${fa4_requirements[@]}"
   else
     "$py" -m pip install -q "${pip_source[@]}" "${wheel}[fa4]"
