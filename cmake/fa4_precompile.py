@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -798,7 +799,7 @@ def _stop(processes) -> None:
     for process in processes:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it ignored SIGTERM
+        except subprocess.TimeoutExpired:  # it ignored SIGTERM
             process.kill()
             process.wait()
 
@@ -816,7 +817,6 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
     a file and copied to this process's stderr, under a header, when it has ended; the error
     raised names the first failing worker's error line (WorkerFailed)."""
     import signal
-    import subprocess
     import tempfile
 
     shards = [shard for shard in (calls[i::jobs] for i in range(max(1, jobs))) if shard]
