@@ -100,7 +100,7 @@ def test_gpu_step_uses_the_check():
     assert "torch.cuda.is_available()" in script
     assert 'check_gpu_junit.py" "$junit"' in script
     assert 'exit "$check"' in script
-    assert "|| true\n" not in script.split("check_gpu_junit.py", 1)[1]
+    assert "|| true\n" not in script.split('check_gpu_junit.py" "$junit"', 1)[1]
 
 
 @pytest.mark.parametrize("built, capability, forbidden", [
