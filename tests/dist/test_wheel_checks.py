@@ -443,3 +443,20 @@ def test_check_wheels_fails_each_broken_fa4_and_passes_a_good_release(tmp_path):
     passed = run(["bash", str(script), "13.0"], env={**env, "VFA_WHEELHOUSE": str(tmp_path / "good")}, timeout=600)
     assert passed.returncode == 0, passed.output
     assert "PASS build-info" in passed.stdout and "required fa2+fa3+fa4" in passed.stdout
+
+
+@pytest.mark.parametrize("name", ["good", "kernel-missing", "subpackage-removed"])
+def test_the_installed_check_holds_fa4_to_its_record_too(tmp_path, name):
+    # What the GPU step and cibuildwheel's test command run on the installed package.
+    changes, message = BROKEN_FA4.get(name, ({}, ""))
+    wheel = release_wheel(tmp_path / "w", **changes)
+    result = run_installed(tmp_path, wheel, "--pin", str(PROJECT / "vendor/flash-attention/pin.json"),
+                           "--require", "declared")
+    if name == "good":
+        assert result.returncode == 0, result.output
+        assert "required fa2+fa3+fa4" in result.stdout
+    else:
+        assert result.returncode == 1, result.output
+        expected = message.replace("vendored_flash_attn-0.1.0+fa617264c.cu13-1-cp310-abi3-linux_x86_64.whl",
+                                   "the installed package")
+        assert expected in result.stdout, result.output
