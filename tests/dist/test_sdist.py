@@ -135,9 +135,10 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
 # hands it to the build through PYTHONPATH. FA4's probe and its build steps must see that
 # environment alike (the steps once ran with `python -E` and died on `packaging`). Three builds
 # from one fresh venv (pip only: nothing of this test's venv), each with FA4 in one mode, share
-# a private sccache: the first compiles, the others hit. Measured on the 2-core CPU machine:
-# about 4.5 min for the first build (pip installs torch into each build's environment: 1.5-2
-# min a build), 3 min for each of the others.
+# a private sccache: the first compiles, the others hit. Wall time on the 2-core CPU machine
+# (`pytest tests/dist/test_sdist.py -k isolated --durations=5`, other builds running: load
+# 2-6): 8 min 3 s for the three, 98 s, 217 s and 157 s, most of it pip installing torch into
+# each build's environment (12 min 47 s at load 6-8 before PIP_NO_COMPILE).
 
 @pytest.fixture(scope="module")
 def isolated(synthetic, tmp_path_factory):
