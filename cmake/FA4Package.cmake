@@ -32,36 +32,71 @@ function(vfa_fa4_dsl_archs out_var)
   set(${out_var} "${targets}" PARENT_SCOPE)
 endfunction()
 
-# Sets VFA_FA4_BUILT, VFA_FA4_REASON, VFA_FA4_PRECOMPILE_ARCHS in the caller; adds the
-# vfa_fa4 target and the install rule when FA4 is packaged.
+# The command that runs the build's Python for FA4's steps, probe and build steps alike, so
+# that what the probe found is what the steps get: the PYTHONPATH and PYTHONHOME configure
+# ran with (pip's build isolation gives the build's requirements through PYTHONPATH: `-E`
+# would hide them from the steps, as it did, and `packaging` went missing), pinned here
+# because ninja may run the steps later from another shell; no user site (`-s`).
+function(vfa_fa4_build_python out_var)
+  set(env "")
+  foreach(variable PYTHONPATH PYTHONHOME)
+    if(DEFINED ENV{${variable}} AND NOT "$ENV{${variable}}" STREQUAL "")
+      list(APPEND env "${variable}=$ENV{${variable}}")
+    else()
+      list(APPEND env "--unset=${variable}")
+    endif()
+  endforeach()
+  set(${out_var} "${CMAKE_COMMAND}" -E env ${env} "${Python_EXECUTABLE}" -s PARENT_SCOPE)
+endfunction()
+
+# Sets VFA_FA4_BUILT, VFA_FA4_REASON, VFA_FA4_PRECOMPILE_ARCHS and VFA_FA4_ARCHS (the DSL
+# targets of the arch list FA4 runs on; empty: none, VFA_FA4_ARCH_REASON says so) in the
+# caller; adds the vfa_fa4 target and the install rule when FA4 is packaged.
 function(vfa_add_fa4_package)
   vfa_option(VFA_BUILD_FA4)
   vfa_option(VFA_FA4_PRECOMPILE)
   set(VFA_FA4_BUILT FALSE PARENT_SCOPE)
   set(VFA_FA4_PRECOMPILE_ARCHS "" PARENT_SCOPE)
+  vfa_fa4_dsl_archs(fa4_archs ${VFA_CUDA_ARCHS})
+  set(VFA_FA4_ARCHS "${fa4_archs}" PARENT_SCOPE)
+  set(VFA_FA4_ARCH_REASON "" PARENT_SCOPE)
+  if(NOT fa4_archs)
+    set(VFA_FA4_ARCH_REASON "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on" PARENT_SCOPE)
+  endif()
   if(VFA_BUILD_FA4 STREQUAL "off")
     set(VFA_FA4_REASON "VFA_BUILD_FA4=off" PARENT_SCOPE)
     message(STATUS "vendored-flash-attn: FA4 not packaged: VFA_BUILD_FA4=off")
     return()
   endif()
-  set(cute "${VFA_flash_attention_SOURCE_DIR}/flash_attn/cute")
+  set(cute_path "flash_attn/cute")
+  set(cute "${VFA_flash_attention_SOURCE_DIR}/${cute_path}")
+  # The stage copies what the source check verified, and only that: flash_attn/cute must be
+  # one of the pin's checked paths (vendor/flash-attention/pin.json "paths").
+  if(NOT cute_path IN_LIST VFA_PIN_flash_attention_PATHS)
+    message(FATAL_ERROR "FA4 stages ${cute_path}, which is not among the paths the source check verifies "
+      "(${VFA_PIN_flash_attention_PATHS}): add it to \"paths\" in the pin, or set VFA_BUILD_FA4=off.")
+  endif()
 
-  execute_process(COMMAND "${Python_EXECUTABLE}" "${_VFA_FA4_SCRIPT}" probe
+  vfa_fa4_build_python(build_python)
+  execute_process(COMMAND ${build_python} "${_VFA_FA4_SCRIPT}" probe
     OUTPUT_VARIABLE probe ERROR_VARIABLE probe_err RESULT_VARIABLE rc TIMEOUT 120)
+  set(build_minor "")
   if(NOT rc EQUAL 0)
     set(stage_reason "cmake/fa4_precompile.py probe failed with ${Python_EXECUTABLE}: ${probe_err}")
     set(precompile_reason "${stage_reason}")
   else()
     string(JSON stage_reason GET "${probe}" stage)
     string(JSON precompile_reason GET "${probe}" precompile)
+    string(JSON build_minor GET "${probe}" python)
   endif()
   if(NOT EXISTS "${cute}/interface.py")
     set(stage_reason "the flash-attention sources at '${VFA_flash_attention_SOURCE_DIR}' have no flash_attn/cute")
   endif()
   if(NOT stage_reason STREQUAL "")
     if(VFA_BUILD_FA4 STREQUAL "on")
-      message(FATAL_ERROR "VFA_BUILD_FA4=on, but FA4 cannot be staged: ${stage_reason}. "
-        "Install packaging (and tomli on Python 3.10) into the build environment, or set VFA_BUILD_FA4=off.")
+      message(FATAL_ERROR "VFA_BUILD_FA4=on, but FA4 cannot be staged with ${Python_EXECUTABLE}: ${stage_reason}. "
+        "Install packaging (and tomli on Python 3.10) into the build environment (an isolated build gets them "
+        "from pyproject.toml's build requirements), or set VFA_BUILD_FA4=off.")
     endif()
     set(VFA_FA4_REASON "${stage_reason}" PARENT_SCOPE)
     message(STATUS "vendored-flash-attn: FA4 not packaged: ${stage_reason}")
@@ -74,9 +109,14 @@ function(vfa_add_fa4_package)
   # mistake, whatever the mode.
   vfa_option(VFA_FA4_PRECOMPILE_GQA_RATIOS)
   vfa_option(VFA_FA4_PRECOMPILE_PYTHONS)
+  # Each interpreter that compiles, as the command that runs it (the build's Python in the
+  # probe's environment; another one with -E -s: its own packages, never the build
+  # environment's, which are the build Python's minor), and the Python minors they are.
   set(pythons "")
+  set(minors "")
   if(precompile_reason STREQUAL "")
-    list(APPEND pythons "${Python_EXECUTABLE}")
+    list(APPEND pythons "BUILD")
+    list(APPEND minors "${build_minor}")
   endif()
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
     foreach(interpreter IN LISTS VFA_FA4_PRECOMPILE_PYTHONS)
@@ -89,11 +129,17 @@ function(vfa_add_fa4_package)
       endif()
       string(JSON extra_reason GET "${extra_probe}" precompile)
       if(NOT extra_reason STREQUAL "")
-        message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: ${extra_reason}")
+        message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: '${interpreter}': ${extra_reason}")
+      endif()
+      string(JSON extra_minor GET "${extra_probe}" python)
+      if(interpreter STREQUAL Python_EXECUTABLE AND "BUILD" IN_LIST pythons)
+        continue()  # the build's own Python named again compiles once
       endif()
       list(APPEND pythons "${interpreter}")
+      list(APPEND minors "${extra_minor}")
     endforeach()
-    list(REMOVE_DUPLICATES pythons)  # the build's own Python named again compiles once
+    list(REMOVE_DUPLICATES pythons)
+    list(REMOVE_DUPLICATES minors)
     if(pythons AND NOT precompile_reason STREQUAL "")
       message(STATUS "vendored-flash-attn: FA4 kernels precompiled by VFA_FA4_PRECOMPILE_PYTHONS only: ${precompile_reason}")
       set(precompile_reason "")
@@ -102,7 +148,7 @@ function(vfa_add_fa4_package)
   set(archs "")
   set(precompile_state "off")
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
-    vfa_fa4_dsl_archs(archs ${VFA_CUDA_ARCHS})
+    set(archs "${fa4_archs}")
     if(NOT archs)
       set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (the fa4 family's generations: 9.0, 10.0)")
     endif()
@@ -127,9 +173,16 @@ function(vfa_add_fa4_package)
   vfa_json_string(state "${precompile_state}")
   vfa_json_string(reason "${precompile_reason}")
   vfa_json_array(targets ${archs})
-  # Interpreters are not recorded by path (the record ships): each run records its Python.
+  # Interpreters are recorded by their Python minor, never by path (the record ships, and the
+  # wheel's bytes must not depend on where this machine keeps them); the release gate
+  # (wheel_check) wants kernels for each arch and each of these.
+  if(precompile_state STREQUAL "on")
+    vfa_json_array(minors_json ${minors})
+  else()
+    set(minors_json "[]")
+  endif()
   string(JSON facts SET "${facts}" precompile
-    "{\"mode\": ${mode}, \"state\": ${state}, \"reason\": ${reason}, \"archs\": ${targets}, \"runs\": []}")
+    "{\"mode\": ${mode}, \"state\": ${state}, \"reason\": ${reason}, \"archs\": ${targets}, \"pythons\": ${minors_json}, \"runs\": []}")
   set(facts_file "${CMAKE_CURRENT_BINARY_DIR}/fa4_configure.json")
   file(WRITE "${facts_file}.tmp" "${facts}\n")
   file(COPY_FILE "${facts_file}.tmp" "${facts_file}" ONLY_IF_DIFFERENT)
@@ -144,11 +197,10 @@ function(vfa_add_fa4_package)
        "${cute}/AUTHORS" "${cute}/README.md")
   set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_deps.py"
       "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
-  set(python "${Python_EXECUTABLE}" -E -s)
   # From scratch each time: no kernel of an earlier source or selection may stay behind.
   set(commands
     COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}" "${stage}/share"
-    COMMAND ${python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
+    COMMAND ${build_python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
   # The kernels of the wheel's selection (its FA3 head dims, dtypes and features, and the
   # GQA ratios knob), for each arch and each Python (cmake/fa4_precompile.py plan lists them).
   # Upstream keys kernels on the Python minor, but their bytes do not depend on it: the first
@@ -170,9 +222,14 @@ function(vfa_add_fa4_package)
     set(flags --best-effort)
   endif()
   foreach(interpreter IN LISTS pythons)
+    if(interpreter STREQUAL "BUILD")
+      set(run ${build_python})
+    else()
+      set(run "${interpreter}" -E -s)
+    endif()
     foreach(arch IN LISTS archs)
       # The CUDA flavour directory is created below kernels/ by the compile itself.
-      list(APPEND commands COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
+      list(APPEND commands COMMAND ${run} "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
         --out "${package}/kernels" --arch ${arch} ${selection} --jobs ${VFA_JOBS}
         --record "${package}/build_info.json" --share "${stage}/share/${arch}.json" ${flags})
     endforeach()
@@ -184,6 +241,14 @@ function(vfa_add_fa4_package)
     COMMENT "vendored-flash-attn: staging FA4 as vendored_flash_attn._fa4.cute (precompile: ${precompile_state} ${archs})"
     VERBATIM)
   add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
+  # The stage reads the sources the build verified, from the folder the source check
+  # verified: where the build checks them again before anything reads them (the target
+  # vfa_verified_sources, when the sources' build-time check defines it), the stage waits
+  # for that check and a failed one stops the build first; an edit to a staged file
+  # re-stages through DEPENDS above.
+  if(TARGET vfa_verified_sources)
+    add_dependencies(vfa_fa4 vfa_verified_sources)
+  endif()
   if(archs)
     # The precompile runs VFA_JOBS workers (about 1.4 GB each): after the compiled modules
     # this build makes, so it never shares the machine with their compiles (the job pool's budget).

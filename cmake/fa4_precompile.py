@@ -26,14 +26,14 @@ why each choice was made and what was measured):
     version string), so the flavour directory above it keeps kernels of one flavour from
     ever loading in the other.
 
-    ``--share FILE`` (the build passes one per arch to every Python): kernels compiled once
-    for every Python. When FILE is absent, this Python compiles and writes there the key
-    hash of every kernel each call looked up. When another Python wrote it, this one makes
-    its calls with every lookup answered by a stand-in (nothing compiles; its own key hashes
-    are noted), compiles one call for real and compares those kernels byte for byte with the
-    other Python's; equal: the kernels ship once and this Python gets
-    ``<flavour>/<its fingerprint>/aliases.json`` (its key hashes -> the other Python's files,
-    read by fa4_cache); else it compiles its own set and says why.
+    ``--share FILE`` (the build passes one per arch to every Python): one kernel set shipped
+    for every Python whose kernels are the same bytes. When FILE is absent, this Python
+    compiles and writes there the key hash of every kernel each call looked up. When another
+    Python wrote it, this one compiles every call too, into a scratch folder, and compares
+    every kernel byte for byte with the other Python's file for the same call (the cost is
+    the same as compiling its own set: docs/fa4.md measured both); all equal: only
+    ``<flavour>/<its fingerprint>/aliases.json`` ships for it (its key hashes -> the other
+    Python's files, read by fa4_cache); else its own set ships and the log says why.
 
 ``verify``
     Loads them back as the installed wheel does; a kernel that compiles instead fails it.
@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,6 +123,13 @@ def add_precompile_run(record: Path, run: dict) -> None:
     record.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def portable(text: str) -> str:
+    """``text`` (an error message) with every absolute path cut to its last part: FA4's
+    build record ships in the wheel, whose bytes must not depend on where this machine keeps
+    its Python, its temporary build environment (pip's isolation) or the build dir."""
+    return re.sub(r"(?<![\w.~])/(?:[^\s/'\":]+/)+(?=[^\s/'\":])", ".../", text)
+
+
 def probe() -> dict:
     """What the build's Python can do: "" when it can, else why not (CMake reads this).
 
@@ -133,18 +141,20 @@ def probe() -> dict:
     stage_missing = [m for m in ("packaging",) if importlib.util.find_spec(m) is None]
     if importlib.util.find_spec("tomllib") is None and importlib.util.find_spec("tomli") is None:
         stage_missing.append("tomli")
-    stage_reason = (f"the build's Python ({sys.executable}) lacks {', '.join(stage_missing)}"
-                    if stage_missing else "")
+    # Named by version, not path: the reasons go into FA4's build record, which ships
+    # (CMake's own messages name the interpreter's path).
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    stage_reason = f"the build's {python} lacks {', '.join(stage_missing)}" if stage_missing else ""
     if stage_reason:
-        return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason}
+        return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason, "python": python[7:]}
     problems = fa4_deps.problems()
     if importlib.util.find_spec("torch") is None:
         problems.append("torch is not installed")
     precompile_reason = ""
     if problems:
-        precompile_reason = (f"the build's Python ({sys.executable}) lacks FA4's dependencies: "
+        precompile_reason = (f"the build's {python} lacks FA4's dependencies: "
                              + "; ".join(problems) + f" (install them with: {fa4_deps.INSTALL_COMMAND})")
-    return {"stage": "", "precompile": precompile_reason}
+    return {"stage": "", "precompile": precompile_reason, "python": python[7:]}
 
 
 def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
@@ -402,25 +412,24 @@ def _objects(root: Path) -> dict[str, int]:
 
 class _KeyLog:
     """Upstream's compile cache of one kernel kind (``kind``), noting the key hash of every
-    lookup in ``sink``. ``keys_only``: every lookup is answered as present with a kernel that
-    does nothing, so a call compiles and loads nothing and only its keys are learnt."""
+    lookup in ``sink`` (what --share compares and indexes)."""
 
-    def __init__(self, inner, kind: str, hasher, sink: list, keys_only: bool):
-        self.inner, self.kind, self.hasher, self.sink, self.keys_only = inner, kind, hasher, sink, keys_only
+    def __init__(self, inner, kind: str, hasher, sink: list):
+        self.inner, self.kind, self.hasher, self.sink = inner, kind, hasher, sink
 
     def __contains__(self, key) -> bool:
         self.sink.append([self.kind, self.hasher(key)])
-        return True if self.keys_only else key in self.inner
+        return key in self.inner
 
     def __getitem__(self, key):
-        return (lambda *args, **kwargs: None) if self.keys_only else self.inner[key]
+        return self.inner[key]
 
     def __setitem__(self, key, fn) -> None:
         self.inner[key] = fn
 
 
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE, verify: bool = False, keys_only: bool = False) -> dict:
+                      package: str = VENDORED_PACKAGE, verify: bool = False) -> dict:
     """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
     FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict, each
     call with the ``[kind, key hash]`` of every kernel it looked up (``lookups``).
@@ -429,7 +438,6 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     of run-time calls: the adapter picks split-KV, descales, windows and the like the way it
     does for vLLM's calls. ``verify``: load from ``out`` as the installed wheel does and make
     each call twice; a kernel written to the (temporary) user cache means it compiled.
-    ``keys_only``: note the lookups only (``_KeyLog``); nothing is compiled or written.
     """
     import resource
     import tempfile
@@ -456,14 +464,14 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
 
     loaded = fa4.load()
     cache_utils = importlib.import_module(f"{package}.cache_utils")
-    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify or keys_only else out
+    user = Path(tempfile.mkdtemp(prefix="vfa-fa4-verify-")) if verify else out
     fa4_cache.install(loaded.interface, cache_utils, cutlass, shipped=out, user=user)
     lookups: list = []
     hasher = functools.partial(cache_utils.JITPersistentCache._key_to_hash, None)  # upstream's, uses no state
     for attribute, kind in fa4_cache.FORWARD_CACHES.items():
         function = getattr(loaded.interface, attribute, None)
         if function is not None:
-            function.compile_cache = _KeyLog(function.compile_cache, kind, hasher, lookups, keys_only)
+            function.compile_cache = _KeyLog(function.compile_cache, kind, hasher, lookups)
     # The DSL picks its cu12 or cu13 half at import: the flavour is read from cutlass
     # after the import (the run time's rule, fa4_cache).
     flavour = fa4_cache.dsl_flavour(cutlass)
@@ -489,7 +497,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
                         "lookups": [list(x) for x in lookups]})
         status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
         print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
-    if verify or keys_only:
+    if verify:
         shutil.rmtree(user, ignore_errors=True)
     import tvm_ffi
 
@@ -546,31 +554,39 @@ def alias_table(first: dict, own: dict, out: Path) -> tuple[dict, list[str]]:
     return table, problems
 
 
-def byte_differences(first: dict, sample: dict, out: Path, sample_out: Path) -> list[str]:
-    """Kernels this Python compiled (``sample``: the report of a compile into ``sample_out``)
+def byte_differences(first: dict, compiled: dict, out: Path, compiled_out: Path) -> list[str]:
+    """Kernels this Python compiled (``compiled``: the report of a compile into ``compiled_out``)
     that are not byte for byte the other Python's files for the same calls; [] when all are."""
-    differences = []
-    own = share_record(sample)
+    differences, seen = [], set()
+    own = share_record(compiled)
     for name, mine in own["calls"].items():
         theirs = first["calls"].get(name, [])
         if len(mine) != len(theirs):
             differences.append(f"{name}: {len(mine)} kernels here, {len(theirs)} with Python {first['python']}")
             continue
         for (kind, own_hash), (_, first_hash) in zip(mine, theirs):
-            here, there = _kernel_file(sample_out, own, kind, own_hash), _kernel_file(out, first, kind, first_hash)
+            if (kind, own_hash) in seen:  # a kernel several calls reach (the split-KV combine)
+                continue
+            seen.add((kind, own_hash))
+            here, there = _kernel_file(compiled_out, own, kind, own_hash), _kernel_file(out, first, kind, first_hash)
             if not here.is_file() or not there.is_file() or here.read_bytes() != there.read_bytes():
                 differences.append(f"{name}: {kind} kernel {own_hash[:12]} differs from Python {first['python']}'s "
                                    f"{first_hash[:12]}")
     if not own["calls"]:
-        differences.append("the sample call compiled no kernel here: " + "; ".join(
-            str(c["error"] or c["refused"]) for c in sample["calls"]))
+        differences.append("no call compiled a kernel here: " + "; ".join(
+            str(c["error"] or c["refused"]) for c in compiled["calls"]))
     return differences
 
 
-def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path) -> tuple[dict | None, str]:
-    """``--share`` with another Python's record: ``(report, "")`` when this Python's kernels
-    are that Python's files, now listed in this Python's aliases.json; ``(None, why)`` when it
-    must compile its own set."""
+def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path,
+              jobs: int = 1) -> tuple[dict | None, str]:
+    """``--share`` with another Python's record. This Python compiles every call too, into a
+    scratch folder, and compares each kernel it made byte for byte with the other Python's
+    file for the same call and position (all of them: one sample would trust the rest).
+    Returns ``(report, "")`` when every kernel is the same: nothing of this Python's ships
+    but its aliases.json (its key hashes -> the other Python's files); ``(report, why)``
+    when any differs: its own set, moved into ``out``; ``(None, why)`` when there is no
+    record to compare with (compile as usual)."""
     import tempfile
 
     if not share.is_file():
@@ -578,46 +594,57 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
     first = json.loads(share.read_text())
     if first.get("schema") != SHARE_SCHEMA or first.get("arch") != arch:
         return None, f"{share} is not a record of this step for {arch}"
-    own = compile_selection(stage_root, out, arch, calls, keys_only=True)
-    if own["flavour"] != first["flavour"]:
-        return None, f"its DSL is the {own['flavour']} build, Python {first['python']}'s the {first['flavour']}"
-    if own["fingerprint"] == first["fingerprint"]:  # another interpreter of the same minor and versions
-        own.update(aliases=0, aliased={}, same_as={"python": first["python"], "fingerprint": first["fingerprint"]})
-        return own, ""
-    table, problems = alias_table(first, share_record(own), out)
-    if problems:
-        return None, f"{len(problems)} calls do not match: {problems[0]}"
-    # The identity check: the call with the most kernel kinds (a split-KV call reaches both),
-    # compiled here for real, must give the other Python's bytes.
-    sample = max(first["calls"], key=lambda name: len({kind for kind, _ in first["calls"][name]}))  # the first such
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
-        compiled = compile_selection(stage_root, Path(tmp), arch, [c for c in calls if c.name == sample])
-        differences = byte_differences(first, compiled, out, Path(tmp))
-    if differences:
-        return None, differences[0]
+        scratch = Path(tmp)
+        compiled = compile_in_workers(stage_root, scratch, arch, calls, jobs)
+        own = share_record(compiled)
+        why = ""
+        if compiled["flavour"] != first["flavour"]:
+            why = f"its DSL is the {compiled['flavour']} build, Python {first['python']}'s the {first['flavour']}"
+        table, problems = ({}, []) if why else alias_table(first, own, out)
+        if problems:
+            why = f"{len(problems)} calls do not match: {problems[0]}"
+        differences = [] if why else byte_differences(first, compiled, out, scratch)
+        if differences:
+            why = f"{len(differences)} of its kernels differ: {differences[0]}"
+        if why or any(c["error"] for c in compiled["calls"]):
+            if compiled["fingerprint"] == first["fingerprint"] and why:
+                raise RuntimeError(f"Python {compiled['python']} and {first['python']} share upstream's fingerprint "
+                                   f"{first['fingerprint'][:12]} but not their kernels: {why}")
+            # Its own set, compiled already: into the output, as a run without --share would leave it.
+            shutil.copytree(scratch, out, dirs_exist_ok=True)
+            return compiled, why or "some of its kernels failed to compile"
+    compared = sum(len(lookups) for lookups in own["calls"].values())
+    for call in compiled["calls"]:
+        call["objects"] = {}  # compiled to compare, not shipped
+    same_as = {"python": first["python"], "fingerprint": first["fingerprint"], "compared": compared}
+    if compiled["fingerprint"] == first["fingerprint"]:  # another interpreter of the same minor and versions
+        compiled.update(aliases=0, aliased={}, same_as=same_as)
+        return compiled, ""
     # One index per fingerprint, for every arch: an earlier arch's entries stay.
-    index = out / own["flavour"] / own["fingerprint"] / fa4_cache.ALIASES_FILE
+    index = out / compiled["flavour"] / compiled["fingerprint"] / fa4_cache.ALIASES_FILE
     entries = sum(len(t) for t in table.values())
     if index.is_file():
         earlier_same_as, earlier = fa4_cache.parse_aliases(index.read_bytes())
         if earlier_same_as != first["fingerprint"]:
-            return None, f"its index already names the kernels of another build Python ({earlier_same_as[:12]})"
+            raise RuntimeError(f"{index} already names the kernels of another build Python ({earlier_same_as[:12]})")
         for kind, more in earlier.items():
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(fa4_cache.aliases_text(first["fingerprint"], own["python"], table))
-    own.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size},
-               same_as={"python": first["python"], "fingerprint": first["fingerprint"], "sample": sample})
-    return own, ""
+    index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table))
+    compiled.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size}, same_as=same_as)
+    return compiled, ""
 
 
 def produce(args: argparse.Namespace, calls: list[KernelCall]) -> dict:
-    """The kernels of ``compile``: another Python's files where ``--share`` finds them the
-    same, else compiled here (then recorded in ``--share`` for the next Python)."""
+    """The kernels of ``compile``: another Python's files where ``--share`` finds every one of
+    them the same, else this Python's own (then recorded in ``--share`` for the next Python)."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if args.share:
-        report, why = share_run(args.stage, args.out, args.arch, calls, args.share)
+        report, why = share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs)
         if report is not None:
+            if why:
+                print(f"Python {python} ships its own FA4 kernels for {args.arch}: {why}", flush=True)
             return report
         print(f"Python {python} compiles its own FA4 kernels for {args.arch}: {why}", flush=True)
     return compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
@@ -723,32 +750,124 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+# How long a worker asked to stop (SIGTERM) may take before it is killed: the DSL's compile
+# of one kernel does not look at signals, so a stop can wait for the kernel in hand.
+WORKER_STOP_SECONDS = 10.0
+
+
+def _interpreter_flags() -> list[str]:
+    """This interpreter's own flags for a worker, so it sees what this process sees (the
+    build runs FA4's steps in the environment its probe checked: cmake/FA4Package.cmake)."""
+    flags = sys.flags
+    return [flag for flag, on in (("-I", flags.isolated), ("-E", flags.ignore_environment and not flags.isolated),
+                                  ("-s", flags.no_user_site and not flags.isolated), ("-S", flags.no_site)) if on]
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: killed when the process that started it dies (Linux),
+    so no worker outlives the build step, whatever ended the step."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor's own stop still applies
+        pass
+
+
+def _first_error(text: str) -> str:
+    """The line that says what went wrong in a worker's stderr: a traceback's last line (the
+    exception), else its last non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line
+    return lines[-1] if lines else "(nothing on stderr)"
+
+
+class WorkerFailed(RuntimeError):
+    """A compile worker failed; the others were stopped before this was raised."""
+
+
+def _stop(processes) -> None:
+    """Stop every process still running (SIGTERM, then SIGKILL after WORKER_STOP_SECONDS) and
+    reap them all: when this returns, none of them runs or writes anything any more."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + WORKER_STOP_SECONDS
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # it ignored SIGTERM
+            process.kill()
+            process.wait()
+
+
 def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], jobs: int) -> dict:
     """``compile_selection`` over ``jobs`` worker processes of this interpreter (each imports
     the DSL: about 1.4 GB), the calls dealt round-robin; one report, calls in plan order.
     Kernels are keyed files, so workers share the output folder; a kernel two workers reach
-    (the split-KV combine) is written under upstream's lock, with the same bytes."""
-    import subprocess
+    (the split-KV combine) is written under upstream's lock, with the same bytes.
+
+    Supervised: the first worker to fail stops the others (SIGTERM, then SIGKILL) before this
+    raises, and so does anything that ends this process's wait (Ctrl-C, SIGTERM from the
+    build tool): when this returns or raises, no worker is left to write into ``out``, so a
+    clean-up after it sees every file there is going to be. Each worker's stderr is kept in
+    a file and copied to this process's stderr, under a header, when it has ended; the error
+    raised names the first failing worker's error line (WorkerFailed)."""
+    import signal
     import tempfile
 
     shards = [shard for shard in (calls[i::jobs] for i in range(max(1, jobs))) if shard]
     if len(shards) <= 1:
         return compile_selection(stage_root, out, arch, calls)
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-workers-") as tmp:
-        workers = []
-        for index, shard in enumerate(shards):
-            todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
-            todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
-            command = [sys.executable, "-E", "-s", str(Path(__file__).resolve()), "compile-worker",
-                       "--stage", str(stage_root), "--out", str(out), "--arch", arch,
-                       "--calls", str(todo), "--report", str(report)]
-            workers.append((subprocess.Popen(command), report))
-        reports = []
-        for process, report in workers:
-            code = process.wait()
-            if code != 0 or not report.is_file():
-                raise RuntimeError(f"an FA4 compile worker exited with {code}: see the lines above")
-            reports.append(json.loads(report.read_text()))
+        workers = []  # (index, process, report file, stderr file)
+        # SIGTERM (what ninja and CI runners send) ends the wait like Ctrl-C does, so the
+        # workers are stopped below, never left running.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            for index, shard in enumerate(shards):
+                todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
+                todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
+                command = [sys.executable, *_interpreter_flags(), str(Path(__file__).resolve()), "compile-worker",
+                           "--stage", str(stage_root), "--out", str(out), "--arch", arch,
+                           "--calls", str(todo), "--report", str(report)]
+                stderr = open(Path(tmp, f"{index}.stderr"), "w+b")  # noqa: SIM115 - closed below
+                workers.append((index, subprocess.Popen(command, stderr=stderr, preexec_fn=_die_with_parent),
+                                report, stderr))
+            failed = None
+            running = {index for index, *_ in workers}
+            while running and failed is None:
+                for index, process, report, _ in workers:
+                    if index in running and process.poll() is not None:
+                        running.discard(index)
+                        if process.returncode != 0 or not report.is_file():
+                            failed = (index, process.returncode)
+                            break
+                else:
+                    time.sleep(0.1)
+        finally:
+            _stop([process for _, process, _, _ in workers])
+            signal.signal(signal.SIGTERM, previous)
+            errors = {}
+            for index, process, _, stderr in workers:
+                stderr.seek(0)
+                text = stderr.read().decode(errors="replace")
+                stderr.close()
+                if text.strip():
+                    errors[index] = text
+                    sys.stderr.write(f"--- FA4 compile worker {index + 1} of {len(workers)} "
+                                     f"(exit {process.returncode}), its stderr:\n{text.rstrip()}\n")
+            sys.stderr.flush()
+        if failed is not None:
+            index, code = failed
+            stopped = len(workers) - 1
+            raise WorkerFailed(f"FA4 compile worker {index + 1} of {len(workers)} exited with {code}: "
+                               f"{_first_error(errors.get(index, ''))} (the other {stopped} stopped; "
+                               "each worker's stderr is above)")
+        reports = [json.loads(report.read_text()) for _, _, report, _ in workers]
     order = {call.name: i for i, call in enumerate(calls)}
     merged = {**reports[0], "jobs": len(shards),
               "import_seconds": max(r["import_seconds"] for r in reports),
@@ -771,7 +890,10 @@ def compile_best_effort(args: argparse.Namespace, calls: list[KernelCall]) -> in
     try:
         report = produce(args, calls)
         failed = [c["call"] for c in report["calls"] if c["error"]]
-    except BaseException as exc:  # noqa: BLE001 - an import error deep in cutlass included
+    except Exception as exc:  # noqa: BLE001 - an import error deep in cutlass included
+        # Not BaseException: Ctrl-C and SIGTERM stop the build (non-zero), never a warning.
+        # The workers have all stopped by now (compile_in_workers), so the clean-up below
+        # sees every file this run wrote.
         report, failed = None, [f"{type(exc).__name__}: {exc}"]
     if not failed:
         keep_share_record(args, report)
@@ -791,7 +913,8 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: S
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     chosen = dataclasses.asdict(selection)
     if report is None or failed:
-        return {"arch": arch, "python": python, "kernels": 0, "selection": chosen, "error": "; ".join(failed)[:2000]}
+        return {"arch": arch, "python": python, "kernels": 0, "selection": chosen,
+                "error": portable("; ".join(failed))[:2000]}
     calls = report["calls"]
     shipped = {**_shipped_objects(report), **report.get("aliased", {})}
     # A Python sharing another's kernels: its kernels are the aliases its index lists.
@@ -869,4 +992,8 @@ def check_installed(report_path: Path | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during the workers' run: stop the build
+        print("fa4_precompile.py: interrupted; every FA4 compile worker it started has stopped", file=sys.stderr)
+        sys.exit(130)

@@ -11,6 +11,10 @@ really ran:
   no GPU, no build info or neither module is usable): fail, naming the reason;
 * any case skipped with a reason containing a --forbid-skip text (the step for FA3 forbids
   "FA3 not usable": on a Hopper agent the FA3 tests must run, not skip): fail;
+* --forbid-held-skips (run by the interpreter the wheel is installed in, on the agent's GPU):
+  the same for every family the installed wheel holds (its build info: FA2's and FA3's
+  modules, FA4's subpackage) that runs on this GPU (the families' declared generations):
+  "FA4 not usable" fails the Hopper step of a wheel that ships FA4, whatever the step's name;
 * fewer than --min-passed cases passed: fail;
 * failures or errors: fail (pytest's exit status says so too; repeated for the summary).
 
@@ -80,6 +84,26 @@ def verdict(outcome: Outcome, min_passed: int = 1, forbid_skip: tuple = ()) -> s
     return None
 
 
+def held_family_skips(built: dict[str, bool], capability: tuple[int, int]) -> list[str]:
+    """The skip reasons a GPU of ``capability`` must not show for a wheel holding the
+    families ``built`` says it holds: "<FAMILY> not usable" for each one built that runs on
+    that GPU (cmake/knobs.json's families, through the installed package's registry)."""
+    from vendored_flash_attn.families import registry
+
+    return [f"{family.title} not usable" for family in registry()
+            if built.get(family.name) and family.capability_problem(*capability, 0) is None]
+
+
+def installed_held_family_skips() -> list[str]:
+    """held_family_skips for the installed wheel on GPU 0 (needs torch and the wheel)."""
+    import torch
+
+    from vendored_flash_attn.build_info import load_build_info
+
+    built = {name: component.built for name, component in load_build_info().components.items()}
+    return held_family_skips(built, torch.cuda.get_device_capability(0))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("junit", type=Path, help="pytest --junitxml output of the GPU tests")
@@ -87,7 +111,14 @@ def main(argv=None) -> int:
                         help="fail unless at least this many test cases passed (default 1)")
     parser.add_argument("--forbid-skip", action="append", default=[], metavar="TEXT",
                         help="fail when a case was skipped with a reason containing TEXT (repeatable)")
+    parser.add_argument("--forbid-held-skips", action="store_true",
+                        help="also forbid \"<FAMILY> not usable\" for every family the installed wheel holds "
+                             "that runs on this GPU (run with the wheel's interpreter)")
     args = parser.parse_args(argv)
+    if args.forbid_held_skips:
+        held = installed_held_family_skips()
+        print(f"forbidden skips (families this wheel holds that run on this GPU): {', '.join(held) or 'none'}")
+        args.forbid_skip += held
     if not args.junit.is_file():
         print(f"check_gpu_junit: {args.junit} does not exist: pytest did not write a report",
               file=sys.stderr)

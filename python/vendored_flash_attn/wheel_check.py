@@ -6,7 +6,7 @@
     python -m vendored_flash_attn.wheel_check abi3 WHEEL
     python -m vendored_flash_attn.wheel_check cxx-runtime WHEEL
     python -m vendored_flash_attn.wheel_check build-info WHEEL [--pin PIN] [--cuda-major N] [--arch-list L]
-                                                               [--preset P] [--require fa2,fa3,fa4]
+                                                               [--preset P] [--require declared|fa2,fa3,fa4]
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
 
 * size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
@@ -22,11 +22,16 @@
   machine). Reads the modules' dynamic symbols with pyelftools (abi3audit's dependency).
 * build-info: ``vendored_flash_attn/build_info.json`` says what was asked for: the
   pinned upstream and CUTLASS commits, the CUDA major, arch list, preset, the
-  components; at least one component was built and the wheel holds each built one's
-  module; and it agrees with the wheel's version (the same version, and its local label
-  names the built upstream and CUDA).
-* installed: the same for the installed package (its distribution's version), and every
-  module the build info says was built imports.
+  components; at least one family was built and the wheel holds each built one's
+  module (a family of staged Python kernels, FA4: its subpackage, its build record and,
+  for each arch and Python its precompile named, the kernel files or index its record
+  counts); and it agrees with the wheel's version (the same version, and its local label
+  names the built upstream and CUDA). ``--require declared`` (the release gate): every
+  family the build was asked for must be there: each family the declaration
+  (cmake/knobs.json ``families``) lists whose build knob the build info does not record
+  as off and which runs on an arch of the build info's arch list.
+* installed: the same for the installed package (its distribution's version and files),
+  and every module the build info says was built imports.
 
 Each check prints one PASS/FAIL line (details below a failure); the exit status
 is 1 when any failed. Nothing here needs a GPU. Standard library + packaging only,
@@ -169,7 +174,11 @@ def check_symbols(wheel: Path, python: str = sys.executable) -> CheckResult:
         with zipfile.ZipFile(wheel) as zf:
             members = compiled_members(zf.namelist())
             zf.extractall(tmp)
+            expected = modules_expected(zf.namelist(), zf.read)
         if not members:
+            if not expected:
+                return CheckResult("symbols", True, f"{wheel.name} holds no compiled module, as its build info "
+                                   "says (no compiled family built; a family of Python kernels is packaged)")
             return CheckResult("symbols", False, f"{wheel.name} holds no compiled module")
         results = _load_modules(Path(tmp), members, python)
     return _symbols_result(members, results)
@@ -242,10 +251,11 @@ def check_abi3(wheel: Path, min_python: str = "3.10") -> CheckResult:
         details.append(f"wheel tags {tags}: expected {want_py}-abi3-<platform> only")
     with zipfile.ZipFile(wheel) as zf:
         members = compiled_members(zf.namelist())
+        expected = modules_expected(zf.namelist(), zf.read)
     not_abi3 = [m for m in members if not m.endswith(".abi3.so")]
     if not_abi3:
         details.append(f"modules not named *.abi3.so: {not_abi3}")
-    if not members:
+    if not members and expected:
         details.append("no compiled module in the wheel")
     proc = subprocess.run([*_abi3audit_command(), "--strict", "--report", str(wheel)],
                           capture_output=True, text=True, timeout=600)
@@ -276,7 +286,46 @@ class Expectations:
     cuda_major: Optional[int] = None
     arch_list: Optional[str] = None      # TORCH_CUDA_ARCH_LIST as given to the build
     preset: Optional[str] = None
-    require: tuple[str, ...] = ()        # families that must be built: fa2, fa3, fa4
+    # families that must be built: fa2, fa3, fa4, or DECLARED (what the build info asked for)
+    require: tuple[str, ...] = ()
+
+
+DECLARED = "declared"
+
+
+def _arch_capabilities(arch_list: str) -> list[tuple[int, int]]:
+    """``"8.0;9.0a 10.0+PTX"`` -> [(8, 0), (9, 0), (10, 0)]."""
+    return [(int(m.group(1)), int(m.group(2))) for m in re.finditer(r"(\d+)\.(\d+)", arch_list)]
+
+
+def declared_families(info: dict[str, Any]) -> tuple[str, ...]:
+    """The families the build was asked for (``--require declared``): each declared family
+    (cmake/knobs.json ``families``) whose build knob the build info's record of knobs does
+    not hold as off, and which runs on an arch of the build info's ``cuda_arch_list``. A
+    release wheel must hold each: a family that ``auto`` left out (no arch? a build Python
+    that could not stage it?) fails the gate as a removed one does."""
+    from .declaration import BOOL_OFF
+
+    capabilities = _arch_capabilities(str(info.get("cuda_arch_list") or ""))
+    options = info.get("options") if isinstance(info.get("options"), dict) else {}
+    wanted = []
+    for family in registry():
+        knob = options.get(family.build_knob) if isinstance(options.get(family.build_knob), dict) else {}
+        if str(knob.get("value", "auto")).strip().lower() in BOOL_OFF:
+            continue
+        if any(family.capability_problem(major, minor, 0) is None for major, minor in capabilities):
+            wanted.append(family.name)
+    return tuple(wanted)
+
+
+def required_families(info: dict[str, Any], require: Sequence[str]) -> tuple[str, ...]:
+    """``require`` with ``declared`` resolved against ``info``."""
+    names: list[str] = []
+    for name in require:
+        for family in (declared_families(info) if name == DECLARED else (name,)):
+            if family not in names:
+                names.append(family)
+    return tuple(names)
 
 
 def built_modules(info: dict[str, Any]) -> dict[str, str]:
@@ -313,10 +362,12 @@ def shipped_kernel_problems(names: Iterable[str], read: Callable[[str], bytes]) 
             continue
         root = f"{PACKAGE}/{family.record.rsplit('/', 1)[0]}/{fa4_cache.SHIPPED_DIR}"
         try:
-            runs = json.loads(read(record_name)).get("precompile", {}).get("runs") or []
+            precompile = json.loads(read(record_name)).get("precompile") or {}
+            runs = precompile.get("runs") or []
         except (ValueError, AttributeError) as exc:
             problems.append(f"{record_name} is not a build record: {exc}")
             continue
+        problems += _precompile_coverage(family.title, precompile)
         expected: dict[tuple[str, str, bool], int] = {}
         targets: dict[tuple[str, str], str] = {}
         for run in runs:
@@ -353,6 +404,28 @@ def shipped_kernel_problems(names: Iterable[str], read: Callable[[str], bytes]) 
     return problems
 
 
+def _precompile_coverage(title: str, precompile: dict[str, Any]) -> list[str]:
+    """Each arch and each Python the precompile was run for (the record's ``archs`` and
+    ``pythons``, what configure named) has a run that shipped kernels: a kernel set that
+    failed under VFA_FA4_PRECOMPILE=auto, or a Python left out, is a wheel that compiles at
+    first use where the build said it would not."""
+    state, mode = precompile.get("state"), precompile.get("mode")
+    if mode == "on" and state != "on":
+        return [f"{title}: VFA_FA4_PRECOMPILE=on, but its record says the precompile was {state!r}: "
+                f"{precompile.get('reason') or 'no reason given'}"]
+    if state != "on":
+        return []
+    runs = [r for r in precompile.get("runs") or () if isinstance(r, dict)]
+    problems = []
+    for arch in precompile.get("archs") or ():
+        for python in precompile.get("pythons") or sorted({str(r.get("python")) for r in runs}):
+            mine = [r for r in runs if r.get("arch") == arch and str(r.get("python")) == python]
+            if not any(r.get("kernels") for r in mine):
+                why = "; ".join(str(r.get("error")) for r in mine if r.get("error")) or "no run recorded"
+                problems.append(f"{title}: no kernels shipped for {arch} and Python {python} ({why[:300]})")
+    return problems
+
+
 def _module_name(member: str) -> str:
     """``vendored_flash_attn/_vendored_fa2_C.abi3.so`` -> ``_vendored_fa2_C``."""
     return Path(member).name.split(".")[0]
@@ -362,8 +435,10 @@ def _normalise_archs(text: str) -> list[str]:
     return sorted(t for t in re.split(r"[ ,;]+", text.strip()) if t)
 
 
-def compare_build_info(info: dict[str, Any], expect: Expectations, version: Optional[str] = None) -> list[str]:
-    """Every way ``info`` differs from what was asked for (empty: it matches)."""
+def compare_build_info(info: dict[str, Any], expect: Expectations, version: Optional[str] = None,
+                       packaged: Sequence[str] = ()) -> list[str]:
+    """Every way ``info`` differs from what was asked for (empty: it matches). ``packaged``:
+    the families of staged Python kernels whose record the package holds (FA4)."""
     problems: list[str] = []
     if info.get("schema") != 1:
         problems.append(f"build info schema {info.get('schema')!r}, expected 1")
@@ -386,16 +461,17 @@ def compare_build_info(info: dict[str, Any], expect: Expectations, version: Opti
         problems.append(f"cuda_arch_list {info.get('cuda_arch_list')!r}, expected {expect.arch_list!r}")
     if expect.preset is not None and info.get("preset") != expect.preset:
         problems.append(f"preset {info.get('preset')!r}, expected {expect.preset!r}")
-    for comp in expect.require:
+    for comp in required_families(info, expect.require):
         if comp not in compiled_components():
             continue  # a packaged family: check_build_info looks for its record and artefacts
         if not info.get(comp, {}).get("built"):
             problems.append(f"{comp} was not built: {info.get(comp, {}).get('reason') or 'no reason given'}")
-    if not built_modules(info):
+    if not built_modules(info) and not packaged:
         # A wheel without kernels installs and imports, and every call refuses: never a release.
         reasons = "; ".join(f"{comp}: {info.get(comp, {}).get('reason') or 'no reason given'}"
                             for comp in compiled_components())
-        problems.append(f"neither {' nor '.join(compiled_components())} was built ({reasons})")
+        names = [f.name for f in registry()]
+        problems.append(f"none of {', '.join(names)} was built ({reasons}; no packaged family's record)")
     if version is not None:
         problems += _compare_version(info, version)
     return problems
@@ -425,6 +501,28 @@ def _compare_version(info: dict[str, Any], version: str) -> list[str]:
     return problems
 
 
+def package_problems(names: Iterable[str], read: Callable[[str], bytes], info: dict[str, Any],
+                     expect: Expectations, where: str) -> tuple[list[str], list[str]]:
+    """What a package's files (``names``, ``read``: a wheel's members or an installed
+    package's files, as ``vendored_flash_attn/...``) lack against its build info and the
+    required families: ``(problems, packaged families found)``."""
+    names = list(names)
+    present = {_module_name(m) for m in compiled_members(names)}
+    missing = [f"{comp} was built (build info) but {where} has no {module or '(unnamed)'} module"
+               for comp, module in built_modules(info).items() if module not in present]
+    packaged = packaged_families(names)
+    for comp, lacking in packaged.items():
+        missing += [f"{comp} is in the package (its build record) but {where} has no {member}"
+                    for member in lacking]
+    missing += shipped_kernel_problems(names, read)
+    for comp in required_families(info, expect.require):
+        family = registry().by_name(comp)
+        if family.record_key is None and comp not in packaged:
+            missing.append(f"{comp} was required but {where} has no {PACKAGE}/{family.record} "
+                           f"({family.build_knob}=off, or the build could not stage it)")
+    return missing, list(packaged)
+
+
 def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -434,37 +532,50 @@ def check_build_info(wheel: Path, expect: Expectations) -> CheckResult:
             info = json.loads(zf.read(BUILD_INFO))
         except ValueError as exc:
             return CheckResult("build-info", False, f"{wheel.name}: {BUILD_INFO} is not valid JSON: {exc}")
+        missing, packaged = package_problems(names, zf.read, info, expect, wheel.name)
     version = wheel_metadata(wheel)["version"]
-    present = {_module_name(m) for m in compiled_members(names)}
-    missing = [f"{comp} was built (build info) but {wheel.name} has no {module or '(unnamed)'} module"
-               for comp, module in built_modules(info).items() if module not in present]
-    packaged = packaged_families(names)
-    for comp, lacking in packaged.items():
-        missing += [f"{comp} is in the wheel (its build record) but {wheel.name} has no {member}"
-                    for member in lacking]
-    with zipfile.ZipFile(wheel) as zf:
-        missing += shipped_kernel_problems(names, zf.read)
-    for comp in expect.require:
-        family = registry().by_name(comp)
-        if family.record_key is None and comp not in packaged:
-            missing.append(f"{comp} was required but {wheel.name} has no {PACKAGE}/{family.record} "
-                           f"({family.build_knob}=off, or the build could not stage it)")
-    return _build_info_result(info, expect, version, missing)
+    return _build_info_result(info, expect, version, missing, packaged)
 
 
 def _build_info_result(info: dict[str, Any], expect: Expectations, version: Optional[str],
-                       more_problems: Sequence[str] = ()) -> CheckResult:
-    problems = compare_build_info(info, expect, version) + list(more_problems)
-    built = list(built_modules(info))
+                       more_problems: Sequence[str] = (), packaged: Sequence[str] = ()) -> CheckResult:
+    problems = compare_build_info(info, expect, version, packaged) + list(more_problems)
+    built = list(built_modules(info)) + list(packaged)
+    required = required_families(info, expect.require)
     summary = (f"version {version}, upstream {str(info.get('upstream', {}).get('commit', ''))[:12]}, "
                f"torch CUDA {info.get('torch', {}).get('cuda')}, archs {info.get('cuda_arch_list')!r}, "
-               f"preset {info.get('preset')!r}, built {'+'.join(built) or 'nothing'}")
+               f"preset {info.get('preset')!r}, built {'+'.join(built) or 'nothing'}"
+               + (f", required {'+'.join(required)}" if required else ""))
     if problems:
         return CheckResult("build-info", False, summary + " - differs from what was asked for:", problems)
     return CheckResult("build-info", True, summary)
 
 
+def modules_expected(names: Iterable[str], read: Callable[[str], bytes]) -> bool:
+    """Whether a package must hold compiled modules: not when its build info says no compiled
+    family was built (a wheel of FA4 alone); yes when there is no readable build info."""
+    try:
+        info = json.loads(read(BUILD_INFO))
+    except (KeyError, OSError, ValueError):
+        return True
+    return bool(built_modules(info)) or not packaged_families(names)
+
+
 # --- installed package (cibuildwheel's test-command) ------------------------------
+
+def installed_files() -> tuple[list[str], Callable[[str], bytes]]:
+    """The installed package's files as ``vendored_flash_attn/<path>`` (what a wheel's members
+    would be) and a reader for them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(PACKAGE)
+    root = Path(spec.origin).parent if spec and spec.origin else None
+    if root is None:
+        return [], lambda name: b""
+    names = [f"{PACKAGE}/{p.relative_to(root).as_posix()}" for p in root.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    return names, lambda name: (root.parent / name).read_bytes()
+
 
 def check_installed(expect: Expectations) -> list[CheckResult]:
     import importlib
@@ -477,11 +588,17 @@ def check_installed(expect: Expectations) -> list[CheckResult]:
     except BuildInfoMissing as exc:
         return [CheckResult("build-info", False, str(exc))]
     version = metadata.version("vendored-flash-attn")
-    results = [_build_info_result(info, expect, version)]
+    names, read = installed_files()
+    missing, packaged = package_problems(names, read, info, expect, "the installed package")
+    results = [_build_info_result(info, expect, version, missing, packaged)]
     members = list(built_modules(info).values())
     if not members:
-        results.append(CheckResult("symbols", False, "the build info names no built module: the "
-                                   "installed package has no kernels to load"))
+        if packaged:
+            results.append(CheckResult("symbols", True, "no compiled module, as the build info says "
+                                       f"(packaged: {', '.join(packaged)})"))
+        else:
+            results.append(CheckResult("symbols", False, "the build info names no built module: the "
+                                       "installed package has no kernels to load"))
         return results
     import torch  # noqa: F401  (the modules need torch's libraries loaded)
 
@@ -501,8 +618,8 @@ def check_installed(expect: Expectations) -> list[CheckResult]:
 def _expectations(args: argparse.Namespace) -> Expectations:
     require = tuple(c for c in re.split(r"[ ,]+", args.require or "") if c)
     for comp in require:
-        if comp not in components():
-            raise SystemExit(f"--require: {comp!r} is not one of {', '.join(components())}")
+        if comp not in components() and comp != DECLARED:
+            raise SystemExit(f"--require: {comp!r} is not one of {', '.join(components())}, {DECLARED}")
     return Expectations(pin=args.pin, cuda_major=args.cuda_major, arch_list=args.arch_list,
                         preset=args.preset, require=require)
 
@@ -512,7 +629,8 @@ def _add_expectations(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-major", type=int, help="CUDA major the build must have used (torch and nvcc)")
     p.add_argument("--arch-list", help="TORCH_CUDA_ARCH_LIST the build must have used")
     p.add_argument("--preset", help="kernel preset the build must have used (full, minimal)")
-    p.add_argument("--require", help="families that must be built, e.g. fa2,fa3,fa4")
+    p.add_argument("--require", help=f"families that must be built, e.g. fa2,fa3,fa4; {DECLARED}: every family "
+                   "the build info asked for (its build knob not off, an arch of its arch list it runs on)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -76,6 +76,12 @@ def test_the_build_records_fa4(wheel, synthetic):
     assert 'pip install "vendored-flash-attn[fa4]"' in precompile["reason"]
     info = json.loads((wheel["site"] / "vendored_flash_attn/build_info.json").read_text())
     assert info["options"]["VFA_BUILD_FA4"]["value"] == "auto"
+    # Nothing of this machine: the wheel's bytes must not depend on where the build's Python
+    # (its venv, pip's isolated environment) or the build dir live.
+    text = (wheel["site"] / "vendored_flash_attn/_fa4/build_info.json").read_text()
+    for path in {sys.prefix, sys.base_prefix, sys.executable, str(wheel["path"].parents[1])}:
+        assert path not in text, path
+    assert "the build's Python 3." in precompile["reason"]
 
 
 def test_import_leaves_fa4_alone_and_the_copy_never_touches_a_real_flash_attn(wheel, tmp_path):
@@ -155,7 +161,7 @@ while args[0] in ("-E", "-s"):
     args.pop(0)
 script, command, rest = args[0], args[1], args[2:]
 if command == "probe":
-    print(json.dumps({{"stage": "", "precompile": ""}}))
+    print(json.dumps({{"stage": "", "precompile": "", "python": "%d.%d" % sys.version_info[:2]}}))
     sys.exit(0)
 kept, skip = [], False
 for arg in rest:
@@ -237,3 +243,26 @@ def test_a_precompile_beside_one_compiled_family_configures(sources, tmp_path):
                                             "VFA_FA4_PRECOMPILE": "on", "VFA_FA4_PRECOMPILE_PYTHONS": str(fake)})
     assert result.returncode == 0, result.text[-5000:]
     assert "FA3 not built: VFA_BUILD_FA3=off" in result.text and "precompile: on sm_90a" in result.text
+
+
+def test_a_wheel_of_fa4_alone_configures_where_fa4_has_an_arch(sources, tmp_path):
+    # A Blackwell-only deployment: FA2 off, no 9.0 for FA3; FA4 packaged (its kernels for
+    # sm_100a when the build's Python can compile them), nothing compiled.
+    build = tmp_path / "build"
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA2": "off",
+                               "TORCH_CUDA_ARCH_LIST": "10.0"})
+    assert result.returncode == 0, result.text[-5000:]
+    assert "FA4 packaged as vendored_flash_attn._fa4.cute" in result.text
+    assert "FA2 not built: VFA_BUILD_FA2=off" in result.text and "FA3 not built" in result.text
+    info = json.loads((build / "build_info.json").read_text())
+    assert not info["fa2"]["built"] and not info["fa3"]["built"]
+
+
+def test_a_wheel_of_fa4_alone_where_it_runs_on_no_arch_is_refused_naming_the_knobs(sources, tmp_path):
+    result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA2": "off",
+                                            "TORCH_CUDA_ARCH_LIST": "8.0"})
+    assert result.returncode != 0
+    assert "Nothing to build: FA2 (VFA_BUILD_FA2=off), FA3 (TORCH_CUDA_ARCH_LIST='8.0' does not contain 9.0) " \
+           "and FA4 (TORCH_CUDA_ARCH_LIST='8.0' has no arch FA4 runs on)" in result.text
+    assert "(FA2 8.0, FA3 9.0, FA4 9.0), with that family's build knob (VFA_BUILD_FA2, VFA_BUILD_FA3, " \
+           "VFA_BUILD_FA4) auto or on." in result.text

@@ -58,5 +58,7 @@ def test_nothing_to_build_names_the_declared_families_and_their_lowest_archs(pro
     result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA2": "off",
                                             "TORCH_CUDA_ARCH_LIST": "8.0"}, source_dir=project)
     assert result.returncode != 0
-    assert ("Nothing to build: FA2 (VFA_BUILD_FA2=off) and FA3 (TORCH_CUDA_ARCH_LIST='8.0' does not "
-            "contain 9.0). Set TORCH_CUDA_ARCH_LIST to include 8.6 and/or 9.0.") in result.text
+    assert ("Nothing to build: FA2 (VFA_BUILD_FA2=off), FA3 (TORCH_CUDA_ARCH_LIST='8.0' does not "
+            "contain 9.0) and FA4 (TORCH_CUDA_ARCH_LIST='8.0' has no arch FA4 runs on). Set TORCH_CUDA_ARCH_LIST "
+            "to include an arch a family runs on (FA2 8.6, FA3 9.0, FA4 9.0), with that family's build knob "
+            "(VFA_BUILD_FA2, VFA_BUILD_FA3, VFA_BUILD_FA4) auto or on.") in result.text

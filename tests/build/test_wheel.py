@@ -185,6 +185,13 @@ def test_the_same_selection_gives_the_same_wheel_bytes(built, second):
         detail = json.dumps(_json_differences(a, b), indent=1)
     assert not differ, f"members that differ: {differ}\n{detail}"
     assert built["wheel"].read_bytes() == second["wheel"].read_bytes()
+    # Both builds ran one venv: its location must not be in the wheel either (FA4's record
+    # named the build's Python by path), or another venv would give other bytes.
+    with zipfile.ZipFile(built["wheel"]) as z:
+        for name in z.namelist():
+            if name.endswith(".json"):
+                text = z.read(name).decode()
+                assert not [p for p in {sys.prefix, sys.base_prefix, sys.executable} if p in text], name
 
 
 def _json_differences(a, b, path=""):

@@ -191,3 +191,19 @@ def test_wheel_agents_without_a_scheduler_or_token(tmp_path):
     assert off.returncode == 0 and "distributed compiles: off" in off.stdout and "conf=\n" in off.stdout
     no_token = dist_client(tmp_path / "no-token", VFA_DIST_SCHEDULER_URL="http://s:10600")
     assert no_token.returncode != 0 and "VFA_DIST_CLIENT_TOKEN is not" in no_token.stderr
+
+
+def test_every_family_is_gated_and_fa4_is_released_precompiled():
+    """Issue 26: one gate for every family. The wheel step builds with VFA_FA4_PRECOMPILE=on;
+    check-wheels requires what the build info asked for, not a fixed list; the Hopper GPU step
+    installs the [fa4] extra, runs FA4's shipped-kernel check and forbids the skips of every
+    family the wheel holds."""
+    steps = all_steps(load(PROJECT / ".buildkite/pipeline.yml")["steps"])
+    by_key = {s.get("key"): s for s in steps}
+    assert by_key["wheels"]["env"]["VFA_FA4_PRECOMPILE"] == "on"
+    check_wheels = (PROJECT / ".buildkite/scripts/check-wheels.sh").read_text()
+    assert "--require declared" in check_wheels and "fa2,fa3" not in check_wheels
+    gpu = (PROJECT / ".buildkite/scripts/gpu-test.sh").read_text()
+    assert '"${wheel}[fa4]"' in gpu and "fa4_precompile.py\" check-installed" in gpu
+    assert "--forbid-held-skips" in gpu and "--require declared" in gpu and "fa2,fa3" not in gpu
+    assert "fa4-check-installed-fa3.json" in by_key["gpu-hopper"]["artifact_paths"]

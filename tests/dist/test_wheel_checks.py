@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import sysconfig
@@ -203,7 +204,7 @@ def test_cli_exit_status_and_output(good, tmp_path):
 @pytest.mark.parametrize("changes, modules, message", [
     # Nothing built, no module: a wheel without kernels.
     ({"fa2": {"built": False, "reason": "VFA_BUILD_FA2=OFF"}, "fa3": {"built": False, "reason": "no 9.0"}},
-     (), "neither fa2 nor fa3 was built (fa2: VFA_BUILD_FA2=OFF; fa3: no 9.0)"),
+     (), "none of fa2, fa3, fa4 was built (fa2: VFA_BUILD_FA2=OFF; fa3: no 9.0; no packaged family's record)"),
     # The build info says FA3 was built; the wheel lacks its module.
     ({}, ("_vendored_fa2_C",), "fa3 was built (build info) but"),
 ])
@@ -251,7 +252,7 @@ def test_installed_passes_a_good_wheel(tmp_path):
 @pytest.mark.parametrize("wheel_kwargs, message", [
     ({"info": build_info(fa2={"built": False, "module": "_vendored_fa2_C", "reason": "off"},
                          fa3={"built": False, "module": "_vendored_fa3_C", "reason": "off"}),
-      "modules": ()}, "neither fa2 nor fa3 was built"),
+      "modules": ()}, "none of fa2, fa3, fa4 was built"),
     ({"info": build_info(package_version="0.1.0")}, "package_version '0.1.0' differs"),
     ({"modules": ("_vendored_fa2_C",)}, "_vendored_fa3_C: ModuleNotFoundError"),
 ])
@@ -311,3 +312,151 @@ def test_shipped_fa4_kernels_match_their_record(tmp_path):
 def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwargs, message):
     result = check_build_info(fa4_wheel(tmp_path, **kwargs), Expectations())
     assert not result.ok and any(message in p for p in result.details), result.render()
+
+
+# --- the release gate for every declared family (`--require declared`) ---------------------
+
+@pytest.mark.parametrize("arch_list, knobs, expected", [
+    ("8.0;9.0", {}, ("fa2", "fa3", "fa4")),  # the release's list: every family runs on one of its archs
+    ("8.0;9.0", {"VFA_BUILD_FA4": "off"}, ("fa2", "fa3")),
+    ("8.0", {}, ("fa2",)),  # FA3 and FA4 run on 9.0 and newer only
+    ("10.0", {"VFA_BUILD_FA2": "OFF"}, ("fa4",)),  # a Blackwell-only wheel of FA4 alone
+    ("12.0", {}, ("fa2",)),  # FA4 is declared not to run on sm120 at the pin
+])
+def test_the_families_a_build_asked_for_come_from_the_declaration(arch_list, knobs, expected):
+    from vendored_flash_attn.wheel_check import declared_families
+
+    options = {knob: {"value": value, "origin": "env:" + knob} for knob, value in knobs.items()}
+    assert declared_families(build_info(cuda_arch_list=arch_list, options=options)) == expected
+
+
+def release_wheel(tmp: Path, build_tag: str = "", *, record_changes=None, members_changes=None,
+                  drop=()) -> Path:
+    """A wheel as the release builds it: FA2 and FA3 modules, FA4 staged with its kernels
+    precompiled for sm_90a by Python 3.11 and shared (an index) with Python 3.12."""
+    record = {"package": "vendored_flash_attn._fa4.cute",
+              "precompile": {"mode": "on", "state": "on", "archs": ["sm_90a"], "pythons": ["3.11", "3.12"],
+                             "runs": [{"arch": "sm_90a", "python": "3.11", "flavour": "cu12.9", "fingerprint": FP_A,
+                                       "kernels": 2},
+                                      {"arch": "sm_90a", "python": "3.12", "flavour": "cu12.9", "fingerprint": FP_B,
+                                       "kernels": 2, "same_as": {"python": "3.11", "fingerprint": FP_A}}]}}
+    record.update(record_changes or {})
+    members = {"vendored_flash_attn/_fa4/__init__.py": "",
+               "vendored_flash_attn/_fa4/build_info.json": json.dumps(record),
+               "vendored_flash_attn/_fa4/cute/__init__.py": "",
+               "vendored_flash_attn/_fa4/cute/interface.py": "",
+               f"{KERNELS}/{FP_A}/fwd/{'1' * 64}.o": "k1", f"{KERNELS}/{FP_A}/fwd_combine/{'2' * 64}.o": "k2",
+               f"{KERNELS}/{FP_B}/aliases.json": json.dumps(
+                   {"same_as": FP_A, "python": "3.12", "kinds": {"fwd": {"3" * 64: "1" * 64},
+                                                                  "fwd_combine": {"4" * 64: "2" * 64}}})}
+    members.update(members_changes or {})
+    options = {"VFA_BUILD_FA2": {"value": "auto", "origin": "default"},
+               "VFA_BUILD_FA3": {"value": "auto", "origin": "default"},
+               "VFA_BUILD_FA4": {"value": "auto", "origin": "default"},
+               "VFA_FA4_PRECOMPILE": {"value": "on", "origin": "env:VFA_FA4_PRECOMPILE"}}
+    wheel = make_wheel(tmp, info=build_info(options=options))
+    if build_tag:  # several wheels in one folder: a build tag keeps their names apart (PEP 427)
+        wheel = wheel.rename(wheel.with_name(wheel.name.replace("-cp310-", f"-{build_tag}-cp310-")))
+    with zipfile.ZipFile(wheel, "a") as zf:
+        for name, text in members.items():
+            if not any(name.startswith(prefix) for prefix in drop):
+                zf.writestr(name, text)
+    return wheel
+
+
+RELEASE = Expectations(pin=PROJECT / "vendor/flash-attention/pin.json", cuda_major=13, arch_list="8.0;9.0",
+                       preset="full", require=("declared",))
+# Each way a release's FA4 can be broken, and what the gate says (the acceptance of issue 26).
+BROKEN_FA4 = {
+    "subpackage-removed": ({"drop": ("vendored_flash_attn/_fa4/",)},
+                           "fa4 was required but vendored_flash_attn-0.1.0+fa617264c.cu13-1-cp310-abi3-linux_x86_64.whl "
+                           "has no vendored_flash_attn/_fa4/build_info.json"),
+    "sources-removed": ({"drop": ("vendored_flash_attn/_fa4/cute/",)},
+                        "has no vendored_flash_attn/_fa4/cute/interface.py"),
+    "index-damaged": ({"members_changes": {f"{KERNELS}/{FP_B}/aliases.json": '{"same_as": "' + FP_A + '", "ki'}},
+                      "aliases.json: not an index of FA4 kernels"),
+    "kernel-missing": ({"drop": (f"{KERNELS}/{FP_A}/fwd_combine/",)},
+                       f"{FP_A} holds 1 kernel files, its build record 2"),
+    "python-left-out": ({"record_changes": {"precompile": {
+        "mode": "auto", "state": "on", "archs": ["sm_90a"], "pythons": ["3.11", "3.12"],
+        "runs": [{"arch": "sm_90a", "python": "3.11", "flavour": "cu12.9", "fingerprint": FP_A, "kernels": 2},
+                 {"arch": "sm_90a", "python": "3.12", "kernels": 0, "error": "RuntimeError: the DSL died"}]}}},
+        "FA4: no kernels shipped for sm_90a and Python 3.12 (RuntimeError: the DSL died)"),
+}
+
+
+def test_a_release_wheel_with_every_family_passes_the_gate(tmp_path):
+    result = check_build_info(release_wheel(tmp_path), RELEASE)
+    assert result.ok, result.render()
+    assert "built fa2+fa3+fa4, required fa2+fa3+fa4" in result.summary
+
+
+@pytest.mark.parametrize("name", BROKEN_FA4)
+def test_a_release_wheel_with_a_broken_fa4_fails_the_gate(tmp_path, name):
+    changes, message = BROKEN_FA4[name]
+    result = check_build_info(release_wheel(tmp_path, "1", **changes), RELEASE)
+    assert not result.ok and any(message in p for p in result.details), result.render()
+
+
+def test_a_wheel_that_auto_left_fa4_out_of_passes_only_without_the_gate(tmp_path):
+    # VFA_BUILD_FA4=auto on a build Python that could not stage it: a consistent wheel (its
+    # build info has no FA4 to check), but not a release: the arch list asked for FA4.
+    wheel = release_wheel(tmp_path, drop=("vendored_flash_attn/_fa4/",))
+    assert check_build_info(wheel, Expectations()).ok
+    assert not check_build_info(wheel, RELEASE).ok
+
+
+def test_a_wheel_of_fa4_alone_passes_every_check(tmp_path):
+    # FA2 and FA3 off (a Blackwell-only deployment): no compiled module, and none expected.
+    off = {"built": False, "reason": "off"}
+    options = {"VFA_BUILD_FA2": {"value": "off", "origin": "env:VFA_BUILD_FA2"},
+               "VFA_BUILD_FA3": {"value": "off", "origin": "env:VFA_BUILD_FA3"}}
+    wheel = make_wheel(tmp_path, modules=(), info=build_info(fa2=off, fa3=off, cuda_arch_list="10.0", options=options))
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("vendored_flash_attn/_fa4/build_info.json", json.dumps({"precompile": {"state": "skipped"}}))
+        zf.writestr("vendored_flash_attn/_fa4/cute/interface.py", "")
+    expect = Expectations(arch_list="10.0", require=("declared",))
+    for result in (check_build_info(wheel, expect), check_symbols(wheel), check_abi3(wheel)):
+        assert result.ok, result.render()
+
+
+def test_check_wheels_fails_each_broken_fa4_and_passes_a_good_release(tmp_path):
+    """.buildkite/scripts/check-wheels.sh as the pipeline runs it (the wheels from a folder
+    instead of the build's artifacts, this interpreter instead of a fresh venv): one run over
+    a folder of broken wheels names each one's fault; one over the good wheel passes."""
+    script = PROJECT / ".buildkite/scripts/check-wheels.sh"
+    broken = tmp_path / "broken/cu13.0-x86_64"
+    tags = {}
+    for number, name in enumerate(BROKEN_FA4, start=1):
+        changes, _ = BROKEN_FA4[name]
+        tags[name] = release_wheel(broken, str(number), **changes).name
+    env = clean_env(VFA_CHECK_PYTHON=sys.executable, TORCH_CUDA_ARCH_LIST="8.0;9.0", VFA_PRESET="full",
+                    VFA_WHEELHOUSE=str(tmp_path / "broken"))
+    failed = run(["bash", str(script), "13.0"], env=env, timeout=600)
+    assert failed.returncode == 1, failed.output
+    sections = dict(re.findall(r"^== [^\n]*/([^/\n]+\.whl)\n(.*?)(?=^== |\Z)", failed.stdout, re.S | re.M))
+    for name, wheel in tags.items():
+        assert "FAIL build-info" in sections[wheel] and BROKEN_FA4[name][1].replace(
+            "vendored_flash_attn-0.1.0+fa617264c.cu13-1-cp310-abi3-linux_x86_64.whl", wheel) in sections[wheel], \
+            (name, sections[wheel])
+    release_wheel(tmp_path / "good/cu13.0-x86_64")
+    passed = run(["bash", str(script), "13.0"], env={**env, "VFA_WHEELHOUSE": str(tmp_path / "good")}, timeout=600)
+    assert passed.returncode == 0, passed.output
+    assert "PASS build-info" in passed.stdout and "required fa2+fa3+fa4" in passed.stdout
+
+
+@pytest.mark.parametrize("name", ["good", "kernel-missing", "subpackage-removed"])
+def test_the_installed_check_holds_fa4_to_its_record_too(tmp_path, name):
+    # What the GPU step and cibuildwheel's test command run on the installed package.
+    changes, message = BROKEN_FA4.get(name, ({}, ""))
+    wheel = release_wheel(tmp_path / "w", **changes)
+    result = run_installed(tmp_path, wheel, "--pin", str(PROJECT / "vendor/flash-attention/pin.json"),
+                           "--require", "declared")
+    if name == "good":
+        assert result.returncode == 0, result.output
+        assert "required fa2+fa3+fa4" in result.stdout
+    else:
+        assert result.returncode == 1, result.output
+        expected = message.replace("vendored_flash_attn-0.1.0+fa617264c.cu13-1-cp310-abi3-linux_x86_64.whl",
+                                   "the installed package")
+        assert expected in result.stdout, result.output

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,8 +119,9 @@ def test_a_run_in_workers_counts_each_kernel_once(precompile):
 # bytes only where a test says so.
 class FakeDSL:
     def __init__(self, python, flavour="cu12.9", bytes_hold_python=False, combine_kinds=("fwd_combine",),
-                 arch_salt=""):
+                 arch_salt="", differs_on=""):
         self.python, self.flavour, self.bytes_hold_python = python, flavour, bytes_hold_python
+        self.differs_on = differs_on  # the one call whose kernel holds the Python's version
         self.arch_salt = arch_salt  # the arch is in upstream's key
         self.combine_kinds = combine_kinds
         self.compiled: list[str] = []
@@ -129,7 +132,7 @@ class FakeDSL:
 
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def __call__(self, stage_root, out, arch, calls, package=None, verify=False, keys_only=False):
+    def __call__(self, stage_root, out, arch, calls, package=None, verify=False):
         fingerprint = self.digest(f"fingerprint-py{self.python}")
         results = []
         for call in calls:
@@ -138,9 +141,10 @@ class FakeDSL:
                 key_hash = self.digest(f"{name}{self.arch_salt}-pickled-by-{self.python}")
                 lookups.append([kind, key_hash])
                 path = Path(out) / self.flavour / fingerprint / kind / f"{key_hash}.o"
-                if not keys_only and not path.exists():
+                if not path.exists():
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(f"sass of {name}".encode() + (self.python.encode() if self.bytes_hold_python else b""))
+                    own = self.bytes_hold_python or name == self.differs_on
+                    path.write_bytes(f"sass of {name}".encode() + (self.python.encode() if own else b""))
                     objects[str(path.relative_to(out))] = path.stat().st_size
                     self.compiled.append(name)
             results.append({"call": call.name, "attempt": 1, "objects": objects, "error": None,
@@ -171,8 +175,8 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     second = FakeDSL("3.14")
     code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
     assert code == 0
-    # one sample call (a split-KV one: both kinds) compiled to compare, into a folder that is gone
-    assert len(second.compiled) == 2 and second.compiled[0].endswith("-split") and second.compiled[1] == "combine"
+    # every kernel compiled again to compare, into a folder that is gone: none of them ships
+    assert len(second.compiled) == 5
     assert len(list(out.rglob("*.o"))) == 5
     fingerprint = FakeDSL.digest("fingerprint-py3.14")
     aliases = fa4_cache.read_aliases(out, "cu12.9", fingerprint)
@@ -182,13 +186,17 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert [(r["python"], r["kernels"]) for r in runs] == [("3.12", 5), ("3.14", 5)]
     assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12")}
+    assert runs[1]["bytes"] == (out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE).stat().st_size
     assert "shipped once: Python 3.12's files, 5 listed" in capsys.readouterr().out
     # the record the next Python shares stays the compiling Python's
     assert json.loads(share.read_text())["python"] == "3.12"
 
 
 @pytest.mark.parametrize("second, why", [
-    (FakeDSL("3.14", bytes_hold_python=True), "kernel .* differs from Python 3.12's"),
+    (FakeDSL("3.14", bytes_hold_python=True), "5 of its kernels differ: .*kernel .* differs from Python 3.12's"),
+    # one kernel of one call that no sample would pick (not a split-KV one): every kernel is compared
+    (FakeDSL("3.14", differs_on="varlen-hd128-bf16-full-gqa4"),
+     "1 of its kernels differ: varlen-hd128-bf16-full-gqa4: fwd kernel .* differs"),
     (FakeDSL("3.14", flavour="cu13.0"), "its DSL is the cu13.0 build, Python 3.12's the cu12.9"),
     (FakeDSL("3.14", combine_kinds=()), "calls do not match"),
 ])
@@ -199,10 +207,14 @@ def test_a_python_whose_kernels_are_not_the_first_ones_compiles_its_own_set(prec
     code, out, share = _compile_as(precompile, monkeypatch, second, dest, record)
     assert code == 0
     printed = capsys.readouterr().out
-    assert re.search(r"Python [\d.]+ compiles its own FA4 kernels for sm_90a: .*" + why, printed), printed
+    assert re.search(r"Python [\d.]+ ships its own FA4 kernels for sm_90a: .*" + why, printed), printed
     assert not list(out.rglob(precompile.fa4_cache.ALIASES_FILE))
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert runs[1]["python"] == "3.14" and "same_as" not in runs[1] and runs[1]["kernels"] >= 4
+    # compiled once (to compare), shipped as compiled: its own files are in the output
+    fingerprint = FakeDSL.digest("fingerprint-py3.14")
+    assert len(list(out.glob(f"*/{fingerprint}/*/*.o"))) == runs[1]["kernels"]
+    assert len(second.compiled) == runs[1]["kernels"]
 
 
 def test_without_another_pythons_record_the_first_compiles_and_records_its_keys(precompile, staged, monkeypatch):
@@ -240,3 +252,131 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
     aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
     assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
     assert all(path.is_file() for table in aliases.values() for path in table.values())
+
+
+# The workers of `compile --jobs N` under supervision: stand-in workers (this interpreter
+# running FAKE_WORKER instead of the real script) fail, stall or would write late, as the
+# environment's FAKE_WORKER_PLAN tells each (by its index).
+FAKE_WORKER = '''#!{python}
+import json, os, pathlib, sys, time
+args = sys.argv[1:]
+value = lambda flag: pathlib.Path(args[args.index(flag) + 1])
+index = value("--calls").name.split(".")[0]
+with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+    log.write(f"{{index}} {{os.getpid()}}\\n")
+plan = json.loads(os.environ["FAKE_WORKER_PLAN"])[index]
+if plan == "fail":
+    # once every worker has started (each has logged its pid), so that the others are running
+    deadline = time.monotonic() + 20
+    while len(open(os.environ["FAKE_WORKER_LOG"]).read().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.stderr.write("compiling varlen-hd128-bf16-full-gqa1\\nTraceback (most recent call last):\\n"
+                     "  File \\"flash_fwd.py\\", line 844\\nNameError: name 'mDynamicCausal' is not defined\\n")
+    sys.exit(1)
+time.sleep(float(plan))
+(value("--out") / "late.o").write_bytes(b"a kernel written after the step ended")
+value("--report").write_text(json.dumps({{"calls": [], "import_seconds": 0, "peak_rss_mb": 1}}))
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture
+def fake_workers(tmp_path, monkeypatch):
+    """Every worker the precompile starts is FAKE_WORKER; set(plan) gives each its part."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_WORKER.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "workers.log"
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+
+    class Workers:
+        python = str(fake)
+        real_python = sys.executable
+
+        @staticmethod
+        def plan(**parts):
+            monkeypatch.setenv("FAKE_WORKER_PLAN", json.dumps({k.lstrip("w"): v for k, v in parts.items()}))
+
+        @staticmethod
+        def pids():
+            return [int(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+
+    monkeypatch.setattr(sys, "executable", str(fake))
+    return Workers
+
+
+def _compile_args(dest, record, *extra):
+    out = dest / "vendored_flash_attn/_fa4/kernels"
+    out.mkdir(parents=True, exist_ok=True)
+    return out, ["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a", "--jobs", "2",
+                 "--record", str(record), *extra]
+
+
+def test_a_failed_worker_stops_the_others_before_the_clean_up_and_its_error_is_shown(
+        precompile, staged, fake_workers, capsys):
+    # Worker 1 fails at once; worker 2 would write a kernel 30 s later. The step must not wait
+    # for it, must stop it before removing this run's kernels, and must say what worker 1 said.
+    dest, record = staged
+    fake_workers.plan(w0="fail", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    start = time.monotonic()
+    assert precompile.main(args) == 0
+    assert time.monotonic() - start < 20
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    assert not list(out.rglob("*.o"))
+    printed = capsys.readouterr()
+    error = "NameError: name 'mDynamicCausal' is not defined"
+    assert f"FA4 compile worker 1 of 2 exited with 1: {error} (the other 1 stopped" in printed.out
+    # the worker's whole stderr is in the step's log, under a header
+    assert "--- FA4 compile worker 1 of 2 (exit 1), its stderr:\ncompiling varlen-hd128" in printed.err
+    run = json.loads(record.read_text())["precompile"]["runs"][0]
+    assert run["kernels"] == 0 and error in run["error"]
+
+
+def test_ctrl_c_stops_every_worker_and_is_no_warning(precompile, staged, fake_workers, capsys):
+    import _thread
+    import threading
+
+    dest, record = staged
+    fake_workers.plan(w0="30", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    threading.Timer(1.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        precompile.main(args)
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    assert "WARNING" not in capsys.readouterr().out
+    assert not list(out.rglob("*.o"))
+
+
+def test_sigterm_stops_every_worker_and_the_step_exits_non_zero(staged, fake_workers, tmp_path):
+    # What a build tool sends when it stops (ninja on Ctrl-C, a CI runner's timeout): the step
+    # run as the build runs it (its __main__), its workers stand-ins.
+    import subprocess
+
+    dest, record = staged
+    fake_workers.plan(w0="30", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    driver = ("import os, runpy, signal, sys, threading\n"
+              f"sys.executable = {fake_workers.python!r}\n"
+              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              "threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    start = time.monotonic()
+    proc = subprocess.run([fake_workers.real_python, "-c", driver], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert time.monotonic() - start < 25
+    assert "interrupted; every FA4 compile worker it started has stopped" in proc.stderr
+    pids = fake_workers.pids()
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    time.sleep(0.5)
+    assert not list(out.rglob("*.o"))

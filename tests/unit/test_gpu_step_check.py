@@ -100,4 +100,33 @@ def test_gpu_step_uses_the_check():
     assert "torch.cuda.is_available()" in script
     assert 'check_gpu_junit.py" "$junit"' in script
     assert 'exit "$check"' in script
-    assert "|| true\n" not in script.split("check_gpu_junit.py", 1)[1]
+    assert "|| true\n" not in script.split('check_gpu_junit.py" "$junit"', 1)[1]
+
+
+@pytest.mark.parametrize("built, capability, forbidden", [
+    # the Hopper step of a release wheel: every family runs there, none may skip
+    ({"fa2": True, "fa3": True, "fa4": True}, (9, 0), ["FA2 not usable", "FA3 not usable", "FA4 not usable"]),
+    # the A100 step: FA3 and FA4 do not run on sm80; their skips say why and are allowed
+    ({"fa2": True, "fa3": True, "fa4": True}, (8, 0), ["FA2 not usable"]),
+    # a wheel without FA4: its tests skip with the reason, and may
+    ({"fa2": True, "fa3": True, "fa4": False}, (9, 0), ["FA2 not usable", "FA3 not usable"]),
+    # Blackwell: FA4 (FA3 is Hopper only); sm120 is excluded for FA4 at the pin
+    ({"fa2": True, "fa3": True, "fa4": True}, (10, 0), ["FA2 not usable", "FA4 not usable"]),
+    ({"fa2": True, "fa3": True, "fa4": True}, (12, 0), ["FA2 not usable"]),
+])
+def test_the_forbidden_skips_come_from_the_families_the_wheel_holds(built, capability, forbidden):
+    assert check.held_family_skips(built, capability) == forbidden
+
+
+def test_an_fa4_skip_fails_the_hopper_step_of_a_wheel_that_holds_fa4(tmp_path, capsys):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase classname="t" name="fa3"/>
+          <testcase classname="t" name="fa4"><skipped message="FA4 not usable: nvidia-cutlass-dsl is not installed"/></testcase>
+        </testsuite></testsuites>"""))
+    forbidden = check.held_family_skips({"fa2": True, "fa3": True, "fa4": True}, (9, 0))
+    assert check.main([str(junit), *[f"--forbid-skip={text}" for text in forbidden]]) == 1
+    assert "1 GPU test(s) skipped with 'FA4 not usable'" in capsys.readouterr().err
+    # the step's own part alone (what gpu-test.sh forbade before) let it pass
+    assert check.main([str(junit), "--forbid-skip", "FA3 not usable"]) == 0
