@@ -2,17 +2,16 @@
 
     build_monitor.py --dir BUILD_DIR --targets TARGET... --jobs N --interval S
                      [--unit-kind "TARGET|KIND|SECONDS|PATH TEXT" ...]
+    build_monitor.py --replay EVENTS.tsv --jobs N [--unit-kind ...]   (the estimate over a past build)
 
 The command of the `build_progress` target (cmake/BuildProgress.cmake), which runs in
 ninja's console pool: the one way to print while other commands run, since ninja
 buffers each command's output until it ends. It follows the events that compile_unit.py
-writes for every unit and prints a line per finished unit and, every S seconds, the
-units running, how many are done, the elapsed time and an estimate of what is left (a
-longest-first schedule of the units still to compile on the N compile jobs, each at the
-mean time of this build's finished units of its kind: C++, or a kind of CUDA unit that a
-module's family declares (FA3 CUDA, FA2 CUDA, FA2 split-KV, ...: --unit-kind); or, for a
-kind none of which has finished, reference times at this machine's pace so far, which
-units running past their reference time raise).
+writes for every unit and prints a line per unit that compiled (one the compiler cache
+answered gets none: the status lines count them), what the units hand it (their
+warnings, a launcher's note: printed at once, in order), and, S seconds after the last
+line (then twice as long each time nothing else came, up to 5 minutes), the units
+running, how many are done and an estimate of what is left (Estimate).
 
 While it runs ninja holds back its own lines, so it ends as soon as it has nothing to
 add: when every unit ninja planned for the targets (a dry run, `ninja -n`, at its start)
@@ -22,19 +21,22 @@ but the monitor. It also steps aside when ninja's -j leaves no room beside the c
 jobs (it would take a compile's place). It exits 0 whatever happens (progress must never
 fail or hold up a build) except on an interrupt (SIGINT, SIGTERM, SIGHUP): then it says in
 one line what the compile launchers stopped and exits 128 + the signal. Linux only (it reads /proc); elsewhere it prints one line and
-ends.
+ends. At the end it writes BUILD_DIR/vfa-estimate.json: what it estimated at 10, 25, 50, 75
+and 90 % of the build against what was actually left then.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
 
-    [vfa 0:03] compiling 22 units, 2 at a time: about 24 min (from reference times). ...
-    [vfa 0:33] 0/22 compiled; running flash_fwd_hdim128_bf16_paged_sm90.cu 0:30, ...
-    [vfa 4:31] compiled flash_fwd_hdim128_bf16_paged_sm90.cu (FA3 CUDA) in 4:28 [1/22]; ...
-    [vfa 32:40] 22/22 compiled in 32:37; 97 warnings in upstream code not shown here, ...
+    [vfa 0:03] compiling 22 units, 2 at a time: about 24 min if the compiler cache holds none of them. ...
+    [vfa 0:33] 0/22 done; running flash_fwd_hdim128_bf16_paged_sm90.cu 0:30, ...; about 24 min left
+    [vfa 4:31] compiled flash_fwd_hdim128_bf16_paged_sm90.cu (FA3 CUDA) in 4:28 [3/22]; about 21 min left
+    [vfa 32:40] 22/22 compiled in 32:37; 90 compiler warnings and 38 ptxas notes in upstream code ...
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import os
 import re
 import signal
@@ -44,8 +46,11 @@ import time
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, STOP_WAIT_S, _comm, _stat,  # noqa: E402
+from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _comm, _stat,  # noqa: E402
                           append_line, start_build_logs, this_build)
+
+ESTIMATE = "vfa-estimate.json"  # the estimate against the actual time left, at RECORD_AT of the build
+RECORD_AT = (0.10, 0.25, 0.50, 0.75, 0.90)
 
 # Wall seconds per translation unit by kind, cold, one unit per core: measured on the
 # 16-core H200 build machine (docs/PERFORMANCE.md, "Build"). Used only until units of this
@@ -177,7 +182,18 @@ def planned_units(ninja: str, build_dir: str, targets: list[str]) -> set[str] | 
     return {m.group(1) for m in map(UNIT_LINE.search, out.stdout.splitlines()) if m}
 
 
-# --- the monitor -----------------------------------------------------------------------------
+# --- the estimate ----------------------------------------------------------------------------
+
+# A CUDA unit that ends in under this share of its kind's reference time (and under HIT_MIN_S
+# at least) was answered by the compiler cache: sccache's hits of a CUDA unit still run nvcc's
+# host-side steps, 3-20 s, where compiling the smallest unit takes 47 s on the H200 machine and
+# longer on a small one. C++ units are quick either way and are taken as they come.
+HIT_FRACTION = 0.25
+HIT_MIN_S = 15.0
+CACHED_DEFAULT_S = 10.0  # a cached CUDA unit before this build has seen one
+# A unit that runs past what its kind is expected to take is expected to run at least this
+# share of its time so far again: never "about 15 s left" for the minutes it then takes.
+TAIL_FRACTION = 0.2
 
 
 @dataclass
@@ -186,11 +202,25 @@ class Done:
     seconds: float
     rc: int
     hidden: int
+    notes: int = 0  # ptxas notes kept off the console (hidden: compiler warnings)
+
+    @property
+    def cached(self) -> bool:
+        return self.rc == 0 and self.kind != "C++" and self.seconds < cached_limit(self.kind)
+
+
+def cached_limit(kind: str) -> float:
+    return max(HIT_MIN_S, HIT_FRACTION * REFERENCE_SECONDS[kind])
 
 
 @dataclass
 class BuildState:
-    """What the events of this build say, and what is left of it."""
+    """What the events of this build say, and the estimate of what is left of it: each unit
+    still to run at its kind's expected time -- the share of CUDA units the compiler cache
+    answered so far at the time a cached unit took, the rest at the kind's reference time
+    scaled by this machine's pace (the kind's own compiled units here, else all CUDA units
+    compiled here, and no less than what the units running show) -- scheduled longest first
+    on the compile jobs after what the running units still need."""
     t0: float
     jobs: int
     planned: set[str] = field(default_factory=set)
@@ -209,8 +239,9 @@ class BuildState:
                 self.running[unit] = t
             elif kind == "end":
                 rc, seconds, hidden = int(event[3]), float(event[4]), int(event[5])
+                notes = int(event[6]) if len(event) > 6 else 0
                 self.running.pop(unit, None)
-                self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden)
+                self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden, notes)
                 return unit
             elif kind == "stopped":
                 self.running.pop(unit, None)
@@ -227,48 +258,150 @@ class BuildState:
     def waiting(self) -> list[str]:
         return sorted(self.planned - set(self.running) - set(self.done))
 
-    def pace(self, now: float) -> float:
-        """How much longer than the reference times this machine takes (1: as fast): the
-        finished units' seconds over their reference seconds, so a 150-s kind weighs 30
-        times a 5-s C++ unit; and no less than what the units still running past their
-        reference time show (their time so far is a lower bound of theirs). 1 before any
-        unit finishes or runs past its reference."""
-        ok = [d for d in self.done.values() if d.rc == 0]
-        seconds = sum(d.seconds for d in ok)
-        reference = sum(REFERENCE_SECONDS[d.kind] for d in ok)
+    def compiled(self, kind: str | None = None) -> list[Done]:
+        """Finished units that ran the compiler (not answered by the cache), of `kind` or of
+        every CUDA kind."""
+        return [d for d in self.done.values() if d.rc == 0 and not d.cached
+                and (d.kind == kind if kind else d.kind != "C++")]
+
+    def cache_share(self, now: float) -> tuple[int, int]:
+        """(CUDA units the compiler cache answered, CUDA units whose answer is known): finished
+        ones, and running ones already past the time a cached unit takes (they compile)."""
+        finished = [d for d in self.done.values() if d.rc == 0 and d.kind != "C++"]
+        compiling = [u for u, start in self.running.items()
+                     if unit_kind(u) != "C++" and now - start >= cached_limit(unit_kind(u))]
+        return sum(d.cached for d in finished), len(finished) + len(compiling)
+
+    def pace(self, kind: str, now: float) -> float:
+        """How much longer than its reference a unit of `kind` compiles here (1: as long): its
+        kind's compiled units, else every compiled CUDA unit, weighted by reference time; and no
+        less than what the units of the kind still running past that show (their time so far is
+        a lower bound of theirs). 1 before anything has compiled."""
+        own = self.compiled(kind) or (self.compiled() if kind != "C++" else [])
+        seconds = sum(d.seconds for d in own)
+        reference = sum(REFERENCE_SECONDS[d.kind] for d in own)
         pace = seconds / reference if reference else 1.0
-        overdue = [(now - start, REFERENCE_SECONDS[unit_kind(unit)]) for unit, start in self.running.items()
-                   if now - start > REFERENCE_SECONDS[unit_kind(unit)] * pace]
-        if overdue:
-            pace = max(pace, (seconds + sum(e for e, _ in overdue)) / (reference + sum(r for _, r in overdue)))
+        for unit, start in self.running.items():
+            if unit_kind(unit) == kind:
+                pace = max(pace, (now - start) / REFERENCE_SECONDS[kind])
         return pace
 
-    def cost(self, kind: str, now: float) -> float:
-        """Expected seconds for a unit of `kind`: the mean of this build's finished units of
-        that kind, else the reference at this machine's pace."""
-        same = [d.seconds for d in self.done.values() if d.rc == 0 and d.kind == kind]
-        if same:
-            return sum(same) / len(same)
-        return REFERENCE_SECONDS[kind] * self.pace(now)
+    def cached_seconds(self, kind: str) -> float:
+        same = [d.seconds for d in self.done.values() if d.cached and d.kind == kind]
+        every = [d.seconds for d in self.done.values() if d.cached]
+        return sum(same) / len(same) if same else sum(every) / len(every) if every else CACHED_DEFAULT_S
 
-    def basis(self) -> str:
-        n = sum(1 for d in self.done.values() if d.rc == 0)
-        return f"from {n} finished unit{'s' if n != 1 else ''}" if n else "from reference times"
+    def compile_seconds(self, kind: str, now: float) -> float:
+        if kind == "C++":
+            same = [d.seconds for d in self.done.values() if d.rc == 0 and d.kind == kind]
+            if same:
+                return sum(same) / len(same)
+        return REFERENCE_SECONDS[kind] * self.pace(kind, now)
+
+    def cost(self, kind: str, now: float) -> float:
+        """Expected seconds for a unit of `kind` that has not started."""
+        compiled = self.compile_seconds(kind, now)
+        if kind == "C++":
+            return compiled
+        cached, known = self.cache_share(now)
+        share = cached / known if known else 0.0
+        return share * self.cached_seconds(kind) + (1 - share) * compiled
+
+    def left_of(self, unit: str, start: float, now: float) -> float:
+        """What a running unit still needs: its expected time (the cache's share of it only
+        while it may still be a cache hit) less its time so far, and never less than
+        TAIL_FRACTION of that time again."""
+        kind, elapsed = unit_kind(unit), now - start
+        expected = self.cost(kind, now) if elapsed < cached_limit(kind) else self.compile_seconds(kind, now)
+        return max(expected - elapsed, TAIL_FRACTION * elapsed, 0.5)
 
     def seconds_left(self, now: float) -> float:
-        """Longest-first list schedule of what is left on the compile jobs, the running
-        units first with what their own expected time leaves of them: a unit past it is
-        expected to run a tenth as long again (at least), never to be as good as done."""
-        loads = []
-        for unit, start in self.running.items():
-            cost, elapsed = self.cost(unit_kind(unit), now), now - start
-            loads.append(max(cost - elapsed, 0.1 * max(cost, elapsed)))
+        """Longest-first list schedule of what is left on the compile jobs, the running units
+        first with what they still need: never less than the longest of those."""
+        loads = [self.left_of(unit, start, now) for unit, start in self.running.items()]
         workers = max(self.jobs, len(loads), 1)
         loads += [0.0] * (workers - len(loads))
         for cost in sorted((self.cost(unit_kind(u), now) for u in self.waiting), reverse=True):
             loads.sort()
             loads[0] += cost
         return max(loads)
+
+    def basis(self, now: float) -> str:
+        """What the estimate stands on, for the line that gives it."""
+        cached, known = self.cache_share(now)
+        if known and cached == known:
+            return f"the compiler cache held all {known} CUDA unit{'s' if known != 1 else ''} so far"
+        if cached:
+            return f"the compiler cache held {cached} of {known} CUDA units so far"
+        n = len(self.compiled())
+        return f"from {n} unit{'s' if n != 1 else ''} compiled here" if n else "from reference times"
+
+
+class EstimateRecord:
+    """The estimates given during a build, against what was actually left at each."""
+
+    def __init__(self):
+        self.given: list[tuple[float, float]] = []  # (seconds into the build, estimated seconds left)
+
+    def add(self, at: float, left: float) -> None:
+        self.given.append((at, left))
+
+    def table(self, seconds: float) -> list[dict]:
+        """At each share of RECORD_AT of a build that took `seconds`: the last estimate given by
+        then, what was left then, and the error (estimate over actual, less one)."""
+        points = []
+        for share in RECORD_AT:
+            at = share * seconds
+            before = [(t, left) for t, left in self.given if t <= at]
+            if not before:
+                continue
+            t, left = before[-1]
+            actual = seconds - t
+            points.append({"at": share, "t": round(t, 1), "estimated_left": round(left, 1),
+                           "actual_left": round(actual, 1),
+                           "error": round(left / actual - 1, 3) if actual > 0 else None})
+        return points
+
+    def write(self, path: str, state: BuildState, seconds: float, how: str) -> dict:
+        ok = [d for d in state.done.values() if d.rc == 0]
+        record = {"how": how, "seconds": round(seconds, 1), "units": state.total, "jobs": state.jobs,
+                  "cached_units": sum(d.cached for d in ok), "compiled_units": sum(not d.cached for d in ok),
+                  "points": self.table(seconds)}
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1)
+                f.write("\n")
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+        return record
+
+
+def replay(events: list[list[str]], jobs: int, step: float = 30.0) -> tuple[BuildState, EstimateRecord, float]:
+    """The estimate over a past build's events (vfa-progress.tsv): computed at each event and
+    every `step` seconds, as the monitor would have given it; returns the state at the end,
+    the estimates and the build's length (first start to last end)."""
+    timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end")
+                   and e[1].replace(".", "", 1).isdigit())
+    if not timed:
+        raise ValueError("no start/end events")
+    t0 = timed[0][0]
+    state = BuildState(t0=t0, jobs=jobs)
+    state.planned = {e[2] for _, e in timed}
+    record = EstimateRecord()
+    times = sorted({t for t, _ in timed} | {t0 + k * step for k in range(int((timed[-1][0] - t0) / step) + 1)})
+    queue = list(timed)
+    for now in times:
+        while queue and queue[0][0] <= now:
+            state.apply(queue.pop(0)[1])
+        if state.running or state.waiting:
+            record.add(now - t0, state.seconds_left(now))
+    return state, record, timed[-1][0] - t0
+
+
+# --- the monitor -----------------------------------------------------------------------------
+
+MAX_INTERVAL_S = 300.0
 
 
 class Monitor:
@@ -279,14 +412,19 @@ class Monitor:
         self.events = os.path.join(self.build_dir, EVENTS)
         self.log = os.path.join(self.build_dir, COMPILE_LOG)
         self.progress_log = os.path.join(self.build_dir, PROGRESS_LOG)
+        self.relay_path = os.path.join(self.build_dir, RELAY)
         self.offset = 0
         self.inode = None
         self.partial = ""
         self.last_line = 0.0
+        self.quiet_lines = 0  # status lines since the last other line (each waits twice as long)
         self.build = this_build()
         self.state: BuildState | None = None
+        self.record = EstimateRecord()
+        self.pending: dict[str, str] = {}  # unit -> what it handed over, printed with its line
+        self.relaying = False
 
-    def say(self, state: BuildState, text: str) -> None:
+    def say(self, state: BuildState, text: str, status: bool = False) -> None:
         if self.last_line == 0.0:
             start_build_logs(self.build_dir, self.build)  # this build's first line: a fresh log
         now = time.time()
@@ -294,6 +432,17 @@ class Monitor:
         print(line, flush=True)
         append_line(self.progress_log, line + "\n")
         self.last_line = now
+        self.quiet_lines = self.quiet_lines + 1 if status else 0
+
+    def show(self, text: str) -> None:
+        """What a unit handed over (its warnings), as it printed it."""
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+
+    def left(self, state: BuildState, now: float) -> str:
+        seconds = state.seconds_left(now)
+        self.record.add(now - state.t0, seconds)
+        return about(seconds)
 
     def read_events(self) -> list[list[str]]:
         try:
@@ -310,16 +459,76 @@ class Monitor:
         self.partial = lines.pop()  # an event still being written
         return [line.split("\t") for line in lines if line]
 
+    # -- what units hand over (compile_unit.relay) --------------------------------------------
+
+    def open_relay(self) -> None:
+        try:
+            with open(self.relay_path + ".tmp", "w", encoding="ascii") as f:
+                f.write(self.build or "")
+            os.replace(self.relay_path + ".tmp", self.relay_path)
+            self.relaying = True
+        except OSError:
+            pass
+
+    def close_relay(self, state: BuildState) -> None:
+        """No unit hands anything over from now on; what was handed over is printed."""
+        if not self.relaying:
+            return
+        self.relaying = False
+        try:
+            fd = os.open(self.relay_path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.unlink(self.relay_path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        for event in self.read_events():
+            self.take(state, event, quiet=True)
+        for text in self.pending.values():
+            self.show(text)
+        self.pending.clear()
+
+    def take(self, state: BuildState, event: list[str], quiet: bool = False) -> str | None:
+        """One event: a unit's output is kept for its line, a note printed; returns the unit
+        of an end event (after state.apply)."""
+        if event[:1] == ["output"] and len(event) > 3:
+            try:
+                self.pending[event[2]] = self.pending.get(event[2], "") + json.loads(event[3])
+            except ValueError:
+                pass
+            return None
+        if event[:1] == ["note"] and len(event) > 3:
+            try:
+                self.say(state, json.loads(event[3]))
+            except ValueError:
+                pass
+            return None
+        unit = state.apply(event)
+        if unit is not None and quiet and unit in self.pending:
+            self.show(self.pending.pop(unit))
+        return unit
+
+    # -- lines -------------------------------------------------------------------------------
+
     def status(self, state: BuildState, now: float) -> str:
         done = sum(1 for d in state.done.values() if d.rc == 0)
+        cached = sum(1 for d in state.done.values() if d.cached)
         running = sorted(state.running.items(), key=lambda kv: kv[1])
         shown = ", ".join(f"{unit_name(u)} {clock(now - t)}" for u, t in running[:3])
         if len(running) > 3:
             shown += f" and {len(running) - 3} more"
-        text = f"{done}/{state.total} compiled"
+        text = f"{done}/{state.total} done" + (f" ({cached} from the compiler cache)" if cached else "")
         if running:
             text += f"; running {shown}"
-        return text + f"; {about(state.seconds_left(now))} left"
+        return text + f"; {self.left(state, now)} left ({state.basis(now)})"
+
+    def status_due(self, now: float) -> bool:
+        wait = min(self.interval * 2 ** self.quiet_lines, max(self.interval, MAX_INTERVAL_S))
+        return now - self.last_line >= wait
 
     def run(self) -> None:
         me = ninja_ancestor(os.getpid())
@@ -351,15 +560,25 @@ class Monitor:
                   f"{self.jobs} compiles; run ninja with -j {self.jobs + 1} or more for progress lines",
                   flush=True)
             return
-        self.say(state, f"compiling {state.total} units, {self.jobs} at a time: "
-                        f"{about(state.seconds_left(time.time()))} ({state.basis()}). A line per finished "
-                        f"unit and every {self.interval:g} s; all compiler output, upstream warnings "
-                        f"included, goes to {self.log}")
+        self.open_relay()
+        try:
+            self.follow(state, ninja, own_child, planned is not None)
+        finally:
+            self.close_relay(state)
+
+    def follow(self, state: BuildState, ninja: int, own_child: int, planned: bool) -> None:
+        now = time.time()
+        cached, known = state.cache_share(now)
+        self.say(state, f"compiling {state.total} units, {self.jobs} at a time: {self.left(state, now)}"
+                        + (f" ({state.basis(now)})" if known else
+                           " if the compiler cache holds none of them (its hits show within a minute)")
+                        + f". A line per unit that compiles, and the units running every {self.interval:g} s "
+                        f"or less often; all compiler output, upstream warnings included, goes to {self.log}")
         idle_polls = 0
         while True:
             time.sleep(self.poll)
             for event in self.read_events():
-                unit = state.apply(event)
+                unit = self.take(state, event)
                 if unit is None:
                     continue
                 if state.done[unit].rc != 0:
@@ -367,22 +586,30 @@ class Monitor:
                     return
                 self.finished(state, unit)
             now = time.time()
-            if planned is not None and not state.running and not state.waiting:
+            if planned and not state.running and not state.waiting:
                 break
             others = [pid for pid in children(ninja) if pid != own_child]
             idle_polls = 0 if others else idle_polls + 1
             if idle_polls >= 2 or _stat(ninja) is None:
                 break  # ninja runs nothing else: done, interrupted, or nothing to watch
-            if state.running and now - self.last_line >= self.interval:
-                self.say(state, self.status(state, now))
+            if state.running and self.status_due(now):
+                self.say(state, self.status(state, now), status=True)
         self.summary(state)
 
     def finished(self, state: BuildState, unit: str) -> None:
+        """A line for a unit that compiled; one the compiler cache answered, or a quick C++ one,
+        is counted by the next status line. What the unit handed over follows its line."""
         d = state.done[unit]
-        count = sum(1 for x in state.done.values() if x.rc == 0)
-        left = state.running or state.waiting
-        self.say(state, f"compiled {unit_name(unit)} ({d.kind}) in {clock(d.seconds)} [{count}/{state.total}]"
-                 + (f"; {about(state.seconds_left(time.time()))} left ({state.basis()})" if left else ""))
+        output = self.pending.pop(unit, "")
+        quick = d.cached or (d.kind == "C++" and d.seconds < HIT_MIN_S)
+        if not quick or output:
+            count = sum(1 for x in state.done.values() if x.rc == 0)
+            now = time.time()
+            left = state.running or state.waiting
+            self.say(state, f"compiled {unit_name(unit)} ({d.kind}) in {clock(d.seconds)} [{count}/{state.total}]"
+                     + (f"; {self.left(state, now)} left" if left else ""))
+        if output:
+            self.show(output)
 
     def failed(self, state: BuildState, unit: str) -> None:
         """Said once, then the monitor ends: ninja prints the unit's errors as soon as it has."""
@@ -398,10 +625,11 @@ class Monitor:
         state = self.state
         if state is None:
             return
+        self.close_relay(state)
         deadline = time.time() + STOP_WAIT_S + 5
         while True:
             for event in self.read_events():
-                state.apply(event)
+                self.take(state, event, quiet=True)
             if not state.running or time.time() > deadline:
                 break
             time.sleep(0.2)
@@ -423,24 +651,45 @@ class Monitor:
         self.say(state, text)
 
     def summary(self, state: BuildState) -> None:
-        hidden = sum(d.hidden for d in state.done.values())
-        compiled = sum(1 for d in state.done.values() if d.rc == 0)
-        self.say(state, f"{compiled}/{state.total} compiled in {clock(time.time() - state.t0)}"
-                        + (f"; {hidden} warnings in upstream code not shown here, all compiler output is in "
-                           f"{self.log}" if hidden else ""))
+        ok = [d for d in state.done.values() if d.rc == 0]
+        warnings = sum(d.hidden for d in state.done.values())
+        notes = sum(d.notes for d in state.done.values())
+        cached = sum(d.cached for d in ok)
+        seconds = time.time() - state.t0
+        hidden = " and ".join(x for x in (f"{warnings} compiler warning{'s' if warnings != 1 else ''}" if warnings else "",
+                                          f"{notes} ptxas note{'s' if notes != 1 else ''}" if notes else "") if x)
+        self.say(state, f"{len(ok)}/{state.total} compiled in {clock(seconds)}"
+                        + (f" ({cached} from the compiler cache)" if cached else "")
+                        + (f"; {hidden} in upstream code not shown here, all compiler output is in {self.log}"
+                           if hidden else ""))
+        if self.record.given and not state.running and not state.waiting:
+            self.record.write(os.path.join(self.build_dir, ESTIMATE), state, seconds, "live")
 
 
 def main(argv: list[str] | None = None) -> int:
     options = argparse.ArgumentParser(prog="build_monitor.py", description=__doc__.split("\n\n")[0])
-    options.add_argument("--dir", required=True)
-    options.add_argument("--targets", nargs="+", required=True, help="the targets whose compiles to follow")
+    options.add_argument("--dir")
+    options.add_argument("--targets", nargs="+", help="the targets whose compiles to follow")
     options.add_argument("--jobs", type=int, required=True)
     options.add_argument("--interval", type=float, default=30.0)
     options.add_argument("--unit-kind", action="append", default=[], metavar="TARGET|KIND|SECONDS|PATH TEXT",
                          help="a kind of CUDA unit, its reference seconds and the units it covers (add_unit_kind)")
+    options.add_argument("--replay", metavar="EVENTS.tsv",
+                         help="print the estimate over a past build's events as JSON (what vfa-estimate.json holds)")
     args = options.parse_args(argv)
     for spec in args.unit_kind:
         add_unit_kind(spec)
+    if args.replay:
+        with open(args.replay, encoding="utf-8", errors="surrogateescape") as f:
+            events = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        state, record, seconds = replay(events, args.jobs, args.interval)
+        ok = [d for d in state.done.values() if d.rc == 0]
+        print(json.dumps({"how": "replay", "seconds": round(seconds, 1), "units": state.total, "jobs": args.jobs,
+                          "cached_units": sum(d.cached for d in ok), "compiled_units": sum(not d.cached for d in ok),
+                          "points": record.table(seconds)}, indent=1))
+        return 0
+    if not args.dir or not args.targets:
+        options.error("--dir and --targets are required (or --replay)")
     monitor = Monitor(args.dir, args.targets, args.jobs, args.interval)
 
     class Interrupted(Exception):
@@ -470,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 128 + received[0]
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,9 +34,10 @@ The answer is one JSON object (`--out`): `ok`, `failure` (a class name) and `mes
 when not ok, and what was found: `backend`, `location`, `rw_mode`, `checks`,
 `restarted`, `dist`, `conf_problem`. Secrets (URL credentials) never get into it.
 
-`stats` (the end of the build) prints sccache's statistics (the text that
-`sccache --show-stats` prints) and one line saying how many compiles ran on build
-servers and how many here. With --settings it reads the build's own servers and the
+`stats` (the end of the build) writes sccache's statistics (the text that
+`sccache --show-stats` prints) into the build's compile log, and prints one line saying how
+many units the cache answered and, with a scheduler, one saying how many compiles ran on
+build servers and how many here. With --settings it reads the build's own servers and the
 launcher's fallbacks and writes them into B/build_info.json's compiler_cache.dist:
 `build` (remote compiles, compiles here, fallbacks, the units) and `used` (did any
 compile of this build run on a build server). Like the rest of compiler_cache, they are
@@ -577,11 +578,59 @@ def stop_servers(sccache: str, settings: dict, build_server: bool) -> None:
         run([sccache, "--stop-server"], dict(os.environ, **overrides))
 
 
+# sccache's languages for the compiles this build's launcher sends: a CUDA unit is one "CUDA"
+# compile (its device-code, PTX and CUBIN steps are counted apart), a C++ unit one "C/C++".
+UNIT_LANGUAGES = {"CUDA": "CUDA", "C/C++": "C++"}
+
+
+def hits_line(stats: dict) -> str:
+    """How many of the build's units the compiler cache answered, from sccache's statistics."""
+    s = stats["stats"]
+    parts, hits, total = [], 0, 0
+    for language, name in UNIT_LANGUAGES.items():
+        h = s["cache_hits"]["counts"].get(language, 0)
+        n = h + s["cache_misses"]["counts"].get(language, 0)
+        if n:
+            parts.append(f"{name} {h}/{n}")
+            hits, total = hits + h, total + n
+    if not total:
+        return "no unit compiled"
+    return f"{hits} of {total} units from the cache ({', '.join(parts)})"
+
+
+def log_stats(settings: dict | None, text: str) -> str | None:
+    """sccache's statistics table into the build's compile log (cmake/compile_unit.py's), which
+    it returns; None without a build dir or when the log cannot be written."""
+    if settings is None:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
+    log = str(Path(settings["build_dir"]) / COMPILE_LOG)
+    return log if append_log(log, f"==> sccache --show-stats (the build's compiler cache)\n{text}") else None
+
+
 def stats(args) -> int:
     settings = launcher_settings(Path(args.settings)) if args.settings else None
-    env = dict(os.environ, **(settings["server"] if settings else {}))
+    if settings is not None:
+        # A server this asks for is started like the compiles' (no idle timeout) and stopped
+        # when the build ends, as theirs are (cmake/sccache_launcher.py).
+        from sccache_launcher import claim_servers, server_env
+        from compile_unit import this_build
+        build = this_build()
+        claim_servers(settings, args.settings, build)
+        env = server_env(settings, settings["server"], build)
+    else:
+        env = dict(os.environ)
     text = run([args.sccache, "--show-stats"], env)
-    print(text.stdout, end="")
+    log = log_stats(settings, text.stdout)
+    if log is None:
+        print(text.stdout, end="")
+    else:
+        try:
+            summary = hits_line(show_stats(args.sccache, env))
+        except (ProbeFailure, json.JSONDecodeError, KeyError) as exc:
+            summary = f"statistics unreadable ({exc})"
+        print(f"vendored-flash-attn: compiler cache: {summary}; sccache's statistics are in {log}")
     if settings is not None:
         try:
             report = build_report(args.sccache, settings)
