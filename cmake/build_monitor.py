@@ -538,13 +538,22 @@ class Monitor:
             return
         ninja, own_child = me
         state = self.state = BuildState(t0=started_at(ninja) or time.time(), jobs=self.jobs)
+        # Units that end from now on hand their output over (printed when the monitor ends,
+        # whichever way it ends).
+        self.open_relay()
+        try:
+            self.watch(state, ninja, own_child)
+        finally:
+            self.close_relay(state)
+
+    def watch(self, state: BuildState, ninja: int, own_child: int) -> None:
         try:
             planned = planned_units(os.readlink(f"/proc/{ninja}/exe"), self.build_dir, self.targets)
         except OSError:
             planned = None
         state.planned = planned or set()
         for event in self.read_events():
-            state.apply(event)
+            self.take(state, event, quiet=True)
         failed = [unit for unit, d in state.done.items() if d.rc != 0]
         if failed:
             self.failed(state, failed[0])
@@ -560,11 +569,7 @@ class Monitor:
                   f"{self.jobs} compiles; run ninja with -j {self.jobs + 1} or more for progress lines",
                   flush=True)
             return
-        self.open_relay()
-        try:
-            self.follow(state, ninja, own_child, planned is not None)
-        finally:
-            self.close_relay(state)
+        self.follow(state, ninja, own_child, planned is not None)
 
     def follow(self, state: BuildState, ninja: int, own_child: int, planned: bool) -> None:
         now = time.time()
