@@ -240,3 +240,23 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
     aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
     assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
     assert all(path.is_file() for table in aliases.values() for path in table.values())
+
+
+def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(precompile, monkeypatch):
+    """Issue 29: a quick start without the fa4 extra printed a 560-character line listing each
+    missing package with its requirement, the interpreter's path and the command."""
+    from importlib import metadata
+
+    from vendored_flash_attn import fa4_deps
+    real_version = metadata.version
+
+    def version(name):
+        if name in {fa4_deps.requirement_name(r) for r in fa4_deps.required()} - {"packaging", "typing-extensions"}:
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(fa4_deps.metadata, "version", version)
+    reason = precompile.probe()["precompile"]
+    assert reason.startswith("this Python lacks FA4's packages (nvidia-cutlass-dsl, ")
+    assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
+    assert len(reason) < 160, reason
