@@ -330,11 +330,11 @@ class BuildState:
         """What the estimate stands on, for the line that gives it."""
         cached, known = self.cache_share(now)
         if known and cached == known:
-            return f"the compiler cache held all {known} CUDA unit{'s' if known != 1 else ''} so far"
-        if cached:
-            return f"the compiler cache held {cached} of {known} CUDA units so far"
+            return f"as the {known} CUDA unit{'s' if known != 1 else ''} so far: seconds each, the compiler cache's"
         n = len(self.compiled())
-        return f"from {n} unit{'s' if n != 1 else ''} compiled here" if n else "from reference times"
+        pace = f"at this machine's pace from {n} unit{'s' if n != 1 else ''} compiled here" if n else \
+            "at reference times"
+        return f"{cached} of {known} CUDA units so far took seconds, the rest {pace}" if cached else pace
 
 
 class EstimateRecord:
@@ -399,13 +399,45 @@ def replay(events: list[list[str]], jobs: int, step: float = 30.0) -> tuple[Buil
     return state, record, timed[-1][0] - t0
 
 
+# --- what the compiler cache answered ---------------------------------------------------------
+# The units' times tell the estimate which of them the cache answered (Done.cached); what the
+# lines say comes from the cache's server itself: a build of tiny kernels (the tests') compiles
+# in seconds too.
+
+# sccache's languages of the units: a CUDA unit is one "CUDA" compile, a C++ one "C/C++"
+# (compiler_cache_probe.py's UNIT_LANGUAGES).
+UNIT_LANGUAGES = ("CUDA", "C/C++")
+
+
+def cache_hits(settings_path: str) -> tuple[int, int] | None:
+    """(units the cache answered, units it was asked for) so far in this build, from the
+    statistics of the build's sccache server; None when it cannot say."""
+    try:
+        with open(settings_path, encoding="utf-8") as f:
+            settings = json.load(f)
+        from sccache_launcher import claim_servers, server_env  # the server as the compiles reach it
+        build = this_build()
+        claim_servers(settings, settings_path, build)
+        out = subprocess.run([settings["sccache"], "--show-stats", "--stats-format=json"],
+                             env=server_env(settings, settings["server"], build), capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL)
+        stats = json.loads(out.stdout)["stats"]
+        hits = sum(stats["cache_hits"]["counts"].get(lang, 0) for lang in UNIT_LANGUAGES)
+        misses = sum(stats["cache_misses"]["counts"].get(lang, 0) for lang in UNIT_LANGUAGES)
+        return hits, hits + misses
+    except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError):
+        return None
+
+
 # --- the monitor -----------------------------------------------------------------------------
 
 MAX_INTERVAL_S = 300.0
 
 
 class Monitor:
-    def __init__(self, build_dir: str, targets: list[str], jobs: int, interval: float, poll: float = 0.5):
+    def __init__(self, build_dir: str, targets: list[str], jobs: int, interval: float, poll: float = 0.5,
+                 sccache_settings: str = ""):
+        self.sccache_settings = sccache_settings
         self.build_dir = os.path.abspath(build_dir)
         self.targets = targets
         self.jobs, self.interval, self.poll = jobs, interval, poll
@@ -514,14 +546,18 @@ class Monitor:
 
     # -- lines -------------------------------------------------------------------------------
 
+    def from_cache(self) -> str:
+        """", N from the compiler cache" as its server counts them; "" when it cannot say."""
+        hits = cache_hits(self.sccache_settings) if self.sccache_settings else None
+        return f", {hits[0]} from the compiler cache" if hits and hits[1] else ""
+
     def status(self, state: BuildState, now: float) -> str:
         done = sum(1 for d in state.done.values() if d.rc == 0)
-        cached = sum(1 for d in state.done.values() if d.cached)
         running = sorted(state.running.items(), key=lambda kv: kv[1])
         shown = ", ".join(f"{unit_name(u)} {clock(now - t)}" for u, t in running[:3])
         if len(running) > 3:
             shown += f" and {len(running) - 3} more"
-        text = f"{done}/{state.total} done" + (f" ({cached} from the compiler cache)" if cached else "")
+        text = f"{done}/{state.total} done{self.from_cache()}"
         if running:
             text += f"; running {shown}"
         return text + f"; {self.left(state, now)} left ({state.basis(now)})"
@@ -659,12 +695,10 @@ class Monitor:
         ok = [d for d in state.done.values() if d.rc == 0]
         warnings = sum(d.hidden for d in state.done.values())
         notes = sum(d.notes for d in state.done.values())
-        cached = sum(d.cached for d in ok)
         seconds = time.time() - state.t0
         hidden = " and ".join(x for x in (f"{warnings} compiler warning{'s' if warnings != 1 else ''}" if warnings else "",
                                           f"{notes} ptxas note{'s' if notes != 1 else ''}" if notes else "") if x)
-        self.say(state, f"{len(ok)}/{state.total} compiled in {clock(seconds)}"
-                        + (f" ({cached} from the compiler cache)" if cached else "")
+        self.say(state, f"{len(ok)}/{state.total} compiled in {clock(seconds)}{self.from_cache()}"
                         + (f"; {hidden} in upstream code not shown here, all compiler output is in {self.log}"
                            if hidden else ""))
         if self.record.given and not state.running and not state.waiting:
@@ -679,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument("--interval", type=float, default=30.0)
     options.add_argument("--unit-kind", action="append", default=[], metavar="TARGET|KIND|SECONDS|PATH TEXT",
                          help="a kind of CUDA unit, its reference seconds and the units it covers (add_unit_kind)")
+    options.add_argument("--sccache-settings", default="", metavar="BUILD_DIR/vfa-sccache.json",
+                         help="the build's compiler cache (compiler_cache_probe.py): the lines count its hits")
     options.add_argument("--replay", metavar="EVENTS.tsv",
                          help="print the estimate over a past build's events as JSON (what vfa-estimate.json holds)")
     args = options.parse_args(argv)
@@ -695,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.dir or not args.targets:
         options.error("--dir and --targets are required (or --replay)")
-    monitor = Monitor(args.dir, args.targets, args.jobs, args.interval)
+    monitor = Monitor(args.dir, args.targets, args.jobs, args.interval, sccache_settings=args.sccache_settings)
 
     class Interrupted(Exception):
         pass

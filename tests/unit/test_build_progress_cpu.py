@@ -209,7 +209,7 @@ def test_before_any_unit_finishes_the_estimate_uses_reference_times():
     s = state(jobs=2, planned=units)
     ref = build_monitor.REFERENCE_SECONDS
     assert s.seconds_left(1000.0) == pytest.approx(2 * ref["FA3 CUDA"])
-    assert s.basis(1000.0) == "from reference times"
+    assert s.basis(1000.0) == "at reference times"
 
 
 def test_finished_units_replace_the_reference_for_their_kind():
@@ -220,7 +220,7 @@ def test_finished_units_replace_the_reference_for_their_kind():
     finish(s, FA3.format("a"), 1000, 300)
     # 4 FA3 units left at 300 s each (this build's own time for FA3, not 153) on 2 jobs
     assert s.seconds_left(1300.0) == pytest.approx(600)
-    assert s.basis(1300.0) == "from 1 unit compiled here"
+    assert s.basis(1300.0) == "at this machine's pace from 1 unit compiled here"
 
 
 def test_a_quick_fa3_helper_unit_does_not_set_the_instantiations_cost():
@@ -313,7 +313,7 @@ def test_a_warm_build_says_so_within_its_first_minute():
     finish(s, fa3[1], 1000, 14)
     # 8 left at the 13 s the cached ones took, 4 a job: under a minute, not 10 min
     assert s.seconds_left(1014.0) == pytest.approx(4 * 13)
-    assert s.basis(1014.0) == "the compiler cache held all 2 CUDA units so far"
+    assert s.basis(1014.0) == "as the 2 CUDA units so far: seconds each, the compiler cache's"
 
 
 def test_a_unit_running_past_a_cached_units_time_compiles():
@@ -593,3 +593,26 @@ def test_an_interrupt_while_the_compile_starts_is_not_lost(tmp_path):
     assert run.returncode == 130, run.stderr
     assert "interrupted (SIGINT)" in run.stderr
     assert not wait_for(done.exists, 4), "the compile ran to its end"
+
+
+def test_the_lines_count_what_the_cache_server_says_it_answered(tmp_path):
+    """What a line says came from the compiler cache is its server's count (a build of tiny
+    kernels compiles in seconds too), asked as the compiles reach it."""
+    import json
+    import os
+    sccache = tmp_path / "sccache"
+    sccache.write_text("#!/bin/sh\necho \"$SCCACHE_SERVER_UDS\" > \"$(dirname \"$0\")/asked\"\n"
+                       "echo '{\"stats\": {\"cache_hits\": {\"counts\": {\"CUDA\": 5, \"C/C++\": 2, \"PTX\": 9}}, "
+                       "\"cache_misses\": {\"counts\": {\"CUDA\": 3, \"CUBIN\": 4}}}}'\n")
+    sccache.chmod(0o755)
+    settings = tmp_path / "vfa-sccache.json"
+    settings.write_text(json.dumps({"sccache": str(sccache), "build_dir": str(tmp_path), "dist": "none",
+                                    "server": {"SCCACHE_SERVER_UDS": "\\x00vfa-test"}, "own_server": True,
+                                    "local": None}))
+    assert build_monitor.cache_hits(str(settings)) == (7, 10)  # units: CUDA and C/C++, not their steps
+    assert (tmp_path / "asked").read_text().strip() == "\\x00vfa-test"
+    monitor = build_monitor.Monitor(str(tmp_path), ["m"], 2, 30, sccache_settings=str(settings))
+    assert monitor.from_cache() == ", 7 from the compiler cache"
+    assert build_monitor.Monitor(str(tmp_path), ["m"], 2, 30).from_cache() == ""
+    os.unlink(sccache)
+    assert monitor.from_cache() == ""  # no answer: nothing said
