@@ -337,14 +337,19 @@ class BuildState:
         return f"{cached} of {known} CUDA units so far took seconds, the rest {pace}" if cached else pace
 
 
+RECORD_EVERY_S = 1.0  # the estimate is recorded this often (and with every line), printed or not
+
+
 class EstimateRecord:
-    """The estimates given during a build, against what was actually left at each."""
+    """The estimates during a build, against what was actually left at each."""
 
     def __init__(self):
         self.given: list[tuple[float, float]] = []  # (seconds into the build, estimated seconds left)
+        self.last = float("-inf")
 
     def add(self, at: float, left: float) -> None:
         self.given.append((at, left))
+        self.last = time.time()
 
     def table(self, seconds: float) -> list[dict]:
         """At each share of RECORD_AT of a build that took `seconds`: the last estimate given by
@@ -377,9 +382,9 @@ class EstimateRecord:
         return record
 
 
-def replay(events: list[list[str]], jobs: int, step: float = 30.0) -> tuple[BuildState, EstimateRecord, float]:
+def replay(events: list[list[str]], jobs: int, step: float = RECORD_EVERY_S) -> tuple[BuildState, EstimateRecord, float]:
     """The estimate over a past build's events (vfa-progress.tsv): computed at each event and
-    every `step` seconds, as the monitor would have given it; returns the state at the end,
+    every `step` seconds, as the monitor records it; returns the state at the end,
     the estimates and the build's length (first start to last end)."""
     timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end")
                    and e[1].replace(".", "", 1).isdigit())
@@ -629,6 +634,8 @@ class Monitor:
             now = time.time()
             if planned and not state.running and not state.waiting:
                 break
+            if now - self.record.last >= RECORD_EVERY_S:
+                self.record.add(now - state.t0, state.seconds_left(now))  # what a line would say now
             others = [pid for pid in children(ninja) if pid != own_child]
             idle_polls = 0 if others else idle_polls + 1
             if idle_polls >= 2 or _stat(ninja) is None:
@@ -723,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         with open(args.replay, encoding="utf-8", errors="surrogateescape") as f:
             events = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-        state, record, seconds = replay(events, args.jobs, args.interval)
+        state, record, seconds = replay(events, args.jobs)
         ok = [d for d in state.done.values() if d.rc == 0]
         print(json.dumps({"how": "replay", "seconds": round(seconds, 1), "units": state.total, "jobs": args.jobs,
                           "cached_units": sum(d.cached for d in ok), "compiled_units": sum(not d.cached for d in ok),
