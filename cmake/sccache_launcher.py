@@ -49,8 +49,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv), the build this launch belongs to, what marks the
@@ -274,9 +274,14 @@ def started_servers(settings: dict) -> list[dict]:
 
 
 def stop_servers(settings: dict) -> None:
-    """Stops the build dir's own servers and those the build restarted (quietly:
-    `--stop-server` prints the statistics)."""
+    """Stops the build dir's own servers and those the build restarted, their counts kept for
+    the end-of-build report (compiler_cache_probe.py's COUNTS); quietly: `--stop-server`
+    prints the statistics."""
+    import compiler_cache_probe  # not at the top: this module runs once per unit and stays small
     for overrides in own_servers(settings) + started_servers(settings):
+        role = "local" if overrides == settings.get("local") else "server"
+        compiler_cache_probe.save_counts(settings["sccache"], dict(os.environ, **overrides),
+                                         Path(settings["build_dir"]), role)
         try:
             subprocess.run([settings["sccache"], "--stop-server"], env=dict(os.environ, **overrides),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
