@@ -347,8 +347,14 @@ def cuda_units(build: Path) -> list[str]:
 
 
 def build_units(build: Path, units: list[str], env: dict[str, str]):
-    """One at a time: the order of fallbacks is the order of the units."""
-    return run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
+    """One at a time: the order of fallbacks is the order of the units. Once ninja has ended,
+    the build stops its own servers (cmake/sccache_launcher.py's keeper, which keeps their
+    counts for the end-of-build report): returns when it has."""
+    result = run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
+    deadline = time.monotonic() + 30
+    while (build / "vfa-sccache-owner").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return result
 
 
 def end_of_build(build: Path, env: dict[str, str]):
