@@ -6,11 +6,11 @@ Each source is one build, LABEL=WHAT:
 
     record:BUILD_DIR    the estimates the monitor gave live, as it recorded them at the build's
                         end (BUILD_DIR/vfa-estimate.json)
-    replay:BUILD_DIR    today's estimator over that build's recorded unit times (the events in
-                        BUILD_DIR/vfa-progress.tsv, or .tsv.1 when that one holds no build; the
-                        job count and unit kinds from the monitor's command line in
-                        BUILD_DIR/build.ninja): what this estimator would have said, labelled
-                        as a replay
+    replay:BUILD_DIR    this checkout's estimator over that build's recorded unit times (the
+                        events in BUILD_DIR/vfa-progress.tsv, or .tsv.1 when that one holds no
+                        build; the job count and unit kinds from the monitor's command line in
+                        BUILD_DIR/build.ninja, or the kinds of --kinds-from DIR): what this
+                        estimator would have said, labelled as a replay
     log:PROGRESS_LOG    the estimates a monitor printed (`[vfa m:ss] ... about N min left`,
                         vfa-progress.log or a console log), by whichever version ran
 
@@ -78,13 +78,17 @@ def monitor_args(build_dir: Path) -> list[str]:
     raise SystemExit(f"{build_dir}/build.ninja: no build_monitor.py command (VFA_BUILD_PROGRESS=off?)")
 
 
+KINDS_FROM: list[Path] = []  # --kinds-from: another build dir's unit kinds (today's declarations)
+
+
 def from_replay(build_dir: Path) -> dict:
     args = monitor_args(build_dir)
     jobs = int(args[args.index("--jobs") + 1])
+    kinds = monitor_args(KINDS_FROM[0]) if KINDS_FROM else args
     build_monitor.UNIT_KINDS.clear()
-    for i, word in enumerate(args):
+    for i, word in enumerate(kinds):
         if word == "--unit-kind":
-            build_monitor.add_unit_kind(args[i + 1])
+            build_monitor.add_unit_kind(kinds[i + 1])
     for name in (build_monitor.EVENTS, build_monitor.EVENTS + ".1"):
         events = [line.split("\t") for line in (build_dir / name).read_text(errors="replace").splitlines()
                   if line.startswith(("start\t", "end\t"))] if (build_dir / name).exists() else []
@@ -117,7 +121,12 @@ def main(argv=None) -> int:
     p.add_argument("sources", nargs="+", metavar="LABEL=record:DIR|replay:DIR|log:FILE")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--kinds-from", type=Path, metavar="BUILD_DIR",
+                   help="replays take the unit kinds of this build dir's monitor (a build configured by this "
+                        "checkout) instead of the replayed build's own")
     args = p.parse_args(argv)
+    if args.kinds_from:
+        KINDS_FROM.append(args.kinds_from)
     builds = dict(load(source) for source in args.sources)
     shares = build_monitor.RECORD_AT
     rows = []

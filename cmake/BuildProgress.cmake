@@ -53,15 +53,16 @@ set(_VFA_COMPILE_UNIT_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compile_unit.py")
 set(_VFA_BUILD_MONITOR_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/build_monitor.py")
 
 # A kind of CUDA unit of <target> for the progress estimate, with its reference seconds
-# (cmake/build_monitor.py): the units whose path holds <path text> ("" for any; the first
-# kind declared that matches wins). Each family's target file declares its module's kinds,
-# so the monitor names no family.
-#   vfa_unit_kind(_vendored_fa3_C "FA3 CUDA" 153 "/instantiations/")
+# compiled and, optionally, answered by the compiler cache (cmake/build_monitor.py): the units
+# whose path holds <path text> ("" for any; the first kind declared that matches wins). Each
+# family's target file declares its module's kinds, so the monitor names no family.
+#   vfa_unit_kind(_vendored_fa3_C "FA3 CUDA" 153 "/instantiations/" 11.5)
 function(vfa_unit_kind target kind seconds contains)
   if(kind MATCHES "[|;]" OR contains MATCHES "[|;]")
     message(FATAL_ERROR "vfa_unit_kind(${target}): '|' and ';' cannot be part of a kind or path text.")
   endif()
-  set_property(TARGET ${target} APPEND PROPERTY VFA_UNIT_KINDS "${target}|${kind}|${seconds}|${contains}")
+  set(cached "${ARGV4}")
+  set_property(TARGET ${target} APPEND PROPERTY VFA_UNIT_KINDS "${target}|${kind}|${seconds}|${contains}|${cached}")
 endfunction()
 
 function(vfa_setup_build_progress)
