@@ -210,10 +210,14 @@ class Done:
     rc: int
     hidden: int
     notes: int = 0  # ptxas notes kept off the console (hidden: compiler warnings)
+    hit: bool | None = None  # answered by the compiler cache, as its server's count says (classify)
 
     @property
     def cached(self) -> bool:
-        return self.rc == 0 and self.kind != "C++" and self.seconds < cached_limit(self.kind)
+        """Answered by the compiler cache: as its server says (hit), else by the unit's time."""
+        if self.rc != 0 or self.kind == "C++":
+            return False
+        return self.hit if self.hit is not None else self.seconds < cached_limit(self.kind)
 
 
 def cached_limit(kind: str) -> float:
@@ -234,6 +238,19 @@ class BuildState:
     running: dict[str, float] = field(default_factory=dict)  # unit -> start time
     done: dict[str, Done] = field(default_factory=dict)
     stopped: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit -> (processes, in a server)
+    # CUDA units the compiler cache answered and missed so far, as its server counts them (a miss
+    # is counted when the unit starts compiling); None: no server to ask (the units' times tell).
+    cache_counts: tuple[int, int] | None = None
+
+    def classify(self) -> None:
+        """With the server's count of hits: the finished CUDA units quickest against their kind's
+        cached time are the hits, as many as it counts."""
+        if self.cache_counts is None:
+            return
+        finished = sorted((d for d in self.done.values() if d.rc == 0 and d.kind != "C++"),
+                          key=lambda d: d.seconds / CACHED_SECONDS[d.kind])
+        for rank, d in enumerate(finished):
+            d.hit = rank < self.cache_counts[0]
 
     def apply(self, event: list[str]) -> str | None:
         """Take one event (the fields of a line of compile_unit.py's events) in; return the
@@ -249,6 +266,7 @@ class BuildState:
                 notes = int(event[6]) if len(event) > 6 else 0
                 self.running.pop(unit, None)
                 self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden, notes)
+                self.classify()
                 return unit
             elif kind == "stopped":
                 self.running.pop(unit, None)
@@ -272,8 +290,11 @@ class BuildState:
                 and (d.kind == kind if kind else d.kind != "C++")]
 
     def cache_share(self, now: float) -> tuple[int, int]:
-        """(CUDA units the compiler cache answered, CUDA units whose answer is known): finished
-        ones, and running ones already past the time a cached unit takes (they compile)."""
+        """(CUDA units the compiler cache answered, CUDA units whose answer is known): as its
+        server counts them; else finished ones, and running ones already past the time a cached
+        unit takes (they compile)."""
+        if self.cache_counts is not None:
+            return self.cache_counts[0], sum(self.cache_counts)
         finished = [d for d in self.done.values() if d.rc == 0 and d.kind != "C++"]
         compiling = [u for u, start in self.running.items()
                      if unit_kind(u) != "C++" and now - start >= cached_limit(unit_kind(u))]
@@ -424,9 +445,9 @@ def replay(events: list[list[str]], jobs: int, step: float = RECORD_EVERY_S) -> 
 UNIT_LANGUAGES = ("CUDA", "C/C++")
 
 
-def cache_hits(settings_path: str) -> tuple[int, int] | None:
-    """(units the cache answered, units it was asked for) so far in this build, from the
-    statistics of the build's sccache server; None when it cannot say."""
+def cache_counts(settings_path: str) -> dict[str, tuple[int, int]] | None:
+    """Per language of UNIT_LANGUAGES: (units the cache answered, units it missed) so far in
+    this build, from the statistics of the build's sccache server; None when it cannot say."""
     try:
         with open(settings_path, encoding="utf-8") as f:
             settings = json.load(f)
@@ -437,9 +458,8 @@ def cache_hits(settings_path: str) -> tuple[int, int] | None:
                              env=server_env(settings, settings["server"], build), capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
         stats = json.loads(out.stdout)["stats"]
-        hits = sum(stats["cache_hits"]["counts"].get(lang, 0) for lang in UNIT_LANGUAGES)
-        misses = sum(stats["cache_misses"]["counts"].get(lang, 0) for lang in UNIT_LANGUAGES)
-        return hits, hits + misses
+        return {lang: (stats["cache_hits"]["counts"].get(lang, 0), stats["cache_misses"]["counts"].get(lang, 0))
+                for lang in UNIT_LANGUAGES}
     except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError):
         return None
 
@@ -561,10 +581,25 @@ class Monitor:
 
     # -- lines -------------------------------------------------------------------------------
 
-    def from_cache(self) -> str:
+    def ask_cache(self, state: BuildState) -> dict[str, tuple[int, int]] | None:
+        """What the compiler cache's server has answered so far; its CUDA count goes to the
+        estimate. A build without a compiler cache has no hits."""
+        if not self.sccache_settings:
+            state.cache_counts = (0, sum(1 for u in state.running if unit_kind(u) != "C++")
+                                  + sum(1 for d in state.done.values() if d.kind != "C++"))
+            state.classify()
+            return None
+        counts = cache_counts(self.sccache_settings)
+        if counts is not None:
+            state.cache_counts = counts["CUDA"]
+            state.classify()
+        return counts
+
+    def from_cache(self, state: BuildState) -> str:
         """", N from the compiler cache" as its server counts them; "" when it cannot say."""
-        hits = cache_hits(self.sccache_settings) if self.sccache_settings else None
-        return f", {hits[0]} from the compiler cache" if hits and hits[1] else ""
+        counts = self.ask_cache(state)
+        hits = sum(h for h, _ in counts.values()) if counts else 0
+        return f", {hits} from the compiler cache" if counts and hits + sum(m for _, m in counts.values()) else ""
 
     def status(self, state: BuildState, now: float) -> str:
         done = sum(1 for d in state.done.values() if d.rc == 0)
@@ -572,7 +607,7 @@ class Monitor:
         shown = ", ".join(f"{unit_name(u)} {clock(now - t)}" for u, t in running[:3])
         if len(running) > 3:
             shown += f" and {len(running) - 3} more"
-        text = f"{done}/{state.total} done{self.from_cache()}"
+        text = f"{done}/{state.total} done{self.from_cache(state)}"
         if running:
             text += f"; running {shown}"
         return text + f"; {self.left(state, now)} left ({state.basis(now)})"
@@ -657,6 +692,8 @@ class Monitor:
     def finished(self, state: BuildState, unit: str) -> None:
         """A line for a unit that compiled; one the compiler cache answered, or a quick C++ one,
         is counted by the next status line. What the unit handed over follows its line."""
+        if state.done[unit].kind != "C++":
+            self.ask_cache(state)
         d = state.done[unit]
         output = self.pending.pop(unit, "")
         quick = d.cached or (d.kind == "C++" and d.seconds < HIT_MIN_S)
@@ -715,7 +752,7 @@ class Monitor:
         seconds = time.time() - state.t0
         hidden = " and ".join(x for x in (f"{warnings} compiler warning{'s' if warnings != 1 else ''}" if warnings else "",
                                           f"{notes} ptxas note{'s' if notes != 1 else ''}" if notes else "") if x)
-        self.say(state, f"{len(ok)}/{state.total} compiled in {clock(seconds)}{self.from_cache()}"
+        self.say(state, f"{len(ok)}/{state.total} compiled in {clock(seconds)}{self.from_cache(state)}"
                         + (f"; {hidden} in upstream code not shown here, all compiler output is in {self.log}"
                            if hidden else ""))
         if self.record.given and not state.running and not state.waiting:

@@ -636,10 +636,30 @@ def test_the_lines_count_what_the_cache_server_says_it_answered(tmp_path):
     settings.write_text(json.dumps({"sccache": str(sccache), "build_dir": str(tmp_path), "dist": "none",
                                     "server": {"SCCACHE_SERVER_UDS": "\\x00vfa-test"}, "own_server": True,
                                     "local": None}))
-    assert build_monitor.cache_hits(str(settings)) == (7, 10)  # units: CUDA and C/C++, not their steps
+    # units: CUDA and C/C++, not their steps
+    assert build_monitor.cache_counts(str(settings)) == {"CUDA": (5, 3), "C/C++": (2, 0)}
     assert (tmp_path / "asked").read_text().strip() == "\\x00vfa-test"
     monitor = build_monitor.Monitor(str(tmp_path), ["m"], 2, 30, sccache_settings=str(settings))
-    assert monitor.from_cache() == ", 7 from the compiler cache"
-    assert build_monitor.Monitor(str(tmp_path), ["m"], 2, 30).from_cache() == ""
+    s = state()
+    assert monitor.from_cache(s) == ", 7 from the compiler cache"
+    assert s.cache_counts == (5, 3)  # the estimate's share of cached CUDA units
+    assert build_monitor.Monitor(str(tmp_path), ["m"], 2, 30).from_cache(state()) == ""
     os.unlink(sccache)
-    assert monitor.from_cache() == ""  # no answer: nothing said
+    assert monitor.from_cache(state()) == ""  # no answer: nothing said
+
+
+def test_the_servers_count_decides_which_units_were_cached_not_a_fixed_time():
+    """Issue 29's estimate table, before: on a loaded machine the cached combine and scheduler
+    units took 20-22 s, past the time taken for a compile, and the estimate took the FA3 units
+    for compiled at a quarter of their reference time (+90 to +280 %)."""
+    s = state(jobs=2, planned={FA3_OTHER.format("combine"), FA3_OTHER.format("sched"), FA3.format("a"),
+                               FA3.format("b"), FA3.format("c")})
+    finish(s, FA3_OTHER.format("combine"), 1000, 22)
+    finish(s, FA3_OTHER.format("sched"), 1000, 20)
+    finish(s, FA3.format("a"), 1022, 150)
+    assert [d.cached for d in s.done.values()] == [False, False, False]  # by time alone
+    s.cache_counts = (2, 1)  # the server: two hits, one miss
+    s.classify()
+    cached = {build_monitor.unit_name(u) for u, d in s.done.items() if d.cached}
+    assert cached == {"flash_combine.cu", "flash_sched.cu"}
+    assert s.cache_share(1200.0) == (2, 3)
