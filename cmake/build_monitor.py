@@ -201,6 +201,14 @@ HIT_MIN_S = 15.0
 # A unit that runs past what its kind is expected to take is expected to run at least this
 # share of its time so far again: never "about 15 s left" for the minutes it then takes.
 TAIL_FRACTION = 0.2
+# The machine's load: on a shared machine a unit takes longer while other work runs (on the
+# 2-core machine a cached FA2 unit took 5 s alone and 20-32 s beside other builds). The monitor
+# samples how many processes are runnable (/proc/loadavg) and writes, every LOAD_EVERY_S, a
+# "load" event with the slowdown max(1, runnable / cores); units' times are taken as work done
+# at the slowdown of their time, and what is left is expected at the slowdown of the last
+# LOAD_WINDOW_S. No samples (a replay of an older build's events): a slowdown of 1.
+LOAD_EVERY_S = 5.0
+LOAD_WINDOW_S = 60.0
 
 
 @dataclass
@@ -211,6 +219,12 @@ class Done:
     hidden: int
     notes: int = 0  # ptxas notes kept off the console (hidden: compiler warnings)
     hit: bool | None = None  # answered by the compiler cache, as its server's count says (classify)
+    slowdown: float = 1.0  # the machine's mean slowdown while it ran (LOAD_EVERY_S)
+
+    @property
+    def work(self) -> float:
+        """Its seconds on an otherwise idle machine."""
+        return self.seconds / self.slowdown
 
     @property
     def cached(self) -> bool:
@@ -241,6 +255,18 @@ class BuildState:
     # CUDA units the compiler cache answered and missed so far, as its server counts them (a miss
     # is counted when the unit starts compiling); None: no server to ask (the units' times tell).
     cache_counts: tuple[int, int] | None = None
+    loads: list[tuple[float, float]] = field(default_factory=list)  # (time, slowdown): "load" events
+
+    def slowdown(self, start: float, end: float) -> float:
+        """The mean slowdown from `start` to `end` (the last one before, when none is between)."""
+        between = [v for t, v in self.loads if start <= t <= end]
+        if between:
+            return sum(between) / len(between)
+        before = [v for t, v in self.loads if t < start]
+        return before[-1] if before else 1.0
+
+    def slowdown_now(self, now: float) -> float:
+        return self.slowdown(now - LOAD_WINDOW_S, now)
 
     def classify(self) -> None:
         """With the server's count of hits: the finished CUDA units quickest against their kind's
@@ -261,11 +287,14 @@ class BuildState:
                 return None  # an earlier build's
             if kind == "start":
                 self.running[unit] = t
+            elif kind == "load":
+                self.loads.append((t, max(1.0, float(event[3]))))
             elif kind == "end":
                 rc, seconds, hidden = int(event[3]), float(event[4]), int(event[5])
                 notes = int(event[6]) if len(event) > 6 else 0
                 self.running.pop(unit, None)
-                self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden, notes)
+                self.done[unit] = Done(unit_kind(unit), seconds, rc, hidden, notes,
+                                       slowdown=self.slowdown(t - seconds, t))
                 self.classify()
                 return unit
             elif kind == "stopped":
@@ -306,28 +335,34 @@ class BuildState:
         less than what the units of the kind still running past that show (their time so far is
         a lower bound of theirs). 1 before anything has compiled."""
         own = self.compiled(kind) or (self.compiled() if kind != "C++" else [])
-        seconds = sum(d.seconds for d in own)
+        work = sum(d.work for d in own)
         reference = sum(REFERENCE_SECONDS[d.kind] for d in own)
-        pace = seconds / reference if reference else 1.0
+        pace = work / reference if reference else 1.0
         for unit, start in self.running.items():
             if unit_kind(unit) == kind:
-                pace = max(pace, (now - start) / REFERENCE_SECONDS[kind])
+                pace = max(pace, self.work_of(start, now) / REFERENCE_SECONDS[kind])
         return pace
 
-    def cached_seconds(self, kind: str) -> float:
+    def work_of(self, start: float, now: float) -> float:
+        """The work a unit running since `start` has done: its time at the machine's slowdown."""
+        return (now - start) / self.slowdown(start, now)
+
+    def cached_seconds(self, kind: str, now: float) -> float:
         """Expected seconds for a unit of `kind` the cache answers: its reference, at the pace of
-        this build's cached units (of its kind when there are any)."""
+        this build's cached units (of its kind when there are any), at the slowdown of now."""
         hits = [d for d in self.done.values() if d.cached]
         same = [d for d in hits if d.kind == kind] or hits
         reference = sum(CACHED_SECONDS[d.kind] for d in same)
-        return CACHED_SECONDS[kind] * (sum(d.seconds for d in same) / reference if reference else 1.0)
+        pace = sum(d.work for d in same) / reference if reference else 1.0
+        return CACHED_SECONDS[kind] * pace * self.slowdown_now(now)
 
     def compile_seconds(self, kind: str, now: float) -> float:
+        """Expected seconds for a unit of `kind` that compiles, at the slowdown of now."""
         if kind == "C++":
-            same = [d.seconds for d in self.done.values() if d.rc == 0 and d.kind == kind]
+            same = [d.work for d in self.done.values() if d.rc == 0 and d.kind == kind]
             if same:
-                return sum(same) / len(same)
-        return REFERENCE_SECONDS[kind] * self.pace(kind, now)
+                return sum(same) / len(same) * self.slowdown_now(now)
+        return REFERENCE_SECONDS[kind] * self.pace(kind, now) * self.slowdown_now(now)
 
     def cost(self, kind: str, now: float) -> float:
         """Expected seconds for a unit of `kind` that has not started."""
@@ -336,15 +371,16 @@ class BuildState:
             return compiled
         cached, known = self.cache_share(now)
         share = cached / known if known else 0.0
-        return share * self.cached_seconds(kind) + (1 - share) * compiled
+        return share * self.cached_seconds(kind, now) + (1 - share) * compiled
 
     def left_of(self, unit: str, start: float, now: float) -> float:
         """What a running unit still needs: its expected time (the cache's share of it only
-        while it may still be a cache hit) less its time so far, and never less than
-        TAIL_FRACTION of that time again."""
+        while it may still be a cache hit) less what it has done, at the slowdown of now, and
+        never less than TAIL_FRACTION of its time so far again."""
         kind, elapsed = unit_kind(unit), now - start
         expected = self.cost(kind, now) if elapsed < cached_limit(kind) else self.compile_seconds(kind, now)
-        return max(expected - elapsed, TAIL_FRACTION * elapsed, 0.5)
+        done = self.work_of(start, now) * self.slowdown_now(now)
+        return max(expected - done, TAIL_FRACTION * elapsed, 0.5)
 
     def seconds_left(self, now: float) -> float:
         """Longest-first list schedule of what is left on the compile jobs, the running units
@@ -417,22 +453,26 @@ def replay(events: list[list[str]], jobs: int, step: float = RECORD_EVERY_S) -> 
     """The estimate over a past build's events (vfa-progress.tsv): computed at each event and
     every `step` seconds, as the monitor records it; returns the state at the end,
     the estimates and the build's length (first start to last end)."""
-    timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end")
+    timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end", "load")
                    and e[1].replace(".", "", 1).isdigit())
-    if not timed:
+    units = [(t, e) for t, e in timed if e[0] != "load"]
+    if not units:
         raise ValueError("no start/end events")
-    t0 = timed[0][0]
-    state = BuildState(t0=t0, jobs=jobs)
-    state.planned = {e[2] for _, e in timed}
+    t0 = units[0][0]
+    timed = [(t, e) for t, e in timed if t >= t0 - LOAD_WINDOW_S]
+    state = BuildState(t0=t0 - LOAD_WINDOW_S, jobs=jobs)
+    state.planned = {e[2] for _, e in units}
     record = EstimateRecord()
-    times = sorted({t for t, _ in timed} | {t0 + k * step for k in range(int((timed[-1][0] - t0) / step) + 1)})
+    end = units[-1][0]
+    times = sorted({t for t, _ in units} | {t0 + k * step for k in range(int((end - t0) / step) + 1)})
     queue = list(timed)
     for now in times:
         while queue and queue[0][0] <= now:
             state.apply(queue.pop(0)[1])
         if state.running or state.waiting:
             record.add(now - t0, state.seconds_left(now))
-    return state, record, timed[-1][0] - t0
+    state.t0 = t0
+    return state, record, end - t0
 
 
 # --- what the compiler cache answered ---------------------------------------------------------
@@ -469,6 +509,15 @@ def cache_counts(settings_path: str) -> dict[str, tuple[int, int]] | None:
 MAX_INTERVAL_S = 300.0
 
 
+def runnable_now() -> int | None:
+    """The processes runnable on this machine now, the caller aside (/proc/loadavg's 4th field)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Monitor:
     def __init__(self, build_dir: str, targets: list[str], jobs: int, interval: float, poll: float = 0.5,
                  sccache_settings: str = ""):
@@ -490,6 +539,9 @@ class Monitor:
         self.record = EstimateRecord()
         self.pending: dict[str, str] = {}  # unit -> what it handed over, printed with its line
         self.relaying = False
+        self.runnable: list[int] = []  # processes runnable at each poll since the last load event
+        self.last_load = 0.0
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def say(self, state: BuildState, text: str, status: bool = False) -> None:
         if self.last_line == 0.0:
@@ -510,6 +562,18 @@ class Monitor:
         seconds = state.seconds_left(now)
         self.record.add(now - state.t0, seconds)
         return about(seconds)
+
+    def sample_load(self, now: float) -> None:
+        """Counts the runnable processes (this one aside); every LOAD_EVERY_S their mean, as a
+        slowdown, goes into the events (the estimate's, and a replay's)."""
+        count = runnable_now()
+        if count is None:
+            return
+        self.runnable.append(count)
+        if now - self.last_load >= LOAD_EVERY_S:
+            slowdown = max(1.0, sum(self.runnable) / len(self.runnable) / self.cores)
+            append_line(self.events, f"load\t{now:.3f}\t\t{slowdown:.2f}\n")
+            self.runnable, self.last_load = [], now
 
     def read_events(self) -> list[list[str]]:
         try:
@@ -668,6 +732,7 @@ class Monitor:
         idle_polls = 0
         while True:
             time.sleep(self.poll)
+            self.sample_load(time.time())
             for event in self.read_events():
                 unit = self.take(state, event)
                 if unit is None:

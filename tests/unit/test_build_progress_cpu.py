@@ -663,3 +663,35 @@ def test_the_servers_count_decides_which_units_were_cached_not_a_fixed_time():
     cached = {build_monitor.unit_name(u) for u, d in s.done.items() if d.cached}
     assert cached == {"flash_combine.cu", "flash_sched.cu"}
     assert s.cache_share(1200.0) == (2, 3)
+
+
+def test_the_machines_load_scales_what_is_left_and_what_units_took():
+    """A shared machine: a unit that took twice its reference while the machine ran at half
+    speed for this build (twice as many runnable processes as cores) did its reference's work;
+    the units left are expected at the slowdown of now, not of then."""
+    ref = build_monitor.REFERENCE_SECONDS["FA3 CUDA"]
+    s = state(jobs=1, planned={FA3.format(v) for v in "abc"})
+    for t in range(1000, 1000 + int(2 * ref), 5):
+        s.apply(["load", str(t), "", "2.00"])
+    finish(s, FA3.format("a"), 1000, 2 * ref)
+    assert s.done[FA3.format("a")].work == pytest.approx(ref)
+    later = 1000 + 2 * ref + build_monitor.LOAD_WINDOW_S
+    for t in range(int(1000 + 2 * ref), int(later), 5):
+        s.apply(["load", str(t), "", "1.00"])  # the other work ended
+    assert s.seconds_left(later) == pytest.approx(2 * ref)  # two units at the reference time
+    s.apply(["load", str(later + 1), "", "3.00"])
+    assert s.slowdown_now(later + 1) > 1 and s.seconds_left(later + 1) > 2 * ref
+
+
+def test_the_monitor_writes_the_machines_slowdown_into_the_events(tmp_path, monkeypatch):
+    monitor = build_monitor.Monitor(str(tmp_path), ["m"], 2, 30)
+    monitor.cores = 2
+    counts = iter([7, 9, 8, 1])  # runnable processes at each poll, on 2 cores
+    monkeypatch.setattr(build_monitor, "runnable_now", lambda: next(counts))
+    for t in (1000.0, 1001.0, 1002.0):
+        monitor.sample_load(t)
+    monitor.sample_load(1000.0 + build_monitor.LOAD_EVERY_S)
+    kinds = [line.split("\t") for line in (tmp_path / "vfa-progress.tsv").read_text().splitlines()]
+    # the first poll writes at once (7 / 2); then the mean of the polls since: (9 + 8 + 1) / 3 / 2
+    assert kinds == [["load", "1000.000", "", "3.50"], ["load", "1005.000", "", "3.00"]]
+    assert build_monitor.runnable_now() >= 0  # this machine's own count
