@@ -686,6 +686,7 @@ def test_the_machines_load_scales_what_is_left_and_what_units_took():
 def test_the_monitor_writes_the_machines_slowdown_into_the_events(tmp_path, monkeypatch):
     monitor = build_monitor.Monitor(str(tmp_path), ["m"], 2, 30)
     monitor.cores = 2
+    assert build_monitor.runnable_now() >= 0  # this machine's own count
     counts = iter([7, 9, 8, 1])  # runnable processes at each poll, on 2 cores
     monkeypatch.setattr(build_monitor, "runnable_now", lambda: next(counts))
     for t in (1000.0, 1001.0, 1002.0):
@@ -694,4 +695,3 @@ def test_the_monitor_writes_the_machines_slowdown_into_the_events(tmp_path, monk
     kinds = [line.split("\t") for line in (tmp_path / "vfa-progress.tsv").read_text().splitlines()]
     # the first poll writes at once (7 / 2); then the mean of the polls since: (9 + 8 + 1) / 3 / 2
     assert kinds == [["load", "1000.000", "", "3.50"], ["load", "1005.000", "", "3.00"]]
-    assert build_monitor.runnable_now() >= 0  # this machine's own count
