@@ -91,7 +91,7 @@ def from_replay(build_dir: Path) -> dict:
             build_monitor.add_unit_kind(kinds[i + 1])
     for name in (build_monitor.EVENTS, build_monitor.EVENTS + ".1"):
         events = [line.split("\t") for line in (build_dir / name).read_text(errors="replace").splitlines()
-                  if line.startswith(("start\t", "end\t"))] if (build_dir / name).exists() else []
+                  if line.startswith(("start\t", "end\t", "load\t", "cache\t"))] if (build_dir / name).exists() else []
         if events:
             break
     else:

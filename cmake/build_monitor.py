@@ -289,6 +289,9 @@ class BuildState:
                 self.running[unit] = t
             elif kind == "load":
                 self.loads.append((t, max(1.0, float(event[3]))))
+            elif kind == "cache":  # the compiler cache server's CUDA hits and misses (Monitor.ask_cache)
+                self.cache_counts = (int(event[3]), int(event[4]))
+                self.classify()
             elif kind == "end":
                 rc, seconds, hidden = int(event[3]), float(event[4]), int(event[5])
                 notes = int(event[6]) if len(event) > 6 else 0
@@ -453,9 +456,9 @@ def replay(events: list[list[str]], jobs: int, step: float = RECORD_EVERY_S) -> 
     """The estimate over a past build's events (vfa-progress.tsv): computed at each event and
     every `step` seconds, as the monitor records it; returns the state at the end,
     the estimates and the build's length (first start to last end)."""
-    timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end", "load")
+    timed = sorted((float(e[1]), e) for e in events if len(e) > 2 and e[0] in ("start", "end", "load", "cache")
                    and e[1].replace(".", "", 1).isdigit())
-    units = [(t, e) for t, e in timed if e[0] != "load"]
+    units = [(t, e) for t, e in timed if e[0] in ("start", "end")]
     if not units:
         raise ValueError("no start/end events")
     t0 = units[0][0]
@@ -655,6 +658,8 @@ class Monitor:
             return None
         counts = cache_counts(self.sccache_settings)
         if counts is not None:
+            if state.cache_counts != counts["CUDA"]:  # for a replay of this build's events too
+                append_line(self.events, f"cache\t{time.time():.3f}\t\t{counts['CUDA'][0]}\t{counts['CUDA'][1]}\n")
             state.cache_counts = counts["CUDA"]
             state.classify()
         return counts

@@ -695,3 +695,13 @@ def test_the_monitor_writes_the_machines_slowdown_into_the_events(tmp_path, monk
     kinds = [line.split("\t") for line in (tmp_path / "vfa-progress.tsv").read_text().splitlines()]
     # the first poll writes at once (7 / 2); then the mean of the polls since: (9 + 8 + 1) / 3 / 2
     assert kinds == [["load", "1000.000", "", "3.50"], ["load", "1005.000", "", "3.00"]]
+
+
+def test_a_replay_takes_the_cache_servers_counts_from_the_events():
+    """The monitor writes the server's counts into the events when they change: a replay
+    classifies the units as the live monitor did, not by their time."""
+    events = [["start", "1000", FA3_OTHER.format("combine")], ["cache", "1001", "", "1", "0"],
+              ["end", "1022", FA3_OTHER.format("combine"), "0", "22", "0"],
+              ["start", "1022", FA3.format("a")], ["end", "1172", FA3.format("a"), "0", "150", "0"]]
+    state_, _, _ = build_monitor.replay(events, jobs=1)
+    assert [d.cached for d in state_.done.values()] == [True, False]  # 22 s: by time alone, compiled
