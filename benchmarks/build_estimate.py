@@ -133,12 +133,12 @@ def main(argv=None) -> int:
     for label, build in builds.items():
         errors = {point["at"]: point["error"] for point in build["points"]}
         rows.append([label, build["how"], common.fmt(build["seconds"] / 60, 1, " min"),
-                     str(build.get("cached_units", "-")) + "/" + str(build.get("units", "-")),
+                     f"{build['cached_units']} of {build['units']}" if "cached_units" in build else "-",
                      *[f"{errors[s]:+.0%}" if errors.get(s) is not None else "-" for s in shares],
                      f"{max(abs(errors[s]) for s in shares if s >= 0.25 and errors.get(s) is not None):.0%}"
                      if any(s >= 0.25 and errors.get(s) is not None for s in shares) else "-"])
     common.print_table("Time-left estimate against the time actually left (estimate / actual - 1)",
-                       ["build", "how", "length", "cached", *[f"at {s:.0%}" for s in shares], "worst from 25 %"],
+                       ["build", "how", "length", "units cached", *[f"at {s:.0%}" for s in shares], "worst from 25 %"],
                        rows, plain=args.plain)
     path = common.write_json(args.out / "build_estimate.json", {"machine": common.machine_info(gpu=False),
                                                                  "builds": builds})

@@ -38,8 +38,8 @@
 #
 # Example, after the targets and the job pool (VFA_JOBS) exist:
 #   vfa_setup_build_progress(_vendored_fa2_C _vendored_fa3_C)   (CMakeLists.txt: the modules this build makes)
-#   -- vendored-flash-attn: build progress every 30 s and per finished unit; warnings located
-#      in upstream code go only to <build>/vfa-compile.log, with all compiler output
+#   -- vendored-flash-attn: build progress: a line per unit that compiles, the units running every
+#      30 s or less often; warnings located in upstream code go only to <build>/vfa-compile.log, ...
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
@@ -111,8 +111,9 @@ function(vfa_setup_build_progress)
               --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL} ${unit_kinds} ${cache_stats}
       COMMENT "vendored-flash-attn: compile progress"
       USES_TERMINAL VERBATIM)
-    message(STATUS "vendored-flash-attn: build progress every ${VFA_BUILD_PROGRESS_INTERVAL} s and per "
-      "finished unit; warnings located in upstream code go only to ${log}, with all compiler output")
+    message(STATUS "vendored-flash-attn: build progress: a line per unit that compiles, the units running "
+      "every ${VFA_BUILD_PROGRESS_INTERVAL} s or less often; warnings located in upstream code go only to ${log}, "
+      "with all compiler output")
   else()
     message(STATUS "vendored-flash-attn: warnings located in upstream code go only to ${log}, with all "
       "compiler output (progress lines need the Ninja generator)")
