@@ -14,7 +14,9 @@
 #   options.<knob>.value of a default computed here      VFA_BUILD_MEMORY_MB
 #   upstream/cutlass origin "fetched" (wheel: "cache")   whether the cache was warm
 #   upstream/cutlass url (wheel: the pin's URL)          the mirror, or whoever filled
-#                                                        a shared cache
+#                                                        a shared cache (scrubbed:
+#                                                        cmake/url_secrets.py); `info`
+#                                                        shows it from here (cli.py)
 
 include_guard(GLOBAL)
 

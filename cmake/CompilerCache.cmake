@@ -30,6 +30,13 @@
 # this build's: one left running with other SCCACHE_* settings is restarted (a
 # server keeps the configuration it started with), and its statistics are zeroed.
 #
+# The server of this build dir's own lives as long as the build (sccache_launcher.py): it
+# starts with no idle timeout (sccache stops a server SCCACHE_IDLE_TIMEOUT seconds, 600 by
+# default, after the last new compile request, whatever it still compiles: on a slow machine
+# units that ran past that compiled again from scratch, uncached), and the build stops it when
+# ninja ends, also after a failure or a Ctrl-C. A server that stops anyway is said in one line
+# and replaced by one with no idle timeout, and the units it held compile again through it.
+#
 # The launcher is cmake/sccache_launcher.py in front of sccache: with a scheduler,
 # a unit the cluster fails (a refused token, a broken build server; sccache itself
 # falls back only when a server dies or cannot be reached) is compiled here and
@@ -206,8 +213,9 @@ function(vfa_setup_compiler_cache)
   message(STATUS "vendored-flash-attn: compiler cache: ${VFA_SCCACHE_EXECUTABLE} (${location}, ${rw_mode})")
 endfunction()
 
-# Prints the cache statistics once every module is built, and how many compiles
-# ran on build servers and how many here; records that (compiler_cache_probe.py stats).
+# Once every module is built: one line says how many units the cache answered, sccache's
+# statistics go to the compile log, and how many compiles ran on build servers and how many
+# here is said and recorded (compiler_cache_probe.py stats).
 function(vfa_add_compiler_cache_stats_target)
   if(NOT VFA_COMPILER_CACHE_ENABLED)
     return()
@@ -215,7 +223,7 @@ function(vfa_add_compiler_cache_stats_target)
   add_custom_target(compiler_cache_stats ALL
     COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" stats --sccache "${VFA_SCCACHE_EXECUTABLE}"
             --settings "${VFA_SCCACHE_SETTINGS}"
-    COMMENT "Compiler cache statistics for this build (sccache --show-stats)"
+    COMMENT "Compiler cache statistics for this build (sccache --show-stats, into vfa-compile.log)"
     VERBATIM)
   if(ARGN)
     add_dependencies(compiler_cache_stats ${ARGN})

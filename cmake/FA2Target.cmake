@@ -37,8 +37,11 @@ function(vfa_add_fa2_target)
   # build machine (docs/PERFORMANCE.md, "Build"): instantiations 189 s on average; the split-KV
   # ones are their own kind (one ran 6:17 there while the estimate, from the other FA2 units,
   # said "about 10 s left"), at the longest of them, 311 s.
-  vfa_unit_kind(${module} "FA2 CUDA, split-KV" 311 "flash_fwd_split_")
-  vfa_unit_kind(${module} "FA2 CUDA" 189 "")
+  # The last figure: seconds when the compiler cache answers, on an idle machine (2-core CPU
+  # machine, 2026-12-02, a warm `minimal` rebuild, each unit's time over the machine's slowdown
+  # while it ran: 4.7-7.4 s).
+  vfa_unit_kind(${module} "FA2 CUDA, split-KV" 311 "flash_fwd_split_" 5.9)
+  vfa_unit_kind(${module} "FA2 CUDA" 189 "" 5.0)
   list(LENGTH VFA_FA2_INSTANTIATIONS n)
   set(VFA_FA2_SOURCE_COUNT ${n} PARENT_SCOPE)
   set(VFA_FA2_INSTANTIATIONS "${VFA_FA2_INSTANTIATIONS}" PARENT_SCOPE)

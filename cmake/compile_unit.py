@@ -10,12 +10,19 @@ wired in by cmake/BuildProgress.cmake in front of whatever launcher the build al
     build_monitor.py follows (one tab-separated line per event, one write each, so lines of
     parallel units never interleave):
         start<TAB>TIME<TAB>UNIT
-        end<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>SECONDS<TAB>HIDDEN
+        end<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>SECONDS<TAB>HIDDEN<TAB>NOTES
         stopped<TAB>TIME<TAB>UNIT<TAB>EXIT<TAB>PROCESSES<TAB>IN_SERVER   (an interrupt)
-    TIME is time.time(), UNIT the object file as ninja names it (the command's -o);
+        output<TAB>TIME<TAB>UNIT<TAB>TEXT       (what the monitor prints: relay)
+        note<TAB>TIME<TAB><TAB>TEXT             (a line for the console now: say_now)
+    TIME is time.time(), UNIT the object file as ninja names it (the command's -o),
+    HIDDEN the compiler warnings and NOTES the ptxas notes it kept off the console, TEXT
+    a JSON string;
   * runs the command and writes its whole output to BUILD_DIR/vfa-compile.log;
   * passes on the output minus the warnings located under the --quiet-under trees
-    (compiler_output.py), with a note of how many it left out when the unit failed;
+    (compiler_output.py), with a note of how many it left out when the unit failed: to the
+    progress monitor, which prints it at once, in order, when the unit compiled and a
+    monitor of this build runs (relay; ninja would print it only once the monitor ends),
+    else to ninja;
   * exits with the command's status;
   * on SIGINT, SIGTERM or SIGHUP (ninja's interrupt) stops every process of the compile, in
     a compiler cache's server too, and exits 128 + the signal (run_command);
@@ -30,6 +37,7 @@ per unit, so it imports little (what it costs: docs/PERFORMANCE.md, "Build").
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -38,7 +46,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compiler_output import filter_output  # noqa: E402
+from compiler_output import sort_output  # noqa: E402
 
 EVENTS = "vfa-progress.tsv"
 COMPILE_LOG = "vfa-compile.log"
@@ -46,6 +54,8 @@ PROGRESS_LOG = "vfa-progress.log"  # build_monitor.py's lines
 # The logs above hold one build each: the first process of a build that writes to them moves
 # the last build's to NAME.1 (start_build_logs). This file names the build they hold.
 LOGS_BUILD = "vfa-logs.build"
+# Exists, naming its build, while build_monitor.py prints what the units hand it (relay).
+RELAY = "vfa-monitor.build"
 
 # Every process of one compile carries this variable with the launch's own value: the
 # compiler, its children (cicc, ptxas, cc1plus), and, through a compiler cache, the compiler
@@ -346,6 +356,41 @@ def start_build_logs(build_dir: str, build: str | None) -> None:
         pass  # logs that cannot rotate keep growing; the build goes on
 
 
+# --- what reaches the console at once -----------------------------------------------------------
+# While the progress monitor holds ninja's console, ninja keeps every other command's output
+# until the monitor ends: warnings would come at the end, out of order. So what a unit has to
+# say goes to the monitor (an event), which prints it at once, in order; when no monitor of this
+# build runs (progress off, the monitor ended at a failure), the caller prints it itself. The
+# monitor removes RELAY under an exclusive lock once it has printed the last events; a unit
+# checks, under a shared lock, that the file is still there and names its build.
+
+
+def relay(build_dir: str, kind: str, unit: str, text: str) -> bool:
+    """Hands `text` to this build's progress monitor as a `kind` event ("output", "note");
+    False when no monitor of this build runs."""
+    try:
+        fd = os.open(os.path.join(build_dir, RELAY), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0 or os.read(fd, 200).decode("ascii", "replace") != this_build():
+            return False
+        return append_line(os.path.join(build_dir, EVENTS), f"{kind}\t{time.time():.3f}\t{unit}\t{json.dumps(text)}\n")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def say_now(build_dir: str, text: str) -> None:
+    """One line for the console now: through the progress monitor, else on stderr (shown by
+    ninja when the command ends)."""
+    if not relay(build_dir, "note", "", text):
+        sys.stderr.write(f"vendored-flash-attn: {text}\n")
+        sys.stderr.flush()
+
+
 # --- the launcher --------------------------------------------------------------------------------
 
 
@@ -369,20 +414,21 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
     seconds = time.time() - start
     text = raw.decode("utf-8", "surrogateescape")
 
-    shown, hidden = text, 0
+    shown, hidden, notes = text, 0, 0
     log = os.path.join(build_dir, COMPILE_LOG)
     if append_log(log, f"==> {unit}: exit {rc}, {seconds:.1f} s\n{text}"):
         try:
-            shown, hidden = filter_output(text, quiet_roots, source_of(command))
+            shown, hidden, notes = sort_output(text, quiet_roots, source_of(command))
         except Exception:  # noqa: BLE001 - a filter bug must not cost the user the output
-            shown, hidden = text, 0
-    if rc != 0 and hidden:
-        shown += (f"({hidden} warnings located in upstream code are not shown here; the whole "
+            shown, hidden, notes = text, 0, 0
+    if rc != 0 and hidden + notes:
+        shown += (f"({hidden + notes} warnings located in upstream code are not shown here; the whole "
                   f"output of this compile is in {log})\n")
-    if shown:
+    # A failure's errors go to ninja, which prints them at once: the monitor ends at a failure.
+    if shown and (rc != 0 or not relay(build_dir, "output", unit, shown)):
         sys.stdout.buffer.write(shown.encode("utf-8", "surrogateescape"))
         sys.stdout.flush()
-    append_line(events, f"end\t{time.time():.3f}\t{unit}\t{rc}\t{seconds:.3f}\t{hidden}\n")
+    append_line(events, f"end\t{time.time():.3f}\t{unit}\t{rc}\t{seconds:.3f}\t{hidden}\t{notes}\n")
     return rc if rc >= 0 else 128 - rc
 
 

@@ -34,9 +34,10 @@ The answer is one JSON object (`--out`): `ok`, `failure` (a class name) and `mes
 when not ok, and what was found: `backend`, `location`, `rw_mode`, `checks`,
 `restarted`, `dist`, `conf_problem`. Secrets (URL credentials) never get into it.
 
-`stats` (the end of the build) prints sccache's statistics (the text that
-`sccache --show-stats` prints) and one line saying how many compiles ran on build
-servers and how many here. With --settings it reads the build's own servers and the
+`stats` (the end of the build) writes sccache's statistics (the text that
+`sccache --show-stats` prints) into the build's compile log, and prints one line saying how
+many units the cache answered and, with a scheduler, one saying how many compiles ran on
+build servers and how many here. With --settings it reads the build's own servers and the
 launcher's fallbacks and writes them into B/build_info.json's compiler_cache.dist:
 `build` (remote compiles, compiles here, fallbacks, the units) and `used` (did any
 compile of this build run on a build server). Like the rest of compiler_cache, they are
@@ -80,6 +81,10 @@ SCHEDULER_ANSWER_S = 5  # sccache's own connect timeout to a scheduler is 5 s
 SETTINGS = "vfa-sccache.json"
 LOCAL_CONF = "vfa-sccache-local.toml"
 FALLBACKS = "vfa-dist-fallbacks.tsv"  # one line per unit the launcher compiled here after a cluster failure
+# What the build dir's own servers had counted when the builds that ran them stopped them
+# (sccache_launcher.py stops them when ninja ends), since the last end-of-build report: added
+# to the live servers' counts by `stats`, which then clears it.
+COUNTS = "vfa-sccache-counts.json"
 DIST_OFF = "vfa-dist-off"  # exists once the launcher stopped sending compiles to the cluster
 MAX_CLUSTER_FAILURES = 3
 # Probe failures that a build without [dist] may not have: it is tried before giving up the cache.
@@ -264,6 +269,44 @@ def counters(stats: dict) -> dict[str, int]:
             "compilations": s.get("compilations", 0), "requests": s.get("compile_requests", 0)}
 
 
+UNIT_LANGUAGES = {"CUDA": "CUDA", "C/C++": "C++"}  # sccache's language of a CUDA unit, a C++ unit
+
+
+def unit_counts(stats: dict) -> dict[str, int]:
+    """counters() plus the hits and misses of whole units (hits:CUDA, misses:C/C++, ...)."""
+    found = counters(stats)
+    for kind in ("hits", "misses"):
+        for language in UNIT_LANGUAGES:
+            found[f"{kind}:{language}"] = stats["stats"][f"cache_{kind}"]["counts"].get(language, 0)
+    return found
+
+
+def saved_counts(build_dir: Path) -> dict[str, dict[str, int]]:
+    try:
+        return json.loads((build_dir / COUNTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_counts(sccache: str, env: dict[str, str], build_dir: Path, role: str) -> None:
+    """Adds what a server of the build's has counted to COUNTS (role: "server", "local"), before
+    it is stopped."""
+    try:
+        now = unit_counts(show_stats(sccache, env))
+    except (ProbeFailure, ValueError, KeyError):
+        return
+    saved = saved_counts(build_dir)
+    saved[role] = {k: saved.get(role, {}).get(k, 0) + v for k, v in now.items()}
+    tmp = build_dir / (COUNTS + ".tmp")
+    tmp.write_text(json.dumps(saved) + "\n")
+    os.replace(tmp, build_dir / COUNTS)
+
+
+def with_saved(live: dict[str, int], build_dir: Path, role: str) -> dict[str, int]:
+    saved = saved_counts(build_dir).get(role, {})
+    return {k: live.get(k, 0) + saved.get(k, 0) for k in live.keys() | saved.keys()}
+
+
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in after}
 
@@ -414,7 +457,7 @@ def probe(args) -> dict:
     env = dict(os.environ)
     result: dict = {"ok": False, "failure": None, "message": "", "note": "", "restarted": None,
                     "conf_problem": ""}
-    for stale in (FALLBACKS, DIST_OFF, SETTINGS, LOCAL_CONF):
+    for stale in (FALLBACKS, DIST_OFF, SETTINGS, LOCAL_CONF, COUNTS):
         (build_dir / stale).unlink(missing_ok=True)
 
     # 0. The config file: there, and with a scheduler that answers?
@@ -538,8 +581,9 @@ def build_report(sccache: str, settings: dict) -> dict:
     """What this build's servers and launcher did: remote compiles, fallbacks, failures."""
     build_dir = Path(settings["build_dir"])
     env = dict(os.environ, **settings["server"])
-    main = counters(show_stats(sccache, env))
-    local = counters(show_stats(sccache, dict(os.environ, **settings["local"]))) if settings["local"] else None
+    main = with_saved(unit_counts(show_stats(sccache, env)), build_dir, "server")
+    local = (with_saved(unit_counts(show_stats(sccache, dict(os.environ, **settings["local"]))), build_dir, "local")
+             if settings["local"] else None)
     lines = fallback_lines(build_dir)
     fallbacks = [line for line in lines if line[2:3] != ["source-error"]]  # sccache_launcher.SOURCE_ERROR
     # sccache counts a job that ran on a build server and failed there among its dist_compiles.
@@ -577,11 +621,55 @@ def stop_servers(sccache: str, settings: dict, build_server: bool) -> None:
         run([sccache, "--stop-server"], dict(os.environ, **overrides))
 
 
+def hits_line(counts: dict[str, int]) -> str:
+    """How many of the build's units the compiler cache answered (unit_counts: a CUDA unit is
+    one "CUDA" compile, its device-code, PTX and CUBIN steps are counted apart)."""
+    parts, hits, total = [], 0, 0
+    for language, name in UNIT_LANGUAGES.items():
+        h = counts.get(f"hits:{language}", 0)
+        n = h + counts.get(f"misses:{language}", 0)
+        if n:
+            parts.append(f"{name} {h}/{n}")
+            hits, total = hits + h, total + n
+    if not total:
+        return "no unit compiled"
+    return f"{hits} of {total} units from the cache ({', '.join(parts)})"
+
+
+def log_stats(settings: dict | None, text: str) -> str | None:
+    """sccache's statistics table into the build's compile log (cmake/compile_unit.py's), which
+    it returns; None without a build dir or when the log cannot be written."""
+    if settings is None:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
+    log = str(Path(settings["build_dir"]) / COMPILE_LOG)
+    return log if append_log(log, f"==> sccache --show-stats (the build's compiler cache)\n{text}") else None
+
+
 def stats(args) -> int:
     settings = launcher_settings(Path(args.settings)) if args.settings else None
-    env = dict(os.environ, **(settings["server"] if settings else {}))
+    if settings is not None:
+        # A server this asks for is started like the compiles' (no idle timeout) and stopped
+        # when the build ends, as theirs are (cmake/sccache_launcher.py).
+        from sccache_launcher import claim_servers, server_env
+        from compile_unit import this_build
+        build = this_build()
+        claim_servers(settings, args.settings, build)
+        env = server_env(settings, settings["server"], build)
+    else:
+        env = dict(os.environ)
     text = run([args.sccache, "--show-stats"], env)
-    print(text.stdout, end="")
+    log = log_stats(settings, text.stdout)
+    if log is None:
+        print(text.stdout, end="")
+    else:
+        try:
+            summary = hits_line(with_saved(unit_counts(show_stats(args.sccache, env)), Path(settings["build_dir"]),
+                                           "server"))
+        except (ProbeFailure, json.JSONDecodeError, KeyError) as exc:
+            summary = f"statistics unreadable ({exc})"
+        print(f"vendored-flash-attn: compiler cache: {summary}; sccache's statistics are in {log}")
     if settings is not None:
         try:
             report = build_report(args.sccache, settings)
@@ -606,7 +694,7 @@ def stats(args) -> int:
         stop_servers(args.sccache, settings, build_server=False)
         if settings.get("own_server"):
             run([args.sccache, "--zero-stats"], env)
-        for name in (FALLBACKS, DIST_OFF):
+        for name in (FALLBACKS, DIST_OFF, COUNTS):
             (Path(settings["build_dir"]) / name).unlink(missing_ok=True)
         return 0
     try:

@@ -126,16 +126,19 @@ def split_diagnostics(text: str) -> list[Diagnostic]:
     return [g for g in groups if g.lines]
 
 
-def filter_output(text: str, quiet_roots, source: str | None = None) -> tuple[str, int]:
+def sort_output(text: str, quiet_roots, source: str | None = None) -> tuple[str, int, int]:
     """(the output without the warnings located under `quiet_roots` and their context,
     and, when the compiled `source` is under them, without ptxas's C7514 notes; how many
-    that left out)."""
+    compiler warnings that left out; how many ptxas notes)."""
     roots = normalise_roots(quiet_roots)
     upstream_unit = bool(source) and _under(source, roots)
-    shown, hidden = [], 0
+    shown, warnings, notes = [], 0, 0
     for diagnostic in split_diagnostics(text):
-        if diagnostic.is_noise(roots) or (upstream_unit and diagnostic.is_upstream_ptxas_note()):
-            hidden += 1
+        if diagnostic.is_noise(roots):
+            warnings += 1
+        elif upstream_unit and diagnostic.is_upstream_ptxas_note():
+            notes += 1
         else:
             shown += diagnostic.lines
-    return "".join(shown), hidden
+    return "".join(shown), warnings, notes
+

@@ -151,7 +151,12 @@ def probe() -> dict:
     if importlib.util.find_spec("torch") is None:
         problems.append("torch is not installed")
     precompile_reason = ""
-    if problems:
+    absent = fa4_deps.not_installed()
+    if problems and len(absent) == len(problems):
+        # One short line (issue 29: this was 560 characters): the names, and the command.
+        names = ", ".join(fa4_deps.requirement_name(r) for r in absent)
+        precompile_reason = f"this Python lacks FA4's packages ({names}): {fa4_deps.INSTALL_COMMAND}"
+    elif problems:
         precompile_reason = (f"the build's {python} lacks FA4's dependencies: "
                              + "; ".join(problems) + f" (install them with: {fa4_deps.INSTALL_COMMAND})")
     return {"stage": "", "precompile": precompile_reason, "python": python[7:]}

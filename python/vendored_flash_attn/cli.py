@@ -2,6 +2,15 @@
 
 Works without a GPU and without build info (then it says so and exits 1, the only
 non-zero exit). ``--json`` prints the same report as one JSON object.
+
+Where the sources came from: the wheel's build_info.json names each source's pin URL only
+(cmake/BuildInfo.cmake keeps the mirror a build fetched from, a reading of that machine, out
+of the wheel so that builds are reproducible). The build dir's build_info.json has it,
+scrubbed of credentials by the build (cmake/url_secrets.py). ``info`` reads it from
+``--build-dir DIR``, else from ``build/*/`` under the current directory (pyproject.toml's
+build-dir, where ``pip install .`` builds) -- only a build dir whose
+``build_info.wheel.json`` is exactly the installed record, i.e. the build that made this
+package.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ import argparse
 import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 from . import measured
@@ -19,9 +29,51 @@ from .families import registry
 
 COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason",
                     "precompiled")
-# The mirror knobs are not recorded (a URL may hold credentials), but the URL each source
-# came from is, without them: that is what `info` shows for the knob.
+# The mirror knob of each source (the knob's value is not recorded: a URL may hold credentials).
 MIRROR_KNOB_SOURCES = {"FLASH_ATTN_MIRROR": "upstream", "CUTLASS_MIRROR": "cutlass"}
+SOURCE_MIRROR_KNOBS = {source: knob for knob, source in MIRROR_KNOB_SOURCES.items()}
+# In a build dir (cmake/BuildInfo.cmake): the whole record, and exactly what the wheel got.
+BUILD_DIR_RECORD = "build_info.json"
+BUILD_DIR_WHEEL_RECORD = "build_info.wheel.json"
+DEFAULT_BUILD_DIRS = "build/*"  # pyproject.toml's build-dir, build/{wheel_tag}
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def find_build_dir_record(installed: dict, build_dir: Optional[str] = None) -> tuple[Optional[str], Optional[dict], str]:
+    """(the build dir record's path, its content, why none) of the build that made the
+    installed package: ``build_dir``, else a ``build/*`` folder of the current directory,
+    whose wheel record equals ``installed``."""
+    candidates = [Path(build_dir)] if build_dir else sorted(Path(".").glob(DEFAULT_BUILD_DIRS))
+    for folder in candidates:
+        if _read_json(folder / BUILD_DIR_WHEEL_RECORD) == installed:
+            record = _read_json(folder / BUILD_DIR_RECORD)
+            if record is not None:
+                return str(folder / BUILD_DIR_RECORD), record, ""
+    if build_dir:
+        return None, None, (f"{build_dir} holds no {BUILD_DIR_RECORD} of the build that made this package "
+                            f"(its {BUILD_DIR_WHEEL_RECORD} differs from the installed record)")
+    return None, None, (f"not in the wheel, which names the pin's URL; `info --build-dir <build dir>` reads "
+                        f"the {BUILD_DIR_RECORD} of the build that made it")
+
+
+def _source_origins(raw: dict, record: Optional[dict]) -> dict:
+    """Per source: the pin's URL (the wheel's record), and where the build got it (its build
+    dir's record: origin and URL as the build recorded them)."""
+    sources = {}
+    for key in MIRROR_KNOB_SOURCES.values():
+        wheel = raw.get(key) or {}
+        built = (record or {}).get(key) or {}
+        sources[key] = {"pin_url": wheel.get("url") if wheel.get("origin") != "source_dir" else None,
+                        "origin": built.get("origin") if record else None,
+                        "url": built.get("url") if record else None}
+    return sources
 
 
 def _component(raw: dict) -> dict:
@@ -52,8 +104,9 @@ def _build_summary(info: BuildInfo) -> dict:
     return summary
 
 
-def collect() -> dict:
-    """The whole report as plain data (what ``--json`` prints)."""
+def collect(build_dir: Optional[str] = None) -> dict:
+    """The whole report as plain data (what ``--json`` prints); ``build_dir``: where to read
+    the build dir's record (find_build_dir_record)."""
     from .debug_checks import DEBUG_ENV
     from .selector import ENV_VAR, requested_version, select_flash_attn_version, version_problem
 
@@ -72,6 +125,11 @@ def collect() -> dict:
         report["build"] = _build_summary(info)
     except BuildInfoMissing as exc:
         report["build_error"] = str(exc)
+    if info is not None:
+        path, record, why = find_build_dir_record(info.raw, build_dir)
+        report["build"]["build_dir_record"] = path
+        report["build"]["build_dir_record_missing"] = why or None
+        report["build"]["sources"] = _source_origins(info.raw, record)
     for family in registry():
         comp = info.component(family.version) if info else None
         if comp is not None and not comp.built:
@@ -138,11 +196,40 @@ def _list(values) -> str:
 
 
 def _knob_value(build: dict, name: str, knob: dict) -> str:
-    """A knob's recorded value; for a mirror knob, the URL its source was fetched from."""
+    """A knob's recorded value; for a mirror knob, the URL its source was fetched from, as
+    the build dir's record has it (the wheel's names the pin's URL)."""
     value = str(knob.get("value", ""))
     source = MIRROR_KNOB_SOURCES.get(name)
-    url = (build.get(source) or {}).get("url") if source and value == "(not recorded)" else None
-    return f"{url} (as recorded for {source}, credentials left out)" if url else value
+    if not source or value != "(not recorded)":
+        return value
+    url = ((build.get("sources") or {}).get(source) or {}).get("url")
+    if url:
+        return f"{url} (from {build['build_dir_record']}, credentials left out)"
+    return "(set; the mirror's URL is in the build dir's build_info.json)"
+
+
+def _origin_lines(build: dict, key: str) -> list[str]:
+    """Where a source came from: the pin's URL, and what the build used, each labelled."""
+    source = (build.get("sources") or {}).get(key)
+    if not source:
+        return []
+    lines = [f"    the pin's URL:  {source['pin_url']}"] if source.get("pin_url") else []
+    origin, url, pin = source.get("origin"), source.get("url"), source.get("pin_url")
+    knob = SOURCE_MIRROR_KNOBS[key]
+    if origin is None:
+        lines.append(f"    fetched from:   {build.get('build_dir_record_missing')}")
+        return lines
+    where = f" ({build['build_dir_record']})"
+    mirror = url and pin and url != pin
+    if origin == "source_dir":
+        lines.append(f"    built from:     a local source directory{where}")
+    elif origin == "fetched":
+        lines.append(f"    fetched from:   {url} (the mirror, {knob}){where}" if mirror
+                     else f"    fetched from:   the pin's URL, by this build{where}")
+    else:  # "cache": the source cache was filled before this build
+        lines.append(f"    from the source cache, filled from {url} (a mirror){where}" if mirror
+                     else f"    from the source cache, filled from the pin's URL{where}")
+    return lines
 
 
 def _knob_lines(build: dict) -> list[str]:
@@ -172,7 +259,9 @@ def render(report: dict) -> str:
             f"Build info (preset: {build['preset'] or '-'})",
             f"  upstream flash-attention: {up.get('commit', '-')} (matches pin: {_yes(up.get('matches_pin'))}"
             + (f", pin {up['pinned_commit']}" if not up.get("matches_pin") and up.get("pinned_commit") else "") + ")",
+            *_origin_lines(build, "upstream"),
             f"  CUTLASS:                  {cut.get('commit', '-')} (matches pin: {_yes(cut.get('matches_pin'))})",
+            *_origin_lines(build, "cutlass"),
         ]
         for key in registry().names():
             comp = build[key]
@@ -248,11 +337,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     info = sub.add_parser("info", help="show build info, loadable modules and the version picked per GPU")
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument("--build-dir", help="the build dir of the build that made this package, for where its "
+                                          f"sources came from (default: {DEFAULT_BUILD_DIRS} of the current directory)")
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in ("info", "-h", "--help"):
         argv = ["info", *argv]  # `info` is the default command
     args = parser.parse_args(argv)
-    report = collect()
+    report = collect(args.build_dir)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

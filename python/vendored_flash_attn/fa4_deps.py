@@ -95,17 +95,24 @@ def required() -> tuple[str, ...]:
             f"from its source checkout. Install it with: {INSTALL_COMMAND}") from None
 
 
+def not_installed(requirements: tuple[str, ...] | None = None) -> list[str]:
+    """The requirements whose distribution is not installed at all."""
+    requirements = required() if requirements is None else requirements
+    absent = []
+    for requirement in requirements:
+        try:
+            metadata.version(requirement_name(requirement))
+        except metadata.PackageNotFoundError:
+            absent.append(requirement)
+    return absent
+
+
 def problems(requirements: tuple[str, ...] | None = None) -> list[str]:
     """One line per requirement that the environment does not meet (empty: all met)."""
     requirements = required() if requirements is None else requirements
-    installed = {}
-    missing = []
-    for requirement in requirements:
-        name = requirement_name(requirement)
-        try:
-            installed[requirement] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            missing.append(f"{name} is not installed ({requirement} is required)")
+    absent = not_installed(requirements)
+    missing = [f"{requirement_name(r)} is not installed ({r} is required)" for r in absent]
+    installed = {r: metadata.version(requirement_name(r)) for r in requirements if r not in absent}
     try:
         from packaging.requirements import Requirement
     except ModuleNotFoundError:  # the extra brings it; without it no version can be compared

@@ -105,7 +105,7 @@ def test_progress_lines_appear_while_a_slow_unit_compiles(slow):
     b = slow
     assert b.returncode == 0, b.output[-5000:]
     b.first("[vfa", "compiling 22 units, 2 at a time")
-    seen = b.first("[vfa", "compiled;", f"running {SLOW}.cu", "left")
+    seen = b.first("[vfa", "done", f"running {SLOW}.cu", "left")
     assert seen < b.ended(SLOW) - 0.5, "the progress line came only when the slow unit ended"
     b.first("[vfa", f"compiled {SLOW}.cu (FA3 CUDA)", "[22/22]")
     # ninja's own lines follow once the monitor is done, and the modules link.
@@ -119,7 +119,18 @@ def test_upstream_warnings_go_to_the_log_not_the_console(slow):
     assert b.returncode == 0, b.output[-5000:]
     assert "is deprecated" not in b.output and "note: declared here" not in b.output
     assert b.output.count("unused variable \u2018ours\u2019") == 22  # a warning that is not upstream's
-    b.first("[vfa", "22/22 compiled", "44 warnings in upstream code not shown here", str(b.log_path))
+    b.first("[vfa", "22/22 compiled", "44 compiler warnings in upstream code not shown here", str(b.log_path))
+
+
+def test_warnings_are_shown_when_their_unit_ends_not_when_the_monitor_does(slow):
+    """Issue 29: while the monitor holds ninja's console, ninja keeps every other unit's output
+    until the monitor ends: a warning of a unit that ended in the first seconds came after the
+    slow unit, out of order. Each follows its unit's line, as it comes."""
+    b = slow
+    first = b.first("unused variable \u2018ours\u2019")
+    assert first < b.ended(SLOW) - 0.5, "the warnings waited for the monitor to end"
+    summary = next(i for i, (_, text) in enumerate(b.lines) if "22/22 compiled" in text)
+    assert not [text for _, text in b.lines[summary:] if "\u2018ours\u2019" in text], "a warning came after the end"
     assert b.log.count("\u2018long4\u2019 is deprecated") == 22
     assert b.log.count("note: declared here") == 44
     assert b.log.count("==> CMakeFiles/") == 22
@@ -193,9 +204,18 @@ def test_a_reused_build_dir_keeps_the_last_two_builds_logs(project):
     assert (build_dir / "vfa-progress.log").read_text().count("compiling 22 units") == 1
 
 
+def pip_tool_args() -> list[str]:
+    """What scikit-build-core passes to ninja in a pip build (pyproject.toml's build.tool-args)."""
+    import tomllib
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["scikit-build"]["build"]["tool-args"]
+
+
 def test_an_interrupt_stops_the_compiles_and_says_so_in_one_line(project):
     """Ctrl-C (SIGINT to the foreground process group, as a terminal sends it) while two
-    units compile: both stop at once, and one progress line says so."""
+    units compile: both stop at once, and one progress line says so. Run as pip runs it (with
+    pyproject.toml's ninja arguments), nothing of a compile follows that line (issue 29: ninja
+    printed the last status line it had held back, "Building CXX object ...", after it)."""
     import signal
     build_dir = project["build"]
     subprocess.run([tool("cmake"), "--build", str(build_dir), "--target", "clean"], env=clean_env(),
@@ -204,8 +224,9 @@ def test_an_interrupt_stops_the_compiles_and_says_so_in_one_line(project):
     markers.mkdir()
     env = clean_env(FAKE_COMPILE_PLAN=json.dumps([["instantiations", "sleep:60"]]), FAKE_MARKERS=str(markers),
                     FAKE_EMPTY_OBJECT=str(project["empty"]))
-    proc = subprocess.Popen([tool("cmake"), "--build", str(build_dir)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    proc = subprocess.Popen([tool("cmake"), "--build", str(build_dir), "--", *pip_tool_args()], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
     lines = []
     try:
         for line in proc.stdout:
@@ -227,6 +248,8 @@ def test_an_interrupt_stops_the_compiles_and_says_so_in_one_line(project):
     assert len(said) == 1, output[-3000:]
     assert "interrupted (SIGINT): stopped the 2 compiles that were running" in said[0]
     assert "nothing of this build compiles any more" in said[0]
+    after = lines[lines.index(said[0]) + 1:]
+    assert not [line for line in after if "Building" in line or "object" in line], output[-3000:]
     started = {p.name[:-len(".started")] for p in markers.glob("*.started")}
     ended = {p.name[:-len(".ended")] for p in markers.glob("*.ended")}
     assert [u for u in started - ended if "sm90.cu.o" in u], "no slow unit was running"

@@ -51,7 +51,11 @@ def test_the_build_follows_the_declared_families(project, tmp_path, sources):
     assert ninja.count("pool = vfa_compile") == len(compile_commands(build))
     monitor = next(line for line in ninja.splitlines() if "build_monitor.py" in line)
     assert re.search(rf"--targets {FA2_MODULE} _vendored_fa3_C ", monitor)
-    assert f'--unit-kind "{FA2_MODULE}|FA2 CUDA|189|"' in monitor
+    assert f'--unit-kind "{FA2_MODULE}|FA2 CUDA|189||5.0"' in monitor
+    # FA3's FP8 paged units are a slower kind of their own, declared before the kind they would
+    # otherwise fall in (the first that matches wins; tests/unit/test_build_progress_cpu.py).
+    fp8, fa3 = '"_vendored_fa3_C|FA3 CUDA, FP8 paged|330|_e4m3_paged|5.1"', '"_vendored_fa3_C|FA3 CUDA|153|'
+    assert fp8 in monitor and monitor.index(fp8) < monitor.index(fa3)
 
 
 def test_nothing_to_build_names_the_declared_families_and_their_lowest_archs(project, tmp_path, sources):

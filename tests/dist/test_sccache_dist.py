@@ -347,8 +347,14 @@ def cuda_units(build: Path) -> list[str]:
 
 
 def build_units(build: Path, units: list[str], env: dict[str, str]):
-    """One at a time: the order of fallbacks is the order of the units."""
-    return run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
+    """One at a time: the order of fallbacks is the order of the units. Once ninja has ended,
+    the build stops its own servers (cmake/sccache_launcher.py's keeper, which keeps their
+    counts for the end-of-build report): returns when it has."""
+    result = run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
+    deadline = time.monotonic() + 30
+    while (build / "vfa-sccache-owner").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return result
 
 
 def end_of_build(build: Path, env: dict[str, str]):
@@ -520,9 +526,8 @@ def test_scheduler_that_never_answers_at_configure_compiles_here_cached(sources,
         assert result.returncode == 0, result.output[-5000:]
         (unit,) = cuda_units(build)[:1]
         built = build_units(build, [unit], env)
-        server_stats = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"],
-                                      env=dict(env, **json.loads((build / "vfa-sccache.json").read_text())["server"])
-                                      ).stdout)["stats"]
+        # The build stopped its server when ninja ended, its counts kept for the end-of-build report.
+        server_stats = json.loads((build / "vfa-sccache-counts.json").read_text())["server"]
         end = end_of_build(build, env)
         report = dist_build(build)
         again = end_of_build(build, env)  # a build with nothing to compile: the counts start from zero
@@ -537,7 +542,7 @@ def test_scheduler_that_never_answers_at_configure_compiles_here_cached(sources,
     assert info["enabled"] is True and info["dist"]["state"] == "not-answering"
     assert info["dist"]["distributed"] is False
     assert built.returncode == 0, built.output[-5000:]
-    assert server_stats["cache_writes"] >= 1 and sum(server_stats["cache_misses"]["counts"].values()) >= 1
+    assert server_stats["writes"] >= 1 and server_stats["misses"] >= 1
     assert end.returncode == 0 and again.returncode == 0
     assert report["compile_requests"] >= 1 and report["remote_compiles"] == 0 and report["dist"] == "off"
     assert "0 ran on build servers, 0 here" in again.stdout, again.stdout

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("kernels", "overhead", "first_call", "import_time", "fp8_accuracy", "build", "launcher_overhead", "serving")
+SCRIPTS = ("kernels", "overhead", "first_call", "import_time", "fp8_accuracy", "build", "launcher_overhead", "serving",
+           "build_estimate")
 
 
 def load(name: str):
@@ -381,3 +382,22 @@ def test_isolated_overhead_notices_a_different_op_call():
     assert not overhead._same_args((t, 1, None), (t.clone(), 1, None))  # another tensor
     assert not overhead._same_args((t, 1, None), (t, 1.0, None))        # another type
     assert not overhead._same_args((t, 1), (t, 1, None))
+
+
+def test_build_estimate_reads_the_estimates_a_monitor_printed(tmp_path):
+    """benchmarks/build_estimate.py log:FILE: the `about N min left` of each progress line
+    against the build's length from its last line (the before-column of the estimate table)."""
+    spec = importlib.util.spec_from_file_location("vfa_bench_build_estimate", BENCH / "build_estimate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    log = tmp_path / "vfa-progress.log"
+    log.write_text("[vfa 0:00] compiling 22 units, 2 at a time: about 25 min (from reference times). ...\n"
+                   "[vfa 2:30] 3/22 compiled; running a.cu 1:00; about 20 min left\n"
+                   "[vfa 5:00] compiled b.cu (FA3 CUDA) in 4:00 [5/22]; about 90 s left (from 5 finished units)\n"
+                   "[vfa 10:00] 22/22 compiled in 10:00; 5 warnings\n")
+    build = bench.from_log(log)
+    assert build["seconds"] == 600
+    points = {p["at"]: p for p in build["points"]}
+    assert points[0.25] == {"at": 0.25, "t": 150, "estimated_left": 1200, "actual_left": 450,
+                            "error": round(1200 / 450 - 1, 3)}
+    assert points[0.5]["estimated_left"] == 90 and points[0.5]["actual_left"] == 300

@@ -103,23 +103,72 @@ def test_text_report_names_the_knobs_not_at_their_default(describe, capsys):
 
 
 
-def test_mirror_knobs_show_the_recorded_url(describe, capsys):
-    """Issue 19: the mirror knobs showed as "(not recorded)" while the build info holds the
-    URL each source came from (without credentials)."""
+def mirrored(build_dir: Path, installed: dict) -> dict:
+    """A build dir as cmake/BuildInfo.cmake leaves it after a fetch from two mirrors: the
+    wheel's record (the pin's URLs) and the whole record (the mirrors', scrubbed)."""
+    build_dir.mkdir(parents=True)
+    (build_dir / "build_info.wheel.json").write_text(json.dumps(installed))
+    whole = json.loads(json.dumps(installed))
+    whole["upstream"].update(origin="fetched", url="https://mirror.example/flash-attention.git")
+    whole["cutlass"].update(origin="cache", url="file:///srv/mirrors/cutlass.git")
+    (build_dir / "build_info.json").write_text(json.dumps(whole))
+    return whole
+
+
+def mirror_build():
     from vendored_flash_attn.build_info import BuildInfo
     build = make_build("minimal", options={
         "FLASH_ATTN_MIRROR": {"value": "(not recorded)", "origin": "env:FLASH_ATTN_MIRROR"},
         "CUTLASS_MIRROR": {"value": "(not recorded)", "origin": "cmake"}})
-    raw = dict(build.raw)
-    raw["upstream"] = {**raw["upstream"], "url": "https://mirror.example/flash-attention.git"}
-    raw["cutlass"] = {**raw["cutlass"], "url": "file:///srv/mirrors/cutlass.git"}
-    describe(caps=(), build=BuildInfo.from_dict(raw))
+    raw = json.loads(json.dumps(build.raw))
+    raw["upstream"].update(origin="cache", url="https://github.com/vllm-project/flash-attention.git")
+    raw["cutlass"].update(origin="cache", url="https://github.com/NVIDIA/cutlass.git")
+    return BuildInfo.from_dict(raw)
+
+
+def test_info_names_the_mirror_a_build_fetched_from_and_the_pins_url(describe, capsys, tmp_path, monkeypatch):
+    """Issue 29: after a build from mirrors, `info` showed the canonical URLs (the wheel's
+    record holds the pin's URL: which mirror was used is a reading of the build machine) as
+    the mirror knobs' values. The build dir's record has the mirror; `info` finds the build
+    dir where `pip install .` put it, or as --build-dir, and labels each URL."""
+    build = mirror_build()
+    describe(caps=(), build=build)
+    mirrored(tmp_path / "checkout" / "build" / "cp310-abi3-linux_x86_64", build.raw)
+    monkeypatch.chdir(tmp_path / "checkout")
     assert cli.main(["info"]) == 0
     text = capsys.readouterr().out
-    assert "(not recorded)" not in text
-    assert ("CUTLASS_MIRROR=file:///srv/mirrors/cutlass.git (as recorded for cutlass, credentials left out) "
-            "(cmake)") in text
-    assert "FLASH_ATTN_MIRROR=https://mirror.example/flash-attention.git" in text
+    record = str(Path("build/cp310-abi3-linux_x86_64/build_info.json"))
+    assert "    the pin's URL:  https://github.com/vllm-project/flash-attention.git\n" in text
+    assert (f"    fetched from:   https://mirror.example/flash-attention.git (the mirror, FLASH_ATTN_MIRROR) "
+            f"({record})") in text
+    assert "    the pin's URL:  https://github.com/NVIDIA/cutlass.git\n" in text
+    assert f"    from the source cache, filled from file:///srv/mirrors/cutlass.git (a mirror) ({record})" in text
+    assert (f"CUTLASS_MIRROR=file:///srv/mirrors/cutlass.git (from {record}, credentials left out) (cmake)"
+            in text)
+    assert cli.main(["info", "--json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["build"]["sources"]
+    assert sources["upstream"] == {"pin_url": "https://github.com/vllm-project/flash-attention.git",
+                                   "origin": "fetched", "url": "https://mirror.example/flash-attention.git"}
+    # Named explicitly, from anywhere.
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["info", "--build-dir", str(tmp_path / "checkout" / "build" / "cp310-abi3-linux_x86_64")]) == 0
+    assert "(the mirror, FLASH_ATTN_MIRROR)" in capsys.readouterr().out
+
+
+def test_info_without_the_build_dir_says_where_the_mirror_is_recorded(describe, capsys, tmp_path, monkeypatch):
+    build = mirror_build()
+    describe(caps=(), build=build)
+    other = json.loads(json.dumps(build.raw))
+    other["preset"] = "full"  # another build's record in the usual place: not this package's
+    mirrored(tmp_path / "build" / "cp310-abi3-linux_x86_64", other)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "mirror.example" not in text and "(not recorded)" not in text
+    assert "    fetched from:   not in the wheel, which names the pin's URL; `info --build-dir <build dir>`" in text
+    assert "FLASH_ATTN_MIRROR=(set; the mirror's URL is in the build dir's build_info.json)" in text
+    assert cli.main(["info", "--build-dir", str(tmp_path / "build" / "cp310-abi3-linux_x86_64")]) == 0
+    assert "differs from the installed record" in capsys.readouterr().out
 
 
 def test_the_report_names_the_packages_own_version(describe, capsys, monkeypatch):

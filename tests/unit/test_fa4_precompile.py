@@ -57,7 +57,7 @@ def test_the_record_holds_configure_facts_and_what_was_staged(staged):
 def test_probe_says_why_kernels_cannot_be_precompiled_here(precompile):
     found = precompile.probe()
     assert found["stage"] == ""
-    assert "nvidia-cutlass-dsl is not installed" in found["precompile"]
+    assert found["precompile"].startswith("this Python lacks FA4's packages (nvidia-cutlass-dsl")
 
 
 def test_a_best_effort_precompile_that_fails_warns_ships_nothing_and_records_why(precompile, staged, capsys):
@@ -380,3 +380,23 @@ def test_sigterm_stops_every_worker_and_the_step_exits_non_zero(staged, fake_wor
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
     time.sleep(0.5)
     assert not list(out.rglob("*.o"))
+
+
+def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(precompile, monkeypatch):
+    """Issue 29: a quick start without the fa4 extra printed a 560-character line listing each
+    missing package with its requirement, the interpreter's path and the command."""
+    from importlib import metadata
+
+    from vendored_flash_attn import fa4_deps
+    real_version = metadata.version
+
+    def version(name):
+        if name in {fa4_deps.requirement_name(r) for r in fa4_deps.required()} - {"packaging", "typing-extensions"}:
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(fa4_deps.metadata, "version", version)
+    reason = precompile.probe()["precompile"]
+    assert reason.startswith("this Python lacks FA4's packages (nvidia-cutlass-dsl, ")
+    assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
+    assert len(reason) < 160, reason

@@ -114,3 +114,190 @@ def test_a_compile_error_on_a_working_cluster_is_not_retried(build):
 def test_a_healthy_cluster_runs_each_unit_once(build):
     assert compile_unit(build, "u.o", "").returncode == 0
     assert confs(build) == ["client.toml"] and kinds(build) == []
+
+
+# --- the build's own server lives as long as the build (issue 29) -------------------------------
+# On the 2-core machine both compile jobs held units for over 10 minutes, sccache's idle timeout
+# (600 s by default, counted from the last new request, compiles running or not) stopped the
+# server, both units compiled again from scratch outside it, and their results never reached the
+# cache. Here: the real sccache and probe, SCCACHE_IDLE_TIMEOUT=2, units that compile for 6 s,
+# or, where the idle timeout is to strike, for 15 s: a server that stops for being idle waits up
+# to 10 s for the compiles it runs (sccache 0.16), then drops them.
+
+# A gcc whose compiles of unit*.c take SLOW_S seconds (sccache's preprocessing and version
+# checks are quick); each compile leaves compile.<pid> in $SLOW_MARKERS.
+SLOW_GCC = """#!/bin/sh
+case " $* " in
+  *" -E "*|*" -vV "*|*" --version "*) ;;
+  *unit*.c*) touch "$SLOW_MARKERS/compile.$$"; sleep "${SLOW_S:-6}" ;;
+esac
+exec gcc "$@"
+"""
+
+
+@pytest.fixture
+def cached_build(tmp_path, request):
+    """A build dir configured as the build does it (compiler_cache_probe.py probe: this build
+    dir's own server, or with `explicit` one named by SCCACHE_SERVER_UDS), a slow gcc, and a
+    ninja file that compiles three units through compile_unit.py and sccache_launcher.py, two
+    at a time."""
+    from support.cmake_runner import clean_env, tool
+    explicit = getattr(request, "param", "") == "explicit"
+    root = tmp_path
+    (root / "markers").mkdir()
+    gcc = root / "slow-gcc"
+    gcc.write_text(SLOW_GCC)
+    gcc.chmod(0o755)
+    build = root / "build"
+    build.mkdir()
+    env = clean_env(SCCACHE_DIR=str(root / "cache"), SCCACHE_IDLE_TIMEOUT="2", SLOW_MARKERS=str(root / "markers"),
+                    SCCACHE_ERROR_LOG=str(root / "sccache.log"))
+    if explicit:
+        env["SCCACHE_SERVER_UDS"] = f"\\x00vfa-test-{root.name}"
+    probe = subprocess.run([sys.executable, str(CMAKE / "compiler_cache_probe.py"), "probe", "--sccache", tool("sccache"),
+                            "--cxx", "g++", "--work", str(root / "probe"), "--build-dir", str(build),
+                            "--out", str(root / "probe.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0 and json.loads((root / "probe.json").read_text())["ok"], probe.stderr
+    settings = json.loads((build / "vfa-sccache.json").read_text())
+    settings["uds"] = settings["server"].get("SCCACHE_SERVER_UDS") or env["SCCACHE_SERVER_UDS"]
+    python = f"{sys.executable} -E -s -S"
+    units = [f"unit{i}" for i in range(3)]
+    for i, unit in enumerate(units):
+        (build / f"{unit}.c").write_text(f"int {unit}_{root.name.replace('-', '_')}(void) {{ return {i}; }}\n")
+    (build / "build.ninja").write_text(
+        "rule cc\n"
+        f"  command = {python} {CMAKE / 'compile_unit.py'} {build} -- {python} {LAUNCHER} {build / 'vfa-sccache.json'}"
+        f" -- {gcc} -c $in -o $out\n"
+        + "".join(f"build {u}.o: cc {u}.c\n" for u in units))
+    yield {"root": root, "build": build, "env": env, "settings": settings, "units": units}
+    subprocess.run([tool("sccache"), "--stop-server"], env={**env, "SCCACHE_SERVER_UDS": settings["uds"]},
+                   capture_output=True, timeout=60)
+
+
+CMAKE = LAUNCHER.parent
+
+
+def ninja(build: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    from support.cmake_runner import tool
+    return subprocess.run([tool("ninja"), "-C", str(build), "-j2", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def server_pids(settings: dict) -> list[int]:
+    """The live sccache servers of this build dir (found by the socket name in their environment)."""
+    import os
+    want = f"SCCACHE_SERVER_UDS={settings['uds']}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if want in environ and b"SCCACHE_START_SERVER=1" in environ and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def eventually(predicate, seconds: float = 15) -> bool:
+    import time
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def compiles(root: Path) -> int:
+    return len(list((root / "markers").glob("compile.*")))
+
+
+def rebuild_is_all_hits(b) -> None:
+    """Every unit reached the cache: a rebuild from scratch compiles none of them."""
+    for marker in (b["root"] / "markers").iterdir():
+        marker.unlink()
+    again = ninja(b["build"], b["env"], "-t", "clean")
+    assert again.returncode == 0
+    again = ninja(b["build"], b["env"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert compiles(b["root"]) == 0, "units of the first build were not in the cache"
+
+
+OUTLAST_IDLE_TIMEOUT = {"SLOW_S": "15"}  # idle timeout 2 s + sccache's 10 s grace, and more
+
+
+def test_units_longer_than_the_idle_timeout_all_reach_the_cache(cached_build):
+    b = cached_build
+    first = ninja(b["build"], {**b["env"], **OUTLAST_IDLE_TIMEOUT})
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert compiles(b["root"]) == 3, "each unit compiles once, none again outside the server"
+    assert "server" not in first.stdout + first.stderr
+    # The build's end stops its server (the keeper): none is left running.
+    assert eventually(lambda: not server_pids(b["settings"])), "the build's sccache server outlived the build"
+    rebuild_is_all_hits(b)
+
+
+def test_a_killed_server_is_replaced_and_the_units_still_cached(cached_build):
+    """The server killed while two units compile (sccache's client then fails the compile): one
+    line says so, both units compile again through a new server, the build succeeds."""
+    import os
+    import signal
+    import threading
+    b = cached_build
+
+    def kill_the_server():
+        assert eventually(lambda: compiles(b["root"]) >= 2 and server_pids(b["settings"]), 60)
+        for pid in server_pids(b["settings"]):
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_server)
+    killer.start()
+    first = ninja(b["build"], b["env"])
+    killer.join()
+    output = first.stdout + first.stderr
+    assert first.returncode == 0, output
+    assert output.count("the build's sccache server stopped while it compiled") == 1, output
+    assert "Failed to send data" not in output
+    assert eventually(lambda: not server_pids(b["settings"]))
+    rebuild_is_all_hits(b)
+
+
+@pytest.mark.parametrize("cached_build", ["explicit"], indirect=True)
+def test_a_named_server_that_times_out_is_replaced_by_one_that_does_not(cached_build):
+    """A server named by SCCACHE_SERVER_UDS keeps the user's settings, here a 2 s idle
+    timeout: it stops while the units compile (sccache's client would then compile them outside
+    it); the launcher starts one with no idle timeout in its place and says so once; the units
+    reach the cache, and the build stops the server it started."""
+    b = cached_build
+    first = ninja(b["build"], {**b["env"], **OUTLAST_IDLE_TIMEOUT})
+    output = first.stdout + first.stderr
+    assert first.returncode == 0, output
+    assert output.count("the build's sccache server stopped while it compiled") == 1, output
+    assert "shut down unexpectedly" not in output
+    assert eventually(lambda: not server_pids(b["settings"])), "the server the build started outlived it"
+    rebuild_is_all_hits(b)
+
+
+@pytest.mark.parametrize("end", ["a failure", "Ctrl-C"])
+def test_the_build_stops_its_server_when_it_ends_otherwise(cached_build, end):
+    import os
+    import signal
+    from support.cmake_runner import tool
+    b = cached_build
+    if end == "a failure":
+        (b["build"] / "unit2.c").write_text("int broken(void) { return undeclared; }\n")
+        result = ninja(b["build"], b["env"])
+        assert result.returncode != 0 and "undeclared" in result.stdout
+    else:
+        proc = subprocess.Popen([tool("ninja"), "-C", str(b["build"]), "-j2"], env=b["env"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            assert eventually(lambda: compiles(b["root"]) >= 2 and server_pids(b["settings"]), 60)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode != 0
+    assert eventually(lambda: not server_pids(b["settings"])), f"the server outlived a build that ended in {end}"
