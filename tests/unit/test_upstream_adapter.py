@@ -169,8 +169,8 @@ def _refusals():
         ("fa3-head-dim", kernels.head_size_problem(FA3, minimal.fa3, 256), minimal, full),
         ("fa3-feature", kernels.feature_problem(FA3, minimal.fa3, "softcap"), minimal, full),
         ("fa3-hdimdiff", kernels.head_size_problem(FA3, no_hdimdiff.fa3, 192, 128), no_hdimdiff, full),
-        ("sparse", kernels.sparse_problem(minimal.fa2), minimal, full),
-        ("sparse-head-dim", kernels.sparse_problem(lacking.fa2), lacking, full),
+        ("sparse", kernels.sparse_problem(FA2, minimal.fa2), minimal, full),
+        ("sparse-head-dim", kernels.sparse_problem(FA2, lacking.fa2), lacking, full),
         ("no-fa3", "fa3-version", no_fa3, full),
     ]]
 
