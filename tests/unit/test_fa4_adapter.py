@@ -478,3 +478,71 @@ def test_the_adapter_checks_hold_under_python_O():
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
     assert int(summary.split(" passed")[0].split()[-1]) >= len(OWN_RULES) + 10, summary
+
+
+# --- what FA4's calls cost: decided once per kind of call, never at the price of a check -----------
+
+def test_common_fa4_calls_take_the_quick_check(fake, monkeypatch):
+    """FA4's common calls are checked by the quick check with the static verdict of their kind,
+    as every family's: the full check is not asked (spied on), and an unusual call still is."""
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a[3]) or real(*a, **k))
+    for call in (_paged(), _packed(), {**_paged(), "out": torch.empty(SEQS, HEADS, D, dtype=BF16)}):
+        fa4_call(**call, causal=True)
+    assert full == [] and len(fake.calls) == 3
+    fa4_call(**_paged(), s_aux=torch.zeros(HEADS, dtype=BF16))
+    assert len(full) == 1 and len(fake.calls) == 4
+
+
+def _verdict(arch, call, window=(-1, -1)):
+    """What fa4.check_call answers: ("ok", fp8_kv_dequant) or the refusal's type and message."""
+    from vendored_flash_attn.call import VarlenCall
+
+    try:
+        return ("ok", fa4.check_call(fa4.FAMILY, arch, VarlenCall(**call), window))
+    except (FlashAttnInputError, FlashAttnTypeError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _kinds():
+    """Calls that differ from a neighbour in one thing check_call's verdict depends on."""
+    fp8_kv = _paged(kv_dtype=E4M3, d=FP8_KV_D)
+    return [
+        (100, _packed(), (-1, -1)), (100, _packed(160), (-1, -1)), (100, _packed(256), (-1, -1)),
+        (100, {**_packed(256), "softcap": 30.0}, (-1, -1)),
+        (100, {**_packed(256), "s_aux": torch.zeros(HEADS, dtype=BF16)}, (-1, -1)),
+        (100, {**_packed(256), "causal": True}, (64, 0)), (100, {**_packed(256), "num_splits": 2}, (-1, -1)),
+        (100, _paged(d=256), (-1, -1)), (100, _paged(), (-1, -1)),
+        (90, fp8_kv, (-1, -1)), (90, _paged(d=FP8_KV_D), (-1, -1)),
+        (90, {**fp8_kv, "v": fp8_kv["v"].to(BF16)}, (-1, -1)), (90, {**fp8_kv, "k": fp8_kv["k"].to(BF16)}, (-1, -1)),
+        (90, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)), (100, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)),
+        (110, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)), (80, _paged(), (-1, -1)),
+        (100, _packed(512), (-1, -1)), (100, {**_packed(512), "num_splits": 3}, (-1, -1)),
+        (100, _packed(192, 128), (-1, -1)), (100, _packed(192), (-1, -1)),
+    ]
+
+
+def test_check_calls_kept_verdict_is_the_one_it_would_give_afresh(fake):
+    """check_call keeps what it accepted per kind of call; a call of another kind, differing in
+    any one thing its rules read, gets the verdict a fresh check gives it, in any order."""
+    kinds = _kinds()
+    fresh = []
+    for arch, call, window in kinds:
+        fa4._ACCEPTED.clear()
+        fresh.append(_verdict(arch, call, window))
+    assert {v[0] for v in fresh} == {"ok", "FA4Unsupported", "FlashAttnTypeError"}
+    assert ("ok", True) in fresh and ("ok", False) in fresh
+    fa4._ACCEPTED.clear()
+    for order in (kinds, kinds[::-1], kinds):
+        warm = [_verdict(*kind) for kind in order]
+        assert warm == (fresh if order is kinds else fresh[::-1])
+    assert fa4._ACCEPTED  # it did keep verdicts
+
+
+def test_the_device_arch_is_each_devices_own(describe):
+    describe(caps=(HOPPER, BLACKWELL))
+    on = lambda index: types.SimpleNamespace(get_device=lambda: index)  # noqa: E731 - q's device index
+    assert [fa4.device_arch(on(i)) for i in (0, 1, 0, 1, -1)] == [90, 100, 90, 100, 90]
+    describe(caps=(BLACKWELL, HOPPER))  # another machine: nothing kept from the last one
+    assert [fa4.device_arch(on(i)) for i in (0, 1, -1)] == [100, 90, 100]
