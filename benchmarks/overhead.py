@@ -62,6 +62,13 @@ alike. Goals (issue 27): this package's overhead <= upstream's for each family, 
 
 from __future__ import annotations
 
+# Why this file names families (fa_version 2, 3 and 4 in its variants, rows and labels): it
+# measures each family against upstream's own wrapper of that family, which is per family
+# (upstream's vllm_flash_attn.flash_attn_varlen_func branches on fa_version 2 and 3; FA4 is
+# flash_attn.cute's function), and replays each compiled family's op with the arguments of
+# that op's schema (raw_op_args). Its row names are the JSON's keys, read by tests, docs and
+# tests/gpu/serving_h200.sh. The op namespaces are read from the family declaration.
+
 import argparse
 import contextlib
 import gc
@@ -155,12 +162,13 @@ def variants(inp: DecodeInputs, fa2: bool) -> dict[str, Callable[[], object]]:
     import torch
 
     from vendored_flash_attn import flash_attn_varlen_func, get_flash_attn_version
+    from vendored_flash_attn.interface import OP_NAMESPACES
 
     common_kwargs = call_kwargs(inp)
     q, k, v = inp.q, inp.k, inp.v
     args = raw_op_args(inp)
     fa3_args = args[3]
-    fa3_ops = torch.ops._vendored_fa3_C
+    fa3_ops = getattr(torch.ops, OP_NAMESPACES[3])
     fwd = fa3_ops.fwd
     fwd_default = fa3_ops.fwd.default
     out = {
@@ -173,7 +181,7 @@ def variants(inp: DecodeInputs, fa2: bool) -> dict[str, Callable[[], object]]:
     }
     if fa2:
         fa2_args = args[2]
-        fa2_fwd = torch.ops._vendored_fa2_C.varlen_fwd
+        fa2_fwd = getattr(torch.ops, OP_NAMESPACES[2]).varlen_fwd
         out["a2_interface_fa2"] = lambda: flash_attn_varlen_func(q, k, v, fa_version=2, **common_kwargs)
         out["c2_raw_fa2"] = lambda: fa2_fwd(*fa2_args)
     return out
@@ -432,7 +440,9 @@ def side_by_side(q, k, v, kwargs: dict, upstream, cute, versions: list, *, round
     if stalled:
         import torch
 
-        real = {2: ("_vendored_fa2_C", "varlen_fwd"), 3: ("_vendored_fa3_C", "fwd")}
+        from vendored_flash_attn.families import registry
+
+        real = {f.version: (f.op_namespace, f.forward_op) for f in registry() if f.compiled}
         raw = {version: (getattr(getattr(torch.ops, real[version][0]), real[version][1]).default, args, kw)
                for version, (_, args, kw) in ours.items() if version in real}
         if cute is not None and 4 in ours:

@@ -39,11 +39,9 @@ from . import fa4_cache, fa4_deps
 from .call import VarlenCall
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
-from .families import Family, registry
+from .families import Family, registry, titles_text
 from .kernels import dtype_name, head_size_problem
 from .validation import _is_local, window_tuple
-
-SUBPACKAGE = "vendored_flash_attn._fa4.cute"
 
 
 def _family() -> Family:
@@ -56,6 +54,8 @@ def _family() -> Family:
 # A call through the interface is handed its family with its resolution; ``run`` uses this.
 FAMILY = _family()
 GENERATIONS = FAMILY.generations
+# The staged copy of upstream's flash_attn/cute: the module the declaration probes for.
+SUBPACKAGE = FAMILY.probe
 _E4M3 = torch.float8_e4m3fn
 
 
@@ -85,9 +85,10 @@ def load() -> Loaded:
                 interface = importlib.import_module(f"{SUBPACKAGE}.interface")
             except ModuleNotFoundError as exc:
                 if exc.name and (SUBPACKAGE.startswith(exc.name) or exc.name.startswith(SUBPACKAGE)):
+                    others = titles_text(f for f in registry() if f is not FAMILY)
                     raise FlashAttnUnavailableError(
-                        "FA4 is not in this wheel (built with VFA_BUILD_FA4=off, or from a source tree "
-                        f"without the staged {SUBPACKAGE}): rebuild with VFA_BUILD_FA4=on, or use FA3/FA2."
+                        f"{FAMILY.title} is not in this wheel (built with {FAMILY.build_knob}=off, or from a source "
+                        f"tree without the staged {SUBPACKAGE}): rebuild with {FAMILY.build_knob}=on, or use {others}."
                     ) from exc
                 raise
             cache_utils = importlib.import_module(f"{SUBPACKAGE}.cache_utils")

@@ -16,7 +16,9 @@ from .build_info import ComponentInfo
 from .declaration import FA2_HEAD_DIMS, FA3_HEAD_DIMS
 from .families import Family, registry, titles_text
 
-# The head dims upstream instantiates, as cmake/knobs.json declares them.
+# The head dims upstream instantiates, as cmake/knobs.json declares them. Named per family on
+# purpose: FA2's and FA3's C++ route a head size to a kernel in different ways (HEADDIM_SWITCH,
+# round_up_headdim), and each routing below is that family's declared head_size_rule.
 FA2_HEAD_DIM_BUCKETS = FA2_HEAD_DIMS
 FA3_HEAD_DIM_BUCKETS = FA3_HEAD_DIMS
 # Feature names in build_info.json (and the family declaration), and what a user calls them.
