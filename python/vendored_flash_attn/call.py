@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import keyword
+import linecache
 from typing import Callable, List, NamedTuple, Optional
 
 EMPTY = inspect.Parameter.empty
@@ -82,7 +83,10 @@ class Declared:
                   + "    return _dispatch(call)\n")
         namespace = {f"_default_{i}": p.default for i, p in enumerate(self.parameters)}
         namespace.update(_dispatch=dispatch, _new=object.__new__, _Call=self.call_type)
-        exec(compile(source, f"<vendored_flash_attn.call: {self.name}>", "exec"), namespace)  # noqa: S102
+        filename = f"<vendored_flash_attn.call: {self.name}>"
+        # Its text where a traceback or a debugger looks for it.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
         function = namespace[self.name]
         function.__module__, function.__qualname__, function.__doc__ = module, self.name, doc
         function.__annotations__ = {p.name: p.annotation for p in self.parameters if p.annotation is not EMPTY}
