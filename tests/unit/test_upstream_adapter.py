@@ -325,6 +325,25 @@ def test_kvcache_refuses_what_the_wheel_cannot_do(describe, fake_ops):
     assert fake_ops.calls == []
 
 
+def test_kvcache_passes_the_rest_of_the_declared_parameters_through(describe, fake_ops):
+    """Its keyword-only arguments are those of flash_attn_varlen_func's declaration
+    (vendored_flash_attn.call) it does not set itself: passed as given, on FA3 here; anything
+    else is a TypeError, as for a Python function."""
+    from vllm_flash_attn import flash_attn_with_kvcache
+
+    describe(caps=(HOPPER,))
+    q = torch.randn(2, 1, 8, 128).to(torch.float8_e4m3fn)
+    cache = torch.randn(4, 16, 2, 128).to(torch.float8_e4m3fn)
+    descale = torch.ones(2, 2)
+    descales = dict(q_descale=descale, k_descale=descale, v_descale=descale)
+    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7, block_table=torch.tensor([[0], [1]], dtype=torch.int32),
+                            fa_version=3, num_splits=2, **descales)
+    args = fake_ops.last("fwd")
+    assert args["q_descale"] is descale and args["v_descale"] is descale and args["num_splits"] == 2
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['not_a_parameter'\]"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7, not_a_parameter=1)
+
+
 def test_summary_json_is_serialisable(tmp_path):
     path = _junit(tmp_path, _case("test_a[1]"))
     json.dumps(upstream_summary.summarize(upstream_summary.read_junit(path)))
