@@ -62,6 +62,13 @@ alike. Goals (issue 27): this package's overhead <= upstream's for each family, 
 
 from __future__ import annotations
 
+# Why this file names families (fa_version 2, 3 and 4 in its variants, rows and labels): it
+# measures each family against upstream's own wrapper of that family, which is per family
+# (upstream's vllm_flash_attn.flash_attn_varlen_func branches on fa_version 2 and 3; FA4 is
+# flash_attn.cute's function), and replays each compiled family's op with the arguments of
+# that op's schema (raw_op_args). Its row names are the JSON's keys, read by tests, docs and
+# tests/gpu/serving_h200.sh. The op namespaces are read from the family declaration.
+
 import argparse
 import contextlib
 import gc
@@ -155,12 +162,13 @@ def variants(inp: DecodeInputs, fa2: bool) -> dict[str, Callable[[], object]]:
     import torch
 
     from vendored_flash_attn import flash_attn_varlen_func, get_flash_attn_version
+    from vendored_flash_attn.interface import OP_NAMESPACES
 
     common_kwargs = call_kwargs(inp)
     q, k, v = inp.q, inp.k, inp.v
     args = raw_op_args(inp)
     fa3_args = args[3]
-    fa3_ops = torch.ops._vendored_fa3_C
+    fa3_ops = getattr(torch.ops, OP_NAMESPACES[3])
     fwd = fa3_ops.fwd
     fwd_default = fa3_ops.fwd.default
     out = {
@@ -173,7 +181,7 @@ def variants(inp: DecodeInputs, fa2: bool) -> dict[str, Callable[[], object]]:
     }
     if fa2:
         fa2_args = args[2]
-        fa2_fwd = torch.ops._vendored_fa2_C.varlen_fwd
+        fa2_fwd = getattr(torch.ops, OP_NAMESPACES[2]).varlen_fwd
         out["a2_interface_fa2"] = lambda: flash_attn_varlen_func(q, k, v, fa_version=2, **common_kwargs)
         out["c2_raw_fa2"] = lambda: fa2_fwd(*fa2_args)
     return out
@@ -239,7 +247,7 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
                 return flash_attn_varlen_func(q, k, v, fa_version=fa_version, **call_kwargs)
             call()  # resolves the version and loads the real op into interface._resolved
             for key, entry in list(interface._resolved.items()):
-                interface._resolved[key] = entry._replace(op=stubs[entry.version])
+                interface._resolved[key] = entry._replace(op=stubs[entry.family.version])
             call()  # the stub records this call's op arguments
             calls_by_name[names[fa_version]] = call
         for version in sorted(recorded):
@@ -335,7 +343,7 @@ def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, ra
         if version in (2, 3) and upstream is not None:
             fns[f"u{version}_upstream_fa{version}"] = (
                 lambda version=version: upstream.flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs))
-    if 4 in versions and cute is not None:
+    if 4 in versions and getattr(cute, "flash_attn_varlen_func", None) is not None:
         fns["u4_upstream_cute_fa4"] = lambda: cute.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=kwargs["cu_seqlens_q"], max_seqlen_q=kwargs["max_seqlen_q"],
             max_seqlen_k=kwargs["max_seqlen_k"], seqused_k=kwargs["seqused_k"], page_table=kwargs["block_table"],
@@ -369,8 +377,8 @@ def stubbed_ops(upstream, cute, q):
     ours = {2: make(2, [empty, empty]), 3: make(3, [empty] * 4)}
     saved_resolved = dict(interface._resolved)
     for key, entry in saved_resolved.items():
-        if entry.version in ours:
-            interface._resolved[key] = entry._replace(op=ours[entry.version])
+        if entry.family.version in ours:
+            interface._resolved[key] = entry._replace(op=ours[entry.family.version])
     saved_ops = {name: vars(torch.ops).get(name) for name in ("_vllm_fa2_C", "_vllm_fa3_C")}
     if upstream is not None:
         torch.ops._vllm_fa2_C = types.SimpleNamespace(varlen_fwd=make(2, [empty, empty], record=False))
@@ -432,7 +440,9 @@ def side_by_side(q, k, v, kwargs: dict, upstream, cute, versions: list, *, round
     if stalled:
         import torch
 
-        real = {2: ("_vendored_fa2_C", "varlen_fwd"), 3: ("_vendored_fa3_C", "fwd")}
+        from vendored_flash_attn.families import registry
+
+        real = {f.version: (f.op_namespace, f.forward_op) for f in registry() if f.compiled}
         raw = {version: (getattr(getattr(torch.ops, real[version][0]), real[version][1]).default, args, kw)
                for version, (_, args, kw) in ours.items() if version in real}
         if cute is not None and 4 in ours:
@@ -478,16 +488,19 @@ def side_by_side_rows(medians: dict) -> list[dict]:
     return rows
 
 
-def upstream_section(args, inp) -> dict:
-    """The side-by-side against upstream's wrappers, or why it was not run."""
+def upstream_section(args, inp, stalled: bool = True) -> dict:
+    """The side-by-side of every family this machine runs (FA4 included) against upstream's
+    wrappers; without upstream's file, this package's rows and the raw ops alone, saying why
+    (``upstream_error``). ``stalled``: also the real ops behind a spin kernel (a GPU)."""
     import upstream_interface
 
     import vendored_flash_attn as vfa
 
     try:
         source, info = upstream_interface.read_source(args.upstream_file, args.upstream_git)
+        upstream_error = None
     except upstream_interface.UpstreamFileError as exc:
-        return {"error": str(exc)}
+        source, info, upstream_error = None, {}, str(exc)
     versions = [v for v in (3, None, 2, 4) if v is None or vfa.is_fa_version_supported(v)]
     if 2 in versions and args.no_fa2:
         versions.remove(2)
@@ -500,24 +513,20 @@ def upstream_section(args, inp) -> dict:
         except Exception as exc:  # noqa: BLE001 - FA4 left out of the comparison, saying why
             versions.remove(4)
             info["fa4_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    spin = {"rounds": args.rounds, "batch": args.batch, "spin_cycles": int(args.spin_ms * 1e-3 * 2.0e9)}
     try:
-        with upstream_interface.op_aliases():
-            upstream = upstream_interface.load(source, info["commit"][:12])
+        with upstream_interface.op_aliases() if source is not None else contextlib.nullcontext():
+            upstream = upstream_interface.load(source, info["commit"][:12]) if source is not None else None
             result = side_by_side(inp.q, inp.k, inp.v, call_kwargs(inp), upstream, cute, versions,
                                   rounds=args.isolated_rounds, calls=max(1, args.isolated_calls // 4),
-                                  stalled={"rounds": args.rounds, "batch": args.batch,
-                                           "spin_cycles": int(args.spin_ms * 1e-3 * 2.0e9)})
+                                  stalled=spin if stalled else None)
     except upstream_interface.UpstreamFileError as exc:
         return {"error": str(exc), "upstream_file": info}
     result["upstream_file"] = info
+    if upstream_error:
+        result["upstream_error"] = upstream_error
     result["versions"] = versions
     return result
-
-
-def upstream_interface_carried() -> bool:
-    import upstream_interface
-
-    return upstream_interface.CARRIED.is_file()
 
 
 def measure(args) -> dict:
@@ -591,8 +600,7 @@ def measure(args) -> dict:
                    args.isolated_rounds, args.isolated_calls, raw_args=raw_op_args(inp))
     iso["context"] = "2048..2175 (seed decode); ops swapped for a no-op stub"
     results["isolated"] = iso
-    if args.upstream_file or args.upstream_git or upstream_interface_carried():
-        results["upstream"] = upstream_section(args, inp)
+    results["upstream"] = upstream_section(args, inp)
     del inp
     return {
         "benchmark": "overhead",
@@ -606,6 +614,66 @@ def measure(args) -> dict:
                      "isolated_calls": args.isolated_calls},
         "modes": results,
         "bar_us": BAR_US,
+        "headline_mode": "isolated",
+    }
+
+
+# --- --cpu: the side-by-side on a machine without a GPU --------------------------------------
+
+CPU_SETUP = ("fake ops with upstream's schemas (tests/unit/runtime_fakes.py) on a described GPU of compute "
+             "capability 9.0 with a full build and FA4; every op and FA4's _flash_attn_fwd a no-op stub; "
+             "one-page contexts (the host path does not depend on the lengths)")
+
+
+def _cpu_cute(stage: Optional[Path]):
+    """FA4's upstream interface for --cpu: the staged copy of upstream's flash_attn/cute
+    (``cmake/fa4_precompile.py stage --dest STAGE``) when given and importable, else a stand-in
+    without upstream's flash_attn_varlen_func (no (u4) row); (module, what it is)."""
+    import importlib
+    import types
+
+    import vendored_flash_attn
+
+    why = "no --fa4-stage"
+    if stage is not None:
+        vendored_flash_attn.__path__.append(str(Path(stage) / "vendored_flash_attn"))
+        try:
+            return (importlib.import_module("vendored_flash_attn._fa4.cute.interface"),
+                    f"upstream's flash_attn/cute staged in {stage}")
+        except Exception as exc:  # noqa: BLE001 - the stand-in, saying why
+            why = f"{stage}: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+    module = types.ModuleType("fa4_interface_stand_in")
+    module._resolve_causal_local_window = lambda causal, left, right: (causal, False, left, right)
+    return module, f"a stand-in for upstream's cute interface ({why}): no (u4) row"
+
+
+def measure_cpu(args) -> dict:
+    """The isolated side-by-side on the CPU (CPU_SETUP): what each family's Python path costs
+    per call, this package against upstream's wrapper (when given) and the raw op."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root / "tests" / "unit")] + ([] if "vendored_flash_attn" in sys.modules else [str(root / "python")])
+    import runtime_fakes
+
+    from vendored_flash_attn import fa4
+    from vendored_flash_attn.environment import StaticEnvironment, set_environment
+
+    set_environment(StaticEnvironment(build=runtime_fakes.make_build("full", fa4=runtime_fakes.FA4_RECORD),
+                                      capabilities=(runtime_fakes.HOPPER,), device_type="cpu"))
+    runtime_fakes.register_fake_ops()
+    cute, fa4_source = _cpu_cute(args.fa4_stage)
+    inp = DecodeInputs(args.num_seqs, [PAGE_SIZE] * args.num_seqs, device="cpu")
+    empty = inp.q.new_empty(0)
+    cute._flash_attn_fwd = lambda q, k, v, **kw: (empty, None, None, None)  # never a kernel here
+    fa4._loaded = fa4.Loaded(cute, {})
+    section = upstream_section(args, inp, stalled=False)
+    section["cpu"] = f"{CPU_SETUP}; FA4: {fa4_source}"
+    return {
+        "benchmark": "overhead", "mode": "cpu", "machine": common.machine_info(gpu=False),
+        "shape": {"num_seqs": args.num_seqs, "query_tokens_per_seq": 1, "heads_q": LLAMA_8B.heads_q,
+                  "heads_kv": LLAMA_8B.heads_kv, "head_dim": LLAMA_8B.head_dim, "page_size": PAGE_SIZE,
+                  "dtype": "bf16"},
+        "settings": {"isolated_rounds": args.isolated_rounds, "isolated_calls": max(1, args.isolated_calls // 4)},
+        "modes": {"upstream": section},
         "headline_mode": "isolated",
     }
 
@@ -683,8 +751,13 @@ def print_side_by_side(section: dict, plain: bool = False) -> None:
             notes.append(line)
     info = section.get("upstream_file", {})
     fa4 = "yes" if 4 in section.get("versions", []) else f"no ({info.get('fa4_error', 'FA4 not usable here')})"
-    notes.append(f"upstream's wrapper: {info.get('source')} (blob {str(info.get('blob'))[:12]}, the pinned one: "
-                 f"{'yes' if info.get('matches_pin') else 'NO'}); FA4 rows: {fa4}")
+    if section.get("upstream_error"):
+        notes.append(f"upstream's vllm_flash_attn wrapper NOT compared: {section['upstream_error']}; FA4 rows: {fa4}")
+    else:
+        notes.append(f"upstream's wrapper: {info.get('source')} (blob {str(info.get('blob'))[:12]}, the pinned one: "
+                     f"{'yes' if info.get('matches_pin') else 'NO'}); FA4 rows: {fa4}")
+    if section.get("cpu"):
+        notes.append(f"CPU only ({section['cpu']}): Python work per call, no GPU")
     if section.get("stalled_held") is False:
         notes.append("some stalled batches outlived their spin kernel (raise --spin-ms): their host time is not pure")
     common.print_table("Against upstream's wrappers, us per call (isolated: stubbed ops; stalled: real ops)",
@@ -706,6 +779,11 @@ def parse_args(argv=None):
                    help="upstream's vllm_flash_attn/flash_attn_interface.py at the pin (default: "
                         ".upstream-tests/flash_attn_interface.py when present); its git blob is checked")
     p.add_argument("--upstream-git", default=None, help="a clone or mirror of upstream to read that file from")
+    p.add_argument("--cpu", action="store_true",
+                   help="no GPU: the isolated side-by-side with fake ops on this CPU (overhead-cpu.json)")
+    p.add_argument("--fa4-stage", type=Path, default=None,
+                   help="--cpu: a staged copy of upstream's flash_attn/cute (cmake/fa4_precompile.py stage --dest), "
+                        "for the (u4) row")
     p.add_argument("--plain", action="store_true")
     return p.parse_args(argv)
 
@@ -714,6 +792,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    if args.cpu:
+        result = measure_cpu(args)
+        path = common.write_json(args.out / "overhead-cpu.json", result)
+        print(f"[overhead] wrote {path}", file=sys.stderr)
+        print_side_by_side(result["modes"]["upstream"], plain=args.plain)
+        return 0 if "error" not in result["modes"]["upstream"] else 1
     if not torch.cuda.is_available():
         print("overhead.py needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
-"""FA3's adapter: a call the shared checks (validation.py) passed, onto the compiled
-module's ``fwd`` in the argument order of its schema (op_schemas.FA3_FWD), and FA3's
+"""FA3's adapter: a call the shared checks (validation.py) passed (call.VarlenCall), onto the
+compiled module's ``fwd`` in the argument order of its schema (op_schemas.FA3_FWD), and FA3's
 ``get_scheduler_metadata``.
 
 The family declaration (cmake/knobs.json, ``families.fa3``) names ``forward`` as its
@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from .call import VarlenCall, scale_of
 from .compiled import component, ops
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
@@ -149,12 +150,14 @@ def get_scheduler_metadata(
     return metadata
 
 
-def forward(op, comp, q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-            max_seqlen_k, block_table, alibi_slopes, softmax_scale, causal, window, softcap, fp8,
-            num_splits, scheduler_metadata, q_descale, k_descale, v_descale, s_aux, cp_world_size,
-            cp_rank, cp_tot_seqused_k):
-    """(out, softmax_lse) of FA3's forward op ``op``, for a call the shared checks passed."""
-    del alibi_slopes  # refused by the shared checks: FA3 declares no alibi
+def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
+    """(out, softmax_lse) of FA3's forward op (``resolved.op``), for a call the shared checks
+    passed. alibi_slopes is not read: FA3 declares no ALiBi, so the shared checks refused it."""
+    q, k, v = call.q, call.k, call.v
+    cu_seqlens_q, block_table = call.cu_seqlens_q, call.block_table
+    max_seqlen_q, max_seqlen_k = call.max_seqlen_q, call.max_seqlen_k
+    causal, softcap, num_splits = call.causal, call.softcap, call.num_splits
+    scheduler_metadata = call.scheduler_metadata
     if scheduler_metadata is not None:
         # Metadata get_scheduler_metadata computed for another call shape: compared once
         # per metadata tensor and call shape (scheduler_metadata.check_call), a lookup
@@ -168,28 +171,30 @@ def forward(op, comp, q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, 
                             v_shape[1] if block_table is not None else None, causal, window,
                             softcap, num_splits)
             if metadata_key != entry[3]:
-                check_scheduler_metadata(entry, comp, metadata_key)
+                check_scheduler_metadata(entry, resolved.comp, metadata_key)
     # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
     # vLLM passes them on every call, so they are dropped rather than refused.
-    if not fp8:
+    if fp8:
+        q_descale, k_descale, v_descale = call.q_descale, call.k_descale, call.v_descale
+    else:
         q_descale = k_descale = v_descale = None
     try:
-        return op(
+        return resolved.op(
             q, k, v,
             None, None,        # k_new, v_new
-            q_v,
-            out,
+            call.q_v,
+            call.out,
             cu_seqlens_q,
-            cu_seqlens_k,
+            call.cu_seqlens_k,
             None,              # cu_seqlens_k_new
-            None, seqused_k,   # seqused_q, seqused_k
+            None, call.seqused_k,  # seqused_q, seqused_k
             max_seqlen_q, max_seqlen_k,
             block_table,       # page_table
             None,              # kv_batch_idx
             None,              # leftpad_k
             None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
             q_descale, k_descale, v_descale,
-            float(softmax_scale),
+            float(scale_of(call)),
             bool(causal),
             window[0], window[1],
             float(softcap),
@@ -198,10 +203,10 @@ def forward(op, comp, q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, 
             num_splits,
             None,              # pack_gqa: heuristic
             0,                 # sm_margin
-            s_aux,
-            cp_world_size,
-            cp_rank,
-            cp_tot_seqused_k,
+            call.s_aux,
+            call.cp_world_size,
+            call.cp_rank,
+            call.cp_tot_seqused_k,
         )[:2]
     except RuntimeError as exc:
         # A metadata tensor get_scheduler_metadata did not return (a copy in a

@@ -1,22 +1,25 @@
 """The attention entry points: ``flash_attn_varlen_func`` and ``get_scheduler_metadata``.
 
 Call-compatible with vLLM's ``vllm_flash_attn`` functions of the same names (same
-parameters, order and defaults), except that ``fa_version=None`` asks the selector.
-Each call: resolve the family, then its declared adapter (families.py: ``adapter``).
-A compiled family's call is checked here by the shared checks (validation.py) and handed
-with its forward op to the adapter (fa2.forward, fa3.forward), which calls the op in the
-argument order of its schema; a family of Python kernels (FA4) gets the whole call
-(fa4.flash_attn_varlen_func), which runs the same shared checks and then its own.
+parameters, order and defaults: ``flash_attn_varlen_func`` is generated from the one table
+of them, call.py), except that ``fa_version=None`` asks the selector. Each call: resolve
+its kind (family, build record, op, adapter) once per kind, check it with the shared checks
+(validation.py: the quick check for the common shapes, else the full one) against the
+family's declaration, and hand the checked call object (call.VarlenCall) to the family's
+declared adapter (families.py: ``adapter``; fa2.forward, fa3.forward, fa4.forward), which
+maps it onto its kernels and refuses what only that family cannot run.
 ``get_scheduler_metadata`` is the adapter's of the family declaring scheduler_metadata.
 """
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+import dataclasses
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from .build_info import ComponentInfo
+from .call import VARLEN, VarlenCall
 from .compiled import component as _component, ops as _ops
 from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
@@ -30,27 +33,25 @@ from .validation import (_is_local, check_q_device, check_varlen_call, quick_che
                          static_verdict, window_tuple)
 
 _E4M3 = torch.float8_e4m3fn
+_new = tuple.__new__
 
 #: FA version -> the torch.ops namespace of its compiled module (tests/gpu/test_sparse_gpu.py
 #: reads it here), from the family declaration.
 OP_NAMESPACES = {f.version: f.op_namespace for f in registry() if f.compiled}
 
 
-# version -> the forward op overload (a compiled family) or the adapter function (a family
-# of Python kernels, FA4), looked up once: torch.ops attribute lookups cost microseconds on
-# every call.
+# version -> the forward op overload of a compiled family (None: a family whose adapter reaches
+# its kernels itself, FA4), looked up once per kind of call: torch.ops attribute lookups cost
+# microseconds on every call.
 _forward_ops: dict = {}
 on_environment_change(_forward_ops.clear)
 
 
-def _forward_op(version: int):
-    op = _forward_ops.get(version)
-    if op is None:
-        family = registry()[version]
-        op = (getattr(_ops(version), family.forward_op).default if family.compiled
-              else family.adapter_function())
-        _forward_ops[version] = op
-    return op
+def _forward_op(family: Family):
+    if family.version not in _forward_ops:
+        _forward_ops[family.version] = (getattr(_ops(family.version), family.forward_op).default
+                                        if family.compiled else None)
+    return _forward_ops[family.version]
 
 
 def _device_index(tensor: torch.Tensor) -> int:
@@ -60,50 +61,58 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
-# The resolution of a kind of call, one dictionary lookup per call (asking the selector
-# costs microseconds on every layer of every step, and the answer does not change within
-# one environment). Key: (fa_version, device, signature) for a named version, or (None,
-# device, VLLM_FLASH_ATTN_VERSION, ALiBi?, sinks?, signature) for the selector, where the
-# signature is (dtype, q heads, head size, KV heads, V head size, bits of _NEEDS). Entry: a
-# Resolved.
+class ResolutionKey(NamedTuple):
+    """A kind of call: what its resolution (the family, and whether its calls may take the
+    quick check) depends on. Built on every call (with tuple.__new__, no __new__ frame)."""
+
+    fa_version: Optional[int]      # as the caller named it; None: the selector chooses
+    device: int                    # q.get_device()
+    env_version: Optional[str]     # VLLM_FLASH_ATTN_VERSION, read only when the selector chooses
+    alibi: bool                    # alibi_slopes given (the selector falls back to FA2)
+    sinks: bool                    # s_aux given
+    dtype: object                  # q.dtype
+    num_heads: Optional[int]       # None: q/k/v are not tensors of enough dims (the full check says so)
+    head_size: Optional[int]
+    num_heads_k: Optional[int]
+    head_size_v: Optional[int]
+    needs: int                     # the kernel features the call needs, bits of _NEEDS
+
+
+class Resolved(NamedTuple):
+    """The resolution of a kind of call, _resolved's value; what the adapter is handed."""
+
+    family: Family
+    comp: Optional[ComponentInfo]  # its build record; None: a family without one (FA4)
+    op: object                     # a compiled family's forward op; None: the adapter reaches its kernels
+    forward: Callable              # the family's adapter: forward(resolved, call, window, fp8)
+    static: bool                   # validation.static_verdict: its calls may take the quick check
+    debug: bool                    # VFA_DEBUG_CHECKS
+    capture_guard: bool            # ask whether the stream is capturing (see _refuse_capture)
+
+
+# One dictionary lookup per call: asking the selector costs microseconds on every layer of
+# every step, and the answer does not change within one environment.
 _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
-# Bits of the signature: the kernel features a call needs (the selector falls back to FA2
-# when this wheel's FA3 lacks one that FA2 has; the quick check's verdict depends on them).
+# Bits of ResolutionKey.needs: the kernel features a call needs (the selector falls back to
+# FA2 when this wheel's FA3 lacks one that FA2 has; the quick check's verdict depends on them).
 _NEEDS = ((1, "paged"), (2, "softcap"), (4, "local"), (8, "split"))
 _NO_WINDOW = (-1, -1)
 
 
-class Resolved(NamedTuple):
-    version: int
-    comp: Optional[ComponentInfo]   # None: a family of Python kernels (FA4), no build record
-    op: object                      # the forward op, or the adapter taking the whole call
-    debug: bool                     # VFA_DEBUG_CHECKS
-    family: Family
-    forward: Optional[object]       # a compiled family's adapter forward; None: op takes the call
-    quick: bool                     # validation.static_verdict of the signature
-    capture_guard: bool             # ask whether the stream is capturing (see _refuse_capture)
-
-
-def _resolve(key: tuple, tensor: torch.Tensor, fa_version, requires_alibi: bool, has_sinks: bool,
-             signature: tuple) -> Resolved:
-    """Fill _resolved[key]."""
-    dtype, num_heads, head_size, num_heads_k, head_size_v, needs = signature
-    features = tuple(name for bit, name in _NEEDS if needs & bit)
-    version = _resolve_version(fa_version, tensor, requires_alibi=requires_alibi,
-                               head_size=head_size, head_size_v=head_size_v,
-                               has_sinks=has_sinks, dtype=dtype, features=features)
-    # A family of Python kernels (FA4) gets comp None and no forward: its adapter takes the
-    # whole call (families.py: "adapter").
-    family = registry()[version]
-    comp = _component(version) if family.compiled else None
-    forward = family.adapter_function() if family.compiled else None
-    quick = comp is not None and isinstance(num_heads, int) and static_verdict(
-        family, comp, dtype, num_heads, head_size, num_heads_k, head_size_v, *(
-            bool(needs & bit) for bit, _ in _NEEDS))
+def _resolve(key: ResolutionKey, tensor: torch.Tensor) -> Resolved:
+    """Fill _resolved[key]: the registry, the selector and the build record asked once."""
+    features = tuple(name for bit, name in _NEEDS if key.needs & bit)
+    family = _resolve_family(key.fa_version, tensor, requires_alibi=key.alibi, head_size=key.head_size,
+                             head_size_v=key.head_size_v, has_sinks=key.sinks, dtype=key.dtype,
+                             features=features)
+    comp = _component(family.version) if family.record_key is not None else None
+    static = isinstance(key.num_heads, int) and static_verdict(
+        family, comp, key.dtype, key.num_heads, key.head_size, key.num_heads_k, key.head_size_v,
+        *(bool(key.needs & bit) for bit, _ in _NEEDS))
     debug = debug_checks_enabled()
-    hit = _resolved[key] = Resolved(version, comp, _forward_op(version), debug, family, forward, quick,
+    hit = _resolved[key] = Resolved(family, comp, _forward_op(family), family.adapter_function(), static, debug,
                                     debug or not family.call.cuda_graphs)
     return hit
 
@@ -132,7 +141,13 @@ def _refuse_capture(resolved: Resolved, q: torch.Tensor) -> None:
         f"or use {titles_text(f for f in registry() if f.call.cuda_graphs)}")
 
 
-def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
+def _refuse_version(fa_version) -> None:
+    families = registry()
+    raise FlashAttnInputError(f"fa_version must be {', '.join(map(str, families.versions))} or None (let the "
+                              f"selector choose), got {fa_version!r}")
+
+
+def _resolve_family(fa_version, tensor: torch.Tensor, **traits) -> Family:
     if fa_version is None and dtype_name(tensor.dtype) is None:
         # A dtype no FlashAttention kernel takes is the caller's mistake, not a reason for
         # the selector to fall back or to call FA unavailable.
@@ -143,72 +158,34 @@ def _resolve_version(fa_version, tensor: torch.Tensor, **traits) -> int:
         selection = select_flash_attn_version(device=tensor.device, **traits)
         if selection.version is None:
             raise FlashAttnUnavailableError(f"no usable FlashAttention version: {selection.reason}")
-        return selection.version
-    # A tensor would compare equal to 3 elementwise, but key _resolved by its id: refused.
-    families = registry()
-    if isinstance(fa_version, torch.Tensor) or families.get(fa_version) is None:
-        raise FlashAttnInputError(f"fa_version must be {', '.join(map(str, families.versions))} or None (let the "
-                                  f"selector choose), got {fa_version!r}")
-    fa_version = int(fa_version)
-    problem = version_problem(fa_version, _device_index(tensor))
+        return registry()[selection.version]
+    family = registry().get(fa_version)
+    if family is None:
+        _refuse_version(fa_version)
+    problem = version_problem(family.version, _device_index(tensor))
     if problem is not None:
-        raise FlashAttnUnavailableError(f"fa_version={fa_version} cannot run here: {problem}")
-    return fa_version
+        raise FlashAttnUnavailableError(f"fa_version={family.version} cannot run here: {problem}")
+    return family
 
 
-def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    max_seqlen_q,
-    cu_seqlens_q,
-    max_seqlen_k,
-    cu_seqlens_k=None,  # only used for non-paged prefill
-    seqused_k=None,
-    q_v=None,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size: Optional[List[int]] = None,
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-    return_softmax_lse=False,
-    out=None,
-    # FA3 Only
-    scheduler_metadata=None,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    num_splits: int = 0,
-    # Version selector
-    fa_version: Optional[int] = None,
-    s_aux=None,
-    cp_world_size=1,
-    cp_rank=0,
-    cp_tot_seqused_k=None,
-):
-    """Variable-length (and paged-KV) attention forward; see docs/runtime.md.
-
-    q: (total_q, num_heads, head_size); k, v: (total_k, num_heads_k, head_size) with
-    cu_seqlens_k, or (num_blocks, block_size, num_heads_k, head_size) with block_table +
-    seqused_k. GQA/MQA when num_heads is a multiple of num_heads_k. Returns out, or
-    (out, softmax_lse) with return_softmax_lse=True. fa_version=None lets the selector
-    choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
-    (num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
-    ``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
-    """
-    del deterministic, return_attn_probs  # forward-only kernels: nothing to do
+def _dispatch(call: VarlenCall):
+    """flash_attn_varlen_func's body (the function itself is generated from call.VARLEN)."""
+    q = call.q
     if not isinstance(q, torch.Tensor):
         raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    fa_version = call.fa_version
+    if fa_version is not None and type(fa_version) is not int:
+        # A tensor would compare equal to 3 elementwise, a list is unhashable, a bool an int:
+        # only a plain int names a version.
+        _refuse_version(fa_version)
     env = current_environment()
     device = q.get_device()  # -1 unless a CUDA tensor
     if device < 0 or env.device_type != "cuda":
         if q.is_cuda != (env.device_type == "cuda"):
             check_q_device(q, env.device_type)  # raises before the selector looks at q.device
+    window_size, causal = call.window_size, call.causal
     window = _NO_WINDOW if window_size is None else window_tuple(window_size)
+    k, v = call.k, call.v
     q_shape = q.shape
     dtype = q.dtype
     try:
@@ -220,82 +197,61 @@ def flash_attn_varlen_func(
         head_size = q_shape[-1] if q_shape else None
         v_shape = v.shape if isinstance(v, torch.Tensor) else None
         head_size_v = v_shape[-1] if v_shape else None
-    # The FA3 kernel features the call needs (_NEEDS): part of the resolution key, as the
-    # selector's answer and the quick check's verdict depend on them.
-    needs = 1 if block_table is not None else 0
+    # The kernel features the call needs (_NEEDS): part of the key, as the selector's answer
+    # and the quick check's verdict depend on them.
+    needs = 1 if call.block_table is not None else 0
     if (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal):
         needs |= 4
     try:
-        if softcap > 0:
+        if call.softcap > 0:
             needs |= 2
-        if num_splits > 1:
+        if call.num_splits > 1:
             needs |= 8
     except (TypeError, RuntimeError):  # not numbers: validation says so
         pass
-    signature = (dtype, num_heads, head_size, num_heads_k, head_size_v, needs)
-    if fa_version is not None:
-        key = (fa_version, device, signature)
-    else:
-        key = (None, device, env.getenv(ENV_VAR), alibi_slopes is not None, s_aux is not None, signature)
-    resolved = _resolved.get(key) or _resolve(key, q, fa_version, alibi_slopes is not None,
-                                              s_aux is not None, signature)
+    alibi, sinks = call.alibi_slopes is not None, call.s_aux is not None
+    key = _new(ResolutionKey, (fa_version, device, env.getenv(ENV_VAR) if fa_version is None else None, alibi,
+                               sinks, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+    resolved = _resolved.get(key) or _resolve(key, q)
     if resolved.capture_guard:
         _refuse_capture(resolved, q)
-    version, comp, op, debug, family, forward, static, _ = resolved
-    if forward is None:
-        # A family whose adapter takes the whole call (FA4): it runs the shared checks and
-        # its own, and refuses what it cannot run before any kernel, naming who can.
-        return op(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k,
-                  seqused_k=seqused_k, q_v=q_v, dropout_p=dropout_p, softmax_scale=softmax_scale,
-                  causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                  block_table=block_table, return_softmax_lse=return_softmax_lse, out=out,
-                  scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-                  v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
-                  cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
-    if softmax_scale is None:
-        softmax_scale = head_size ** (-0.5)
     # Like upstream: a q/k/v whose last dim is strided is copied (the kernels need stride
     # 1). is_contiguous() first: it is a third of the cost of stride(-1).
-    if not q.is_contiguous() and q.stride(-1) != 1:
-        q = q.contiguous()
-    if isinstance(k, torch.Tensor) and not k.is_contiguous() and k.stride(-1) != 1:
-        k = k.contiguous()
-    if isinstance(v, torch.Tensor) and not v.is_contiguous() and v.stride(-1) != 1:
-        v = v.contiguous()
+    if ((not q.is_contiguous() and q.stride(-1) != 1)
+            or (isinstance(k, torch.Tensor) and not k.is_contiguous() and k.stride(-1) != 1)
+            or (isinstance(v, torch.Tensor) and not v.is_contiguous() and v.stride(-1) != 1)):
+        call = dataclasses.replace(call, q=maybe_contiguous(q), k=maybe_contiguous(k) if isinstance(k, torch.Tensor) else k,
+                             v=maybe_contiguous(v) if isinstance(v, torch.Tensor) else v)
+        q = call.q
     # The common call shapes take the quick check (validation.py); the others, and every
     # call it does not accept, the full one, which raises with the precise message.
-    quick = (static and q_v is None and alibi_slopes is None and s_aux is None and cp_world_size == 1
-             and cp_rank == 0 and cp_tot_seqused_k is None and quick_check_varlen_call(
-                 family, comp, device, q_shape, v_shape, dtype, q, k, v, max_seqlen_q,
-                 cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window,
-                 softcap, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
-                 num_splits, True, k_shape))
-    if quick:
-        # Checked to be exact ints (and cp_world_size == 1, cp_rank == 0) on this path;
-        # the schema takes Python ints, so nothing to convert.
+    family, comp = resolved.family, resolved.comp
+    if resolved.static and quick_check_varlen_call(family, comp, device, q_shape, v_shape, dtype, call, window,
+                                                   True, k_shape):
+        # It accepts exact ints only (and cp_world_size 1, cp_rank 0): nothing to convert.
         fp8 = dtype is _E4M3
-        cp_world_size, cp_rank = 1, 0
     else:
-        fp8 = check_varlen_call(
-            family, comp, env.device_type,
-            q=q, k=k, v=v, max_seqlen_q=max_seqlen_q, cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_k=max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, q_v=q_v,
-            dropout_p=dropout_p, causal=causal, window=window, softcap=softcap,
-            alibi_slopes=alibi_slopes, block_table=block_table, out=out,
-            scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-            v_descale=v_descale, num_splits=num_splits, s_aux=s_aux, cp_world_size=cp_world_size,
-            cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k).fp8
-        max_seqlen_q, max_seqlen_k, num_splits = int(max_seqlen_q), int(max_seqlen_k), int(num_splits)
-        cp_world_size, cp_rank = int(cp_world_size), int(cp_rank)
-    if debug:
-        run_debug_checks(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         seqused_k=seqused_k, block_table=block_table,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    # The family's adapter calls its op in the argument order of the op's schema
-    # (positional arguments: this runs on every layer of every step).
-    out, softmax_lse = forward(
-        op, comp, q, k, v, q_v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-        max_seqlen_k, block_table, alibi_slopes, softmax_scale, causal, window, softcap, fp8,
-        num_splits, scheduler_metadata, q_descale, k_descale, v_descale, s_aux, cp_world_size,
-        cp_rank, cp_tot_seqused_k)
-    return (out, softmax_lse) if return_softmax_lse else out
+        fp8 = check_varlen_call(family, comp, env.device_type, call, window).fp8
+        # Integral scalars as the plain ints the kernels' schemas take (a rare path).
+        call = dataclasses.replace(call, max_seqlen_q=int(call.max_seqlen_q), max_seqlen_k=int(call.max_seqlen_k),
+                             num_splits=int(call.num_splits), cp_world_size=int(call.cp_world_size),
+                             cp_rank=int(call.cp_rank))
+    if resolved.debug:
+        run_debug_checks(q=q, k=call.k, cu_seqlens_q=call.cu_seqlens_q, cu_seqlens_k=call.cu_seqlens_k,
+                         seqused_k=call.seqused_k, block_table=call.block_table,
+                         max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k)
+    out, softmax_lse = resolved.forward(resolved, call, window, fp8)
+    return (out, softmax_lse) if call.return_softmax_lse else out
+
+
+flash_attn_varlen_func = VARLEN.function(_dispatch, __name__, """\
+Variable-length (and paged-KV) attention forward; see docs/runtime.md.
+
+q: (total_q, num_heads, head_size); k, v: (total_k, num_heads_k, head_size) with
+cu_seqlens_k, or (num_blocks, block_size, num_heads_k, head_size) with block_table +
+seqused_k. GQA/MQA when num_heads is a multiple of num_heads_k. Returns out, or
+(out, softmax_lse) with return_softmax_lse=True. fa_version=None lets the selector
+choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
+(num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
+``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
+""")

@@ -16,7 +16,9 @@ from .build_info import ComponentInfo
 from .declaration import FA2_HEAD_DIMS, FA3_HEAD_DIMS
 from .families import Family, registry, titles_text
 
-# The head dims upstream instantiates, as cmake/knobs.json declares them.
+# The head dims upstream instantiates, as cmake/knobs.json declares them. Named per family on
+# purpose: FA2's and FA3's C++ route a head size to a kernel in different ways (HEADDIM_SWITCH,
+# round_up_headdim), and each routing below is that family's declared head_size_rule.
 FA2_HEAD_DIM_BUCKETS = FA2_HEAD_DIMS
 FA3_HEAD_DIM_BUCKETS = FA3_HEAD_DIMS
 # Feature names in build_info.json (and the family declaration), and what a user calls them.
@@ -207,23 +209,25 @@ def feature_problem(family: Family, info: Optional[ComponentInfo], feature: str)
             + _rebuild_hint("features") + (f", or pass fa_version={fallback.version}" if fallback else ""))
 
 
-# FA2's sparse kernels exist for head dim 128 only (run_mha_fwd_sparse checks
-# params.d == 128; upstream ships no other instantiation), in the FA2 dtypes built.
+# The sparse kernels (FA2's at the pin) exist for head dim 128 only (run_mha_fwd_sparse checks
+# params.d == 128; upstream ships no other instantiation), in the dtypes built.
 SPARSE_HEAD_DIM = 128
 
 
-def sparse_problem(info: ComponentInfo, head_size: Optional[int] = None) -> Optional[str]:
-    """Why this wheel's FA2 cannot run sparse attention (with ``head_size``, when given)."""
+def sparse_problem(family: Family, info: ComponentInfo, head_size: Optional[int] = None) -> Optional[str]:
+    """Why this wheel's ``family`` (the one declaring the sparse kernels) cannot run sparse
+    attention (with ``head_size``, when given)."""
+    title = family.title
     if "sparse" not in info.features:
-        return ("sparse attention needs the FA2 'sparse' kernels, which this wheel was built "
-                f"without (FA2 features built: {', '.join(info.features) or 'none'}); rebuild "
-                f"with VFA_FA2_FEATURES=sparse and head dim {SPARSE_HEAD_DIM} in VFA_FA2_HEAD_DIMS")
+        return (f"sparse attention needs the {title} 'sparse' kernels, which this wheel was built "
+                f"without ({title} features built: {', '.join(info.features) or 'none'}); rebuild "
+                f"with {family.features_knob}=sparse and head dim {SPARSE_HEAD_DIM} in {family.head_dims_knob}")
     if SPARSE_HEAD_DIM not in info.head_dims:
-        return (f"the FA2 sparse kernels are built for head dim {SPARSE_HEAD_DIM} only, which this "
-                f"wheel's FA2 selection left out (FA2 head dims built: {_dims(sorted(info.head_dims))}); "
-                f"rebuild with {SPARSE_HEAD_DIM} in VFA_FA2_HEAD_DIMS")
+        return (f"the {title} sparse kernels are built for head dim {SPARSE_HEAD_DIM} only, which this "
+                f"wheel's {title} selection left out ({title} head dims built: {_dims(sorted(info.head_dims))}); "
+                f"rebuild with {SPARSE_HEAD_DIM} in {family.head_dims_knob}")
     if head_size is not None and head_size != SPARSE_HEAD_DIM:
-        return (f"the FA2 sparse kernels take head size {SPARSE_HEAD_DIM} only (upstream builds no "
+        return (f"the {title} sparse kernels take head size {SPARSE_HEAD_DIM} only (upstream builds no "
                 f"other), got {head_size}; use flash_attn_varlen_func for other head sizes")
     return None
 

@@ -47,13 +47,15 @@ from typing import Optional
 
 import torch
 
+from .build_info import ComponentInfo
+from .call import SPARSE, SPARSE_VARLEN, SparseCall, SparseVarlenCall
+from .compiled import component
 from .debug_checks import debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnTypeError, FlashAttnUnavailableError
-from .families import registry
+from .families import Family, registry
 from .interface import maybe_contiguous
 from .kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
-from .op_schemas import FA2_NAMESPACE
 from .selector import resolve_device_index, version_problem
 from .validation import (_fail, _integer, _same_device, _tensor, check_heads, check_out,
                          check_q_device, check_same_dtype)
@@ -63,7 +65,12 @@ BLOCK_N = 64   # keys per listed block (kBlockN)
 _INT32_LIMIT = 2 ** 31  # the kernel computes index-tensor offsets in int
 
 
-# --- the ops ---------------------------------------------------------------------------
+# --- the family and its ops -----------------------------------------------------------------
+
+def _family() -> Family:
+    """The family whose module holds the sparse kernels: the one declaring the feature."""
+    return registry().having("sparse")[0]
+
 
 _ops: dict = {}
 on_environment_change(_ops.clear)
@@ -72,22 +79,22 @@ on_environment_change(_ops.clear)
 def _op(name: str):
     op = _ops.get(name)
     if op is None:
-        op = _ops[name] = getattr(getattr(torch.ops, FA2_NAMESPACE), name).default
+        op = _ops[name] = getattr(getattr(torch.ops, _family().op_namespace), name).default
     return op
 
 
 # --- cheap checks (metadata only) -------------------------------------------------------
 
-def _check_common(q, k, v, indexes, *, batch: int, num_rows: int, out,
+def _check_common(comp: ComponentInfo, q, k, v, indexes, *, batch: int, num_rows: int, out,
                   dropout_p, softmax_scale, softcap, alibi_slopes) -> None:
     """Everything both entry points share; q/k/v shapes are checked by the caller first.
-    ``indexes``: the four index tensors by name; ``num_rows``: cdiv(seqlen_q, 64)."""
+    ``comp``: the sparse family's build record; ``indexes``: the four index tensors by name;
+    ``num_rows``: cdiv(seqlen_q, 64)."""
     num_heads, head_size = q.shape[-2], q.shape[-1]
     if k.shape != v.shape:
         _fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     check_heads(q, k)
-    comp = current_environment().build_info().fa2
-    problem = sparse_problem(comp, head_size)
+    problem = sparse_problem(_family(), comp, head_size)
     if problem:
         _fail(problem)
 
@@ -143,19 +150,23 @@ def _check_tensors(q, tensors: dict, optional: dict) -> None:
         _same_device(name, x, q)
 
 
-def _check_fa2_usable(q) -> None:
+def _check_usable(q) -> ComponentInfo:
+    """The sparse family runs here and its build has the sparse kernels for q's dtype; its
+    build record."""
+    family = _family()
     index, problem = resolve_device_index(q.device)
     if problem is None:
-        problem = version_problem(2, index)
+        problem = version_problem(family.version, index)
     if problem is not None:
-        raise FlashAttnUnavailableError(f"sparse attention needs FA2, which cannot run here: {problem}")
-    comp = current_environment().build_info().fa2
-    problem = sparse_problem(comp)
+        raise FlashAttnUnavailableError(f"sparse attention needs {family.title}, which cannot run here: {problem}")
+    comp = component(family.version)
+    problem = sparse_problem(family, comp)
     if problem:
         _fail(problem)
-    problem = dtype_problem(registry().by_name("fa2"), comp, dtype_name(q.dtype), shown=str(q.dtype).replace("torch.", ""))
+    problem = dtype_problem(family, comp, dtype_name(q.dtype), shown=str(q.dtype).replace("torch.", ""))
     if problem:
         raise FlashAttnTypeError(f"q: {problem}")
+    return comp
 
 
 def _num_rows(seqlen_q: int) -> int:
@@ -229,40 +240,17 @@ def check_sparse_indexes(block_count, block_offset, column_count, column_index, 
 
 # --- the entry points -----------------------------------------------------------------------
 
-def sparse_attn_func(
-    q,
-    k,
-    v,
-    block_count,
-    block_offset,
-    column_count,
-    column_index,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    *,
-    return_softmax_lse=False,
-    out=None,
-):
-    """Attention with vertical (column) and slash (block) sparsity; see the module docstring.
-
-    q: (batch, seqlen_q, num_heads, 128); k, v: (batch, seqlen_k, num_heads_k, 128);
-    block_count, column_count: (batch, num_heads, cdiv(seqlen_q, 64)) int32;
-    block_offset: (..., NNZ_S) int32, key index of the first of 64 keys per listed block;
-    column_index: (..., NNZ_V) int32, key indices. Returns out (like q), or
-    (out, softmax_lse (batch, num_heads, seqlen_q)) with return_softmax_lse=True.
-    ``deterministic`` and ``return_attn_probs`` are accepted for compatibility (forward only,
-    no dropout).
-    """
-    del deterministic, return_attn_probs
+def _sparse(call: SparseCall):
+    """sparse_attn_func's body (the function itself is generated from call.SPARSE)."""
+    q, k, v, out = call.q, call.k, call.v, call.out
+    block_count, block_offset, column_count, column_index = (call.block_count, call.block_offset,
+                                                             call.column_count, call.column_index)
+    dropout_p, softmax_scale, causal, softcap, alibi_slopes = (call.dropout_p, call.softmax_scale, call.causal,
+                                                               call.softcap, call.alibi_slopes)
     indexes = dict(block_count=block_count, block_offset=block_offset, column_count=column_count,
                    column_index=column_index)
     _check_tensors(q, dict(k=k, v=v, **indexes), dict(out=out, alibi_slopes=alibi_slopes))
-    _check_fa2_usable(q)
+    comp = _check_usable(q)
     check_same_dtype(q, k, v)
     if q.dim() != 4:
         _fail(f"q must be 4-D (batch, seqlen_q, num_heads, head_size), got shape {tuple(q.shape)}; "
@@ -276,7 +264,7 @@ def sparse_attn_func(
         _fail(f"k/v hold {k.shape[0]} sequences but q holds {batch}")
     if batch == 0 or seqlen_q == 0:
         _fail(f"q must hold at least one query (got batch {batch}, seqlen_q {seqlen_q})")
-    _check_common(q, k, v, indexes, batch=batch, num_rows=_num_rows(seqlen_q), out=out,
+    _check_common(comp, q, k, v, indexes, batch=batch, num_rows=_num_rows(seqlen_q), out=out,
                   dropout_p=dropout_p, softmax_scale=softmax_scale,
                   softcap=softcap, alibi_slopes=alibi_slopes)
     if debug_checks_enabled():
@@ -300,45 +288,35 @@ def sparse_attn_func(
         False,                   # return_softmax: only with dropout
         None,                    # gen: must be None
     )[:2]
-    return (result, softmax_lse) if return_softmax_lse else result
+    return (result, softmax_lse) if call.return_softmax_lse else result
 
 
-def sparse_attn_varlen_func(
-    q,
-    k,
-    v,
-    block_count,
-    block_offset,
-    column_count,
-    column_index,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    *,
-    return_softmax_lse=False,
-    out=None,
-):
-    """Packed-sequence sparse attention; see the module docstring.
+sparse_attn_func = SPARSE.function(_sparse, __name__, """\
+Attention with vertical (column) and slash (block) sparsity; see the module docstring.
 
-    q: (total_q, num_heads, 128); k, v: (total_k, num_heads_k, 128); cu_seqlens_q/k:
-    (batch + 1,) int32; index tensors as in sparse_attn_func with
-    NUM_ROWS = cdiv(max_seqlen_q, 64). Returns out (like q), or (out, softmax_lse
-    (num_heads, total_q)) with return_softmax_lse=True.
-    """
-    del deterministic, return_attn_probs
+q: (batch, seqlen_q, num_heads, 128); k, v: (batch, seqlen_k, num_heads_k, 128);
+block_count, column_count: (batch, num_heads, cdiv(seqlen_q, 64)) int32;
+block_offset: (..., NNZ_S) int32, key index of the first of 64 keys per listed block;
+column_index: (..., NNZ_V) int32, key indices. Returns out (like q), or
+(out, softmax_lse (batch, num_heads, seqlen_q)) with return_softmax_lse=True.
+``deterministic`` and ``return_attn_probs`` are accepted for compatibility (forward only,
+no dropout).
+""")
+
+
+def _sparse_varlen(call: SparseVarlenCall):
+    """sparse_attn_varlen_func's body (the function itself is generated from call.SPARSE_VARLEN)."""
+    q, k, v, out = call.q, call.k, call.v, call.out
+    block_count, block_offset, column_count, column_index = (call.block_count, call.block_offset,
+                                                             call.column_count, call.column_index)
+    cu_seqlens_q, cu_seqlens_k = call.cu_seqlens_q, call.cu_seqlens_k
+    dropout_p, softmax_scale, causal, softcap, alibi_slopes = (call.dropout_p, call.softmax_scale, call.causal,
+                                                               call.softcap, call.alibi_slopes)
     indexes = dict(block_count=block_count, block_offset=block_offset, column_count=column_count,
                    column_index=column_index)
     _check_tensors(q, dict(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **indexes),
                    dict(out=out, alibi_slopes=alibi_slopes))
-    _check_fa2_usable(q)
+    comp = _check_usable(q)
     check_same_dtype(q, k, v)
     if q.dim() != 3:
         _fail(f"q must be 3-D (total_q, num_heads, head_size), got shape {tuple(q.shape)}; "
@@ -359,10 +337,10 @@ def sparse_attn_varlen_func(
     if cu_seqlens_k.shape[0] != batch + 1:
         _fail(f"cu_seqlens_k must have batch_size + 1 = {batch + 1} entries like cu_seqlens_q, got "
               f"{cu_seqlens_k.shape[0]}")
-    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q, minimum=1)
-    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
+    max_seqlen_q = _integer("max_seqlen_q", call.max_seqlen_q, minimum=1)
+    max_seqlen_k = _integer("max_seqlen_k", call.max_seqlen_k)
     total_q, num_heads, head_size = q.shape
-    _check_common(q, k, v, indexes, batch=batch, num_rows=_num_rows(max_seqlen_q), out=out,
+    _check_common(comp, q, k, v, indexes, batch=batch, num_rows=_num_rows(max_seqlen_q), out=out,
                   dropout_p=dropout_p, softmax_scale=softmax_scale,
                   softcap=softcap, alibi_slopes=alibi_slopes)
     if debug_checks_enabled():
@@ -409,9 +387,19 @@ def sparse_attn_varlen_func(
         if out is not None:
             out.copy_(result)
             result = out
-    if not return_softmax_lse:
+    if not call.return_softmax_lse:
         return result
     return result, varlen_lse(raw_lse, cu_seqlens_q, batch, num_heads, max_seqlen_q, total_q)
+
+
+sparse_attn_varlen_func = SPARSE_VARLEN.function(_sparse_varlen, __name__, """\
+Packed-sequence sparse attention; see the module docstring.
+
+q: (total_q, num_heads, 128); k, v: (total_k, num_heads_k, 128); cu_seqlens_q/k:
+(batch + 1,) int32; index tensors as in sparse_attn_func with
+NUM_ROWS = cdiv(max_seqlen_q, 64). Returns out (like q), or (out, softmax_lse
+(num_heads, total_q)) with return_softmax_lse=True.
+""")
 
 
 def varlen_lse(raw: torch.Tensor, cu_seqlens_q: torch.Tensor, batch: int, num_heads: int,

@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .build_info import ComponentInfo
+from .call import VarlenCall
 from .environment import on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError
 from .families import Family, registry, titles_text, versions_text
@@ -157,23 +158,20 @@ def _refuse_undeclared(family: Family, *, alibi_slopes, s_aux, q_v, num_splits, 
                                             versions=versions_text(having), num_splits=num_splits))
 
 
-def check_varlen_call(
-    family: Family,
-    comp: Optional[ComponentInfo],
-    device_type: str,
-    *,
-    q, k, v,
-    max_seqlen_q, cu_seqlens_q, max_seqlen_k,
-    cu_seqlens_k, seqused_k, q_v,
-    dropout_p, causal, window, softcap, alibi_slopes,
-    block_table, out, scheduler_metadata,
-    q_descale, k_descale, v_descale,
-    num_splits, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k,
-) -> CallShape:
+def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type: str, call: VarlenCall,
+                      window: tuple[int, int]) -> CallShape:
     """Raise FlashAttnInputError/FlashAttnTypeError for anything ``family`` cannot run, as
     its declaration says (dtypes, features, ``call``) and, for a family whose build selects
     kernels, as its build record ``comp`` says (None: a family that selects none). The same
-    checks for every family; what one family refuses beyond these is its adapter's."""
+    checks for every family; what one family refuses beyond these is its adapter's.
+    ``window``: window_tuple(call.window_size), which the caller has computed."""
+    (q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p, causal, softcap,
+     alibi_slopes, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits, s_aux,
+     cp_world_size, cp_rank, cp_tot_seqused_k) = (
+        call.q, call.k, call.v, call.max_seqlen_q, call.cu_seqlens_q, call.max_seqlen_k, call.cu_seqlens_k,
+        call.seqused_k, call.q_v, call.dropout_p, call.causal, call.softcap, call.alibi_slopes, call.block_table,
+        call.out, call.scheduler_metadata, call.q_descale, call.k_descale, call.v_descale, call.num_splits,
+        call.s_aux, call.cp_world_size, call.cp_rank, call.cp_tot_seqused_k)
     for name, x in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q)):
         _tensor(name, x)
     optional = (("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k), ("q_v", q_v),
@@ -420,22 +418,32 @@ def static_verdict(family, comp, dtype, num_heads: int, head_size: int, num_head
                        softcap_on, local, split), family, comp)
 
 
-def quick_check_varlen_call(
-    family, comp, device: int, q_shape, v_shape, dtype, q, k, v, max_seqlen_q, cu_seqlens_q,
-    max_seqlen_k, cu_seqlens_k, seqused_k, dropout_p, causal, window, softcap, block_table, out,
-    scheduler_metadata, q_descale, k_descale, v_descale, num_splits, static=None, k_shape=None,
-) -> bool:
+def quick_check_varlen_call(family, comp, device: int, q_shape, v_shape, dtype, call: VarlenCall,
+                            window: tuple[int, int], static=None, k_shape=None) -> bool:
     """True: the call is one of the common shapes and valid; False: ask check_varlen_call
     (which raises with the precise message, or accepts a rarer call). ``device``,
     ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype, which
     the caller has read already; it has also checked that q is on the runtime's device
-    type and ruled out q_v, alibi_slopes, s_aux and context parallelism. ``static``: the
-    static_verdict of the call's signature where the caller has it (None: decided here, from
-    the verdicts cached per build record); ``k_shape``: k.shape where the caller read it."""
+    type. ``window``: window_tuple(call.window_size). ``static``: the static_verdict of the
+    call's signature where the caller has it (None: decided here, from the verdicts cached
+    per build record); ``k_shape``: k.shape where the caller read it. Only exact ints pass as
+    max_seqlen_q/k and num_splits, and only the plain cp_world_size=1, cp_rank=0: a call this
+    accepts needs no conversion."""
     try:
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k = (call.q, call.k, call.v, call.cu_seqlens_q,
+                                                           call.cu_seqlens_k, call.seqused_k)
+        max_seqlen_q, max_seqlen_k, num_splits, softcap = (call.max_seqlen_q, call.max_seqlen_k, call.num_splits,
+                                                           call.softcap)
+        block_table, out, scheduler_metadata = call.block_table, call.out, call.scheduler_metadata
+        q_descale, k_descale, v_descale = call.q_descale, call.k_descale, call.v_descale
+        cp_world_size, cp_rank = call.cp_world_size, call.cp_rank
         if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
                 or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
-                or dropout_p != 0 or softcap < 0):
+                or call.dropout_p != 0 or softcap < 0
+                # what only some families take, and their arguments: the full check's
+                or call.q_v is not None or call.alibi_slopes is not None or call.s_aux is not None
+                or call.cp_tot_seqused_k is not None or type(cp_world_size) is not int or cp_world_size != 1
+                or type(cp_rank) is not int or cp_rank != 0):
             return False
         total_q, num_heads, head_size = q_shape  # ValueError unless 3-D
         fp8 = dtype is _E4M3
@@ -515,7 +523,7 @@ def quick_check_varlen_call(
             # The caller's verdict was made for this very signature (its resolution key holds
             # dtype, heads, head sizes and the features the call needs).
             return static
-        local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal)
+        local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, call.causal)
         signature = (family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
                      softcap > 0, local, split)
         accepted = _ACCEPTED.get(id(comp))

@@ -121,6 +121,12 @@ _recorder = OpRecorder()
 _libraries: list = []
 
 
+def register_fake_ops() -> OpRecorder:
+    """Register the fake ops once per process (benchmarks/overhead.py --cpu uses them too)."""
+    _register()
+    return _recorder
+
+
 def _register() -> None:
     if _libraries:
         return

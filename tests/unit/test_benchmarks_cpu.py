@@ -370,7 +370,7 @@ def test_isolated_overhead_replays_the_interfaces_own_op_call(describe, fake_ops
     fake_ops.calls.clear()
     flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=3, **overhead.call_kwargs(inp))
     assert [name for name, _ in fake_ops.calls] == ["fwd"]
-    assert not any(entry[2].__name__ == "stub" for entry in interface._resolved.values())
+    assert not any(entry.op.__name__ == "stub" for entry in interface._resolved.values())
 
 
 def test_isolated_overhead_notices_a_different_op_call():

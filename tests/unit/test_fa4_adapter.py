@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, HOPPER
-from vendored_flash_attn import fa4, fa4_cache, fa4_deps
+from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, FA4_RECORD, HOPPER, make_build
+from vendored_flash_attn import fa4, fa4_cache, fa4_deps, flash_attn_varlen_func, interface
 from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
@@ -47,6 +47,21 @@ def check(q, k, v, kw):
 """, "<the stand-in's copy of upstream's asserts>", "exec")
 _UPSTREAM = {"torch": torch}
 exec(_UPSTREAM_ASSERTS, _UPSTREAM)
+
+
+def fa4_call(*args, **kwargs):
+    """A call as vLLM makes it, with fa_version=4: the interface, its shared and debug checks,
+    then FA4's adapter (fa4.forward)."""
+    return flash_attn_varlen_func(*args, fa_version=4, **kwargs)
+
+
+@pytest.fixture
+def describe(describe):
+    """The runtime's describe, with FA4 in the wheel (its build record) unless a build is given."""
+    def install(caps=(HOPPER,), build=None, **kwargs):
+        return describe(caps=caps, build=make_build("full", fa4=FA4_RECORD) if build is None else build, **kwargs)
+
+    return install
 
 
 class FakeFA4:
@@ -121,7 +136,7 @@ def test_every_argument_of_a_paged_call_reaches_fa4_by_name(fake):
     call = _paged()
     out = torch.empty(SEQS, HEADS, D, dtype=BF16)
     sinks = torch.zeros(HEADS, dtype=BF16)
-    result = fa4.flash_attn_varlen_func(
+    result = fa4_call(
         **call, softmax_scale=0.1, causal=True, window_size=[127, 0], softcap=30.0, out=out,
         return_softmax_lse=True, num_splits=0, s_aux=sinks, **_descales())
     assert fake.deps_checked == 1
@@ -156,7 +171,7 @@ def test_a_varlen_call_with_defaults(fake, describe):
     q = torch.zeros(10, HEADS, 64, dtype=BF16)
     k = v = torch.zeros(12, KV_HEADS, 64, dtype=BF16)
     cu_q, cu_k = torch.tensor([0, 4, 10], dtype=torch.int32), torch.tensor([0, 5, 12], dtype=torch.int32)
-    out = fa4.flash_attn_varlen_func(q, k, v, 6, cu_q, 7, cu_seqlens_k=cu_k)
+    out = fa4_call(q, k, v, 6, cu_q, 7, cu_seqlens_k=cu_k)
     _, kwargs = fake.calls[-1]
     assert isinstance(out, torch.Tensor)  # no LSE asked for: out alone
     assert kwargs["cu_seqlens_k"] is cu_k and kwargs["page_table"] is None and kwargs["seqused_k"] is None
@@ -171,7 +186,7 @@ FP8_KV_D = 512
 
 def test_fp8_kv_with_a_bf16_q_takes_upstreams_in_kernel_dequant_on_sm90(fake):
     descales = _descales()
-    fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, d=FP8_KV_D), causal=True, **descales)
+    fa4_call(**_paged(kv_dtype=E4M3, d=FP8_KV_D), causal=True, **descales)
     _, kwargs = fake.calls[-1]
     assert kwargs["fp8_kv_dequant"] is True
     assert all(kwargs[name] is descales[name] for name in descales)
@@ -182,20 +197,20 @@ def test_fp8_kv_at_a_head_size_fa4_computes_wrong_is_refused_naming_fa3(fake):
     # head size 128: 40 % error on the H200 at the pin (tests/gpu/fa4_fp8_probe.py)
     with pytest.raises(fa4.FA4Unsupported, match=r"head size 128: FA4 takes it at head size 512 only \(at the "
                                                  r"pin.*40 % error.*Use FP8 q, k and v with FA3 \(fa_version=3\)"):
-        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3), causal=True, **_descales())
+        fa4_call(**_paged(kv_dtype=E4M3), causal=True, **_descales())
     assert fake.calls == []
 
 
 def test_fp8_kv_with_a_page_size_other_than_fa4s_tile_is_refused_before_the_kernel(fake):
     with pytest.raises(fa4.FA4Unsupported, match=r"page size of 128 .* got 64; or FP8 q, k and v with FA3"):
-        fa4.flash_attn_varlen_func(**_paged(kv_dtype=E4M3, page=64, d=FP8_KV_D), **_descales())
+        fa4_call(**_paged(kv_dtype=E4M3, page=64, d=FP8_KV_D), **_descales())
     assert fake.calls == []
 
 
 def test_fp8_q_k_v_on_sm100_passes_the_descales(fake, describe):
     describe(caps=(BLACKWELL,))
     descales = _descales()
-    fa4.flash_attn_varlen_func(**_paged(q_dtype=E4M3, kv_dtype=E4M3), **descales)
+    fa4_call(**_paged(q_dtype=E4M3, kv_dtype=E4M3), **descales)
     _, kwargs = fake.calls[-1]
     assert kwargs["fp8_kv_dequant"] is False and kwargs["k_descale"] is descales["k_descale"]
 
@@ -203,23 +218,23 @@ def test_fp8_q_k_v_on_sm100_passes_the_descales(fake, describe):
 def test_sm120_asks_upstream_for_one_split_once_the_declaration_lets_it_in(fake, describe, monkeypatch):
     # What FA4's sm120 path needs when a pin whose sm120 kernel compiles takes it off the
     # declaration's `excluded`: one split (upstream has no heuristic there), no paged KV.
+    # (The interface refuses 12.x while the declaration excludes it: fa4.run, the adapter's own
+    # mapping, is what such a pin would reach.)
     monkeypatch.setitem(fa4.GENERATIONS, 12, "sm120")
     describe(caps=(BLACKWELL_12,))
     with pytest.raises(fa4.FA4Unsupported, match="paged KV cache .* on sm120 needs FA2"):
-        fa4.flash_attn_varlen_func(**_paged())
+        fa4.run(120, **_paged())
+    with pytest.raises(fa4.FA4Unsupported, match="num_splits=2 on sm120: FA4's sm120 kernel has no split-KV"):
+        fa4.run(120, **_packed(), num_splits=2)
     q = torch.zeros(10, HEADS, D, dtype=BF16)
     k = v = torch.zeros(10, KV_HEADS, D, dtype=BF16)
     cu = torch.tensor([0, 10], dtype=torch.int32)
-    fa4.flash_attn_varlen_func(q, k, v, 10, cu, 10, cu_seqlens_k=cu, num_splits=0)
+    fa4.run(120, q, k, v, 10, cu, 10, cu_seqlens_k=cu, num_splits=0)
     assert fake.calls[-1][1]["num_splits"] == 1
 
 
 REFUSALS = [
     ("FP8 q needs FA3", HOPPER, lambda: _paged(q_dtype=E4M3, kv_dtype=E4M3), {}),
-    (r"FA4 runs on sm90, sm100 only .* compute capability 8.0; use FA2 \(fa_version=2\)", AMPERE, _paged, {}),
-    # sm120 is excluded by the declaration: its kernel does not compile at the pin
-    (r"does not run on compute capability 12.x in this package: at the pin, FA4's sm120 forward kernel does "
-     r"not compile .*; use FA2 \(fa_version=2\)", BLACKWELL_12, _paged, {}),
     ("FP8 KV with a torch.bfloat16 q is FA4's sm90 path only", BLACKWELL, lambda: _paged(kv_dtype=E4M3), {}),
 ]
 
@@ -228,8 +243,29 @@ REFUSALS = [
 def test_what_fa4_cannot_do_is_refused_before_fa4_is_even_imported(fake, describe, message, cap, make, extra):
     describe(caps=(cap,))
     with pytest.raises(fa4.FA4Unsupported, match=message) as refused:
-        fa4.flash_attn_varlen_func(**make(), **extra)
+        fa4_call(**make(), **extra)
     assert isinstance(refused.value, FlashAttnInputError)
+    assert fake.deps_checked == 0 and fake.calls == []
+
+
+GENERATION_REFUSALS = [
+    (AMPERE, r"FA4 runs on sm90, sm100 only .* compute capability 8.0"),
+    # sm120 is excluded by the declaration: its kernel does not compile at the pin
+    (BLACKWELL_12, r"does not run on compute capability 12.x in this package: at the pin, FA4's sm120 forward "
+                   r"kernel does not compile"),
+]
+
+
+@pytest.mark.parametrize("cap, message", GENERATION_REFUSALS, ids=["sm80", "sm120"])
+def test_a_gpu_fa4_does_not_run_on_is_refused_by_the_interface_and_by_the_adapter(fake, describe, cap, message):
+    """fa_version=4 on such a GPU: the interface refuses it (the declaration's words); fa4.run,
+    which the precompile step calls per arch without the interface, refuses it as well, naming
+    the declared fallback."""
+    describe(caps=(cap,))
+    with pytest.raises(FlashAttnUnavailableError, match="fa_version=4 cannot run here: .*" + message):
+        fa4_call(**_paged())
+    with pytest.raises(fa4.FA4Unsupported, match=message + r".*; use FA2 \(fa_version=2\)"):
+        fa4.run(cap[0] * 10 + cap[1], **_paged())
     assert fake.deps_checked == 0 and fake.calls == []
 
 
@@ -285,7 +321,7 @@ SHARED_REFUSALS = [
                          ids=[r[0] for r in SHARED_REFUSALS])
 def test_fa4_calls_pass_the_checks_every_family_passes(fake, change, error, message):
     with pytest.raises(error, match=message) as refused:
-        fa4.flash_attn_varlen_func(**change(_paged()))
+        fa4_call(**change(_paged()))
     assert not isinstance(refused.value, fa4.FA4Unsupported)  # the shared refusal, not FA4's own
     assert fake.deps_checked == 0 and fake.calls == []
 
@@ -297,13 +333,13 @@ def test_the_dependency_check_comes_before_the_import(fake, monkeypatch):
     monkeypatch.setattr(fa4_deps, "check", missing)
     monkeypatch.delitem(sys.modules, f"{fa4.SUBPACKAGE}.interface")  # an import would now fail otherwise
     with pytest.raises(fa4_deps.FA4DependencyError, match="4.7.0 is installed"):
-        fa4.flash_attn_varlen_func(**_paged())
+        fa4_call(**_paged())
     assert fa4._loaded is None
 
 
 def test_fa4_is_loaded_once_with_its_kernel_cache(fake, tmp_path):
-    fa4.flash_attn_varlen_func(**_paged())
-    fa4.flash_attn_varlen_func(**_paged())
+    fa4_call(**_paged())
+    fa4_call(**_paged())
     assert fake.deps_checked == 1
     layout = fa4._loaded.cache_layout
     assert layout["flavour"] == "cu12.9"
@@ -313,7 +349,7 @@ def test_fa4_is_loaded_once_with_its_kernel_cache(fake, tmp_path):
 def test_an_upstream_assertion_becomes_a_clear_error(fake):
     fake.assertion = "head_dim must be between 8 and 256"
     with pytest.raises(fa4.FA4Unsupported, match="FA4 refused the call: head_dim must be between 8 and 256"):
-        fa4.flash_attn_varlen_func(**_paged())
+        fa4_call(**_paged())
 
 
 def test_a_wheel_without_fa4_says_how_to_get_it(fake, monkeypatch):
@@ -337,9 +373,9 @@ def test_debug_checks_refuse_an_out_of_range_block_id_before_fa4_runs(fake, desc
     describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": "1"})
     with pytest.raises(FlashAttnInputError, match=r"block_table\[1, 2\] = 1000000 is outside the KV cache "
                                                   r"\(num_blocks = 12\)"):
-        fa4.flash_attn_varlen_func(**_bad_block_id())
+        fa4_call(**_bad_block_id())
     assert fake.calls == [] and fake.deps_checked == 0
-    fa4.flash_attn_varlen_func(**_paged())  # a good call passes them
+    fa4_call(**_paged())  # a good call passes them
     assert len(fake.calls) == 1
 
 
@@ -352,15 +388,15 @@ def test_debug_checks_refuse_an_out_of_range_block_id_before_fa4_runs(fake, desc
 def test_debug_checks_refuse_bad_offsets_and_lengths_for_fa4(fake, describe, change, message):
     describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": "on"})
     with pytest.raises(FlashAttnInputError, match=message):
-        fa4.flash_attn_varlen_func(**change(_paged()))
+        fa4_call(**change(_paged()))
     assert fake.calls == []
 
 
 def test_without_debug_checks_fa4_reads_no_index_values(fake, describe, monkeypatch):
     # Off (the default): nothing is copied to the host on a call (it would sync the GPU).
     describe(caps=(HOPPER,))
-    monkeypatch.setattr(fa4, "run_debug_checks", lambda **kw: pytest.fail("debug checks ran while off"))
-    fa4.flash_attn_varlen_func(**_bad_block_id())
+    monkeypatch.setattr(interface, "run_debug_checks", lambda **kw: pytest.fail("debug checks ran while off"))
+    fa4_call(**_bad_block_id())
     assert len(fake.calls) == 1
 
 
@@ -402,7 +438,7 @@ def test_fa4s_own_rules_are_refused_by_the_adapter_not_left_to_upstreams_asserts
                                                                                  message):
     describe(caps=(cap,))
     with pytest.raises(FlashAttnInputError, match=message):  # FA4Unsupported, or the shared checks' refusal
-        fa4.flash_attn_varlen_func(**make())
+        fa4_call(**make())
     assert fake.calls == []
 
 
@@ -410,7 +446,7 @@ def test_the_declared_head_sizes_let_through_what_upstream_takes(fake, describe)
     for cap, d, d_v in ((BLACKWELL, 128, 128), (BLACKWELL, 192, 128), (BLACKWELL, 256, 256), (BLACKWELL, 64, 512),
                         (HOPPER, 256, 256), (HOPPER, 192, 192), (HOPPER, 72, 72)):
         describe(caps=(cap,))
-        fa4.flash_attn_varlen_func(**_packed(d, d_v))
+        fa4_call(**_packed(d, d_v))
         assert fake.calls[-1][0][0].shape[-1] == d
 
 
@@ -419,7 +455,7 @@ def test_upstreams_split_heuristic_is_kept_off_kernels_without_split_kv(fake, de
     # num_splits=0 asks upstream's heuristic, which on sm100 could pick a split that the kernel
     # for head sizes 256 and 512 asserts against: one split there; elsewhere the heuristic.
     describe(caps=(BLACKWELL,))
-    fa4.flash_attn_varlen_func(**_packed(d), num_splits=0)
+    fa4_call(**_packed(d), num_splits=0)
     assert fake.calls[-1][1]["num_splits"] == expected
 
 
@@ -442,3 +478,71 @@ def test_the_adapter_checks_hold_under_python_O():
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
     assert int(summary.split(" passed")[0].split()[-1]) >= len(OWN_RULES) + 10, summary
+
+
+# --- what FA4's calls cost: decided once per kind of call, never at the price of a check -----------
+
+def test_common_fa4_calls_take_the_quick_check(fake, monkeypatch):
+    """FA4's common calls are checked by the quick check with the static verdict of their kind,
+    as every family's: the full check is not asked (spied on), and an unusual call still is."""
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a[3]) or real(*a, **k))
+    for call in (_paged(), _packed(), {**_paged(), "out": torch.empty(SEQS, HEADS, D, dtype=BF16)}):
+        fa4_call(**call, causal=True)
+    assert full == [] and len(fake.calls) == 3
+    fa4_call(**_paged(), s_aux=torch.zeros(HEADS, dtype=BF16))
+    assert len(full) == 1 and len(fake.calls) == 4
+
+
+def _verdict(arch, call, window=(-1, -1)):
+    """What fa4.check_call answers: ("ok", fp8_kv_dequant) or the refusal's type and message."""
+    from vendored_flash_attn.call import VarlenCall
+
+    try:
+        return ("ok", fa4.check_call(fa4.FAMILY, arch, VarlenCall(**call), window))
+    except (FlashAttnInputError, FlashAttnTypeError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _kinds():
+    """Calls that differ from a neighbour in one thing check_call's verdict depends on."""
+    fp8_kv = _paged(kv_dtype=E4M3, d=FP8_KV_D)
+    return [
+        (100, _packed(), (-1, -1)), (100, _packed(160), (-1, -1)), (100, _packed(256), (-1, -1)),
+        (100, {**_packed(256), "softcap": 30.0}, (-1, -1)),
+        (100, {**_packed(256), "s_aux": torch.zeros(HEADS, dtype=BF16)}, (-1, -1)),
+        (100, {**_packed(256), "causal": True}, (64, 0)), (100, {**_packed(256), "num_splits": 2}, (-1, -1)),
+        (100, _paged(d=256), (-1, -1)), (100, _paged(), (-1, -1)),
+        (90, fp8_kv, (-1, -1)), (90, _paged(d=FP8_KV_D), (-1, -1)),
+        (90, {**fp8_kv, "v": fp8_kv["v"].to(BF16)}, (-1, -1)), (90, {**fp8_kv, "k": fp8_kv["k"].to(BF16)}, (-1, -1)),
+        (90, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)), (100, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)),
+        (110, _paged(q_dtype=E4M3, kv_dtype=E4M3), (-1, -1)), (80, _paged(), (-1, -1)),
+        (100, _packed(512), (-1, -1)), (100, {**_packed(512), "num_splits": 3}, (-1, -1)),
+        (100, _packed(192, 128), (-1, -1)), (100, _packed(192), (-1, -1)),
+    ]
+
+
+def test_check_calls_kept_verdict_is_the_one_it_would_give_afresh(fake):
+    """check_call keeps what it accepted per kind of call; a call of another kind, differing in
+    any one thing its rules read, gets the verdict a fresh check gives it, in any order."""
+    kinds = _kinds()
+    fresh = []
+    for arch, call, window in kinds:
+        fa4._ACCEPTED.clear()
+        fresh.append(_verdict(arch, call, window))
+    assert {v[0] for v in fresh} == {"ok", "FA4Unsupported", "FlashAttnTypeError"}
+    assert ("ok", True) in fresh and ("ok", False) in fresh
+    fa4._ACCEPTED.clear()
+    for order in (kinds, kinds[::-1], kinds):
+        warm = [_verdict(*kind) for kind in order]
+        assert warm == (fresh if order is kinds else fresh[::-1])
+    assert fa4._ACCEPTED  # it did keep verdicts
+
+
+def test_the_device_arch_is_each_devices_own(describe):
+    describe(caps=(HOPPER, BLACKWELL))
+    on = lambda index: types.SimpleNamespace(get_device=lambda: index)  # noqa: E731 - q's device index
+    assert [fa4.device_arch(on(i)) for i in (0, 1, 0, 1, -1)] == [90, 100, 90, 100, 90]
+    describe(caps=(BLACKWELL, HOPPER))  # another machine: nothing kept from the last one
+    assert [fa4.device_arch(on(i)) for i in (0, 1, -1)] == [100, 90, 100]

@@ -49,8 +49,8 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     assert data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"] == [str(v) for v in registry.versions]
     fa4_family = registry[4]
     assert not fa4_family.compiled and fa4_family.probe == fa4.SUBPACKAGE
-    assert fa4_family.adapter == "vendored_flash_attn.fa4:flash_attn_varlen_func"
-    assert fa4_family.adapter_function() is fa4.flash_attn_varlen_func
+    assert fa4_family.adapter == "vendored_flash_attn.fa4:forward"
+    assert fa4_family.adapter_function() is fa4.forward
     # FA4's generations are the declaration's (fa4.py reads them from there).
     assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100"}
     assert "does not compile" in fa4_family.excluded[12]  # sm120: upstream's kernel at the pin
@@ -98,13 +98,14 @@ def fa5(monkeypatch, describe):
         "capabilities": {"min": "10.0", "generations": {"10": "sm100"}},
         "dtypes": ["bf16"], "head_dims_knob": None, "dtypes_knob": None, "features_knob": None,
         "features": ["varlen"], "default_on": [], "fallback": "fa2",
-        "adapter": f"{FA5_ADAPTER}:flash_attn_varlen_func",
+        "adapter": f"{FA5_ADAPTER}:forward",
         "record": "_fa5/build_info.json", "artefacts": ["_fa5/kernels/__init__.py", "_fa5/build_info.json"]}
     data["families"]["default_order"].append("fa5")
     calls = []
     adapter = types.ModuleType(FA5_ADAPTER)
     adapter.problems = lambda: []
-    adapter.flash_attn_varlen_func = lambda q, k, v, *args, **kwargs: calls.append((q, kwargs)) or "fa5 out"
+    # the adapter contract (families.about: adapter): the resolution, the checked call object
+    adapter.forward = lambda resolved, call, window, fp8: calls.append((call.q, call)) or ("fa5 out", None)
     monkeypatch.setitem(sys.modules, FA5_ADAPTER, adapter)
     previous = families.set_registry(families.parse(data))
     build = make_build("full", fa4=FA4_RECORD).raw
@@ -268,7 +269,7 @@ def test_every_family_adapter_is_a_real_entry_point_of_its_own():
     declared = families.registry()
     assert declared.by_name("fa2").adapter_function() is fa2.forward
     assert declared.by_name("fa3").adapter_function() is fa3.forward
-    assert declared.by_name("fa4").adapter_function() is fa4.flash_attn_varlen_func
+    assert declared.by_name("fa4").adapter_function() is fa4.forward
     # The head-dim routing of each compiled family is declared too; FA4 checks its own.
     assert declared.by_name("fa2").head_size_function().__name__ == "fa2_head_size_problem"
     assert declared.by_name("fa4").head_size_function() is None

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from runtime_fakes import make_build
+from vendored_flash_attn.families import registry
 from vendored_flash_attn.kernels import sparse_problem
 from vendored_flash_attn.scheduler_metadata import MetadataArgs, derive, mismatches
 
@@ -50,7 +51,7 @@ def test_sparse_refusal_expectation_is_the_packages_message(name):
     (sparse_problem, which sparse_attn_func raises before any kernel) must hold each."""
     build = WHEELS[name]
     fragments = gpu_helpers.sparse_refusal_fragments(build)
-    problem = sparse_problem(build.fa2)
+    problem = sparse_problem(registry().having("sparse")[0], build.fa2)
     if problem is None:
         assert fragments == [], "the wheel has the sparse kernels: nothing is refused"
         return

@@ -127,7 +127,7 @@ def test_side_by_side_isolated(describe, fake_ops, cute):
     fake_ops.calls.clear()
     flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=3, **kwargs)
     assert [n for n, _ in fake_ops.calls] == ["fwd"]
-    assert all(entry.op.__name__ != "stub" for entry in interface._resolved.values())
+    assert all(getattr(entry.op, "__name__", None) != "stub" for entry in interface._resolved.values())
     before = len(cute.calls)
     flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=4, **kwargs)
     assert len(cute.calls) == before + 1 and cute.calls[-1]["page_table"] is inp.block_table
@@ -143,3 +143,24 @@ def test_side_by_side_rows_and_goals():
     assert rows["FA3 (selector)"]["goal_selector"] == "FAIL"  # 5 us over the raw op, goal 3
     assert rows["FA2"]["goal_not_above_upstream"] == "FAIL" and rows["FA2"]["ours_minus_upstream_us"] == pytest.approx(1.0)
     assert rows["FA4"]["ours_us"] == pytest.approx(35.0) and "upstream_us" not in rows["FA4"]
+
+
+def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
+    """--cpu: the isolated side-by-side on a machine without a GPU, FA4 included; an upstream
+    file that is not the pinned one is not run, and the package's rows are timed regardless."""
+    import json
+
+    from vendored_flash_attn import fa4
+
+    monkeypatch.setattr(fa4, "_loaded", None)
+    wrong = tmp_path / "flash_attn_interface.py"
+    wrong.write_bytes(SYNTHETIC)
+    rc = overhead.main(["--cpu", "--out", str(tmp_path), "--num-seqs", "4", "--isolated-rounds", "2",
+                        "--isolated-calls", "8", "--upstream-file", str(wrong), "--plain"])
+    assert rc == 0
+    section = json.loads((tmp_path / "overhead-cpu.json").read_text())["modes"]["upstream"]
+    assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "c_raw_fa3", "a2_interface_fa2",
+                                        "c2_raw_fa2", "a4_interface_fa4", "c4_raw_fa4"}
+    assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert "not the pinned file, not run" in section["upstream_error"]
+    assert "stand-in" in section["cpu"] and "stalled" not in section

@@ -11,7 +11,8 @@ import torch
 from calls import descales, paged_call, varlen_call
 from runtime_fakes import make_build
 from vendored_flash_attn.families import registry
-from vendored_flash_attn.validation import check_varlen_call, quick_check_varlen_call
+from vendored_flash_attn.call import VarlenCall
+from vendored_flash_attn.validation import check_varlen_call, quick_check_varlen_call, window_tuple
 
 
 def _mutations():
@@ -74,7 +75,13 @@ def _mutations():
                             ("splits", {"num_splits": 4}), ("max-seqlen-float", {"max_seqlen_q": 4.0}),
                             ("dropout", {"dropout_p": 0.1}),
                             ("scheduler", {"scheduler_metadata": torch.zeros(3, dtype=torch.int32)}),
-                            ("scheduler-int64", {"scheduler_metadata": torch.zeros(3, dtype=torch.int64)})):
+                            ("scheduler-int64", {"scheduler_metadata": torch.zeros(3, dtype=torch.int64)}),
+                            # what only some families take: the quick check leaves each to the full one
+                            ("q_v", {"q_v": torch.zeros(6, 8, 128)}), ("alibi", {"alibi_slopes": torch.rand(8)}),
+                            ("sinks", {"s_aux": torch.zeros(8, dtype=torch.bfloat16)}),
+                            ("cp-world-2", {"cp_world_size": 2}), ("cp-rank-1", {"cp_rank": 1}),
+                            ("cp-world-bool", {"cp_world_size": True}), ("num-splits-bool", {"num_splits": True}),
+                            ("cp-tot", {"cp_tot_seqused_k": torch.zeros(2, dtype=torch.int32)})):
             yield f"{kind}-{name}", lambda kind=kind, extra=extra: {**base(kind), **extra}
 
     def paged_no_seqused():
@@ -99,29 +106,22 @@ def _mutations():
 
 
 def _full_args(call):
-    window = call.pop("window_size", (-1, -1))
-    args = dict(q_v=None, dropout_p=0.0, causal=True, window=window, softcap=0.0, alibi_slopes=None,
-                block_table=None, out=None, scheduler_metadata=None, q_descale=None, k_descale=None,
-                v_descale=None, num_splits=0, s_aux=None, cp_world_size=1, cp_rank=0,
-                cp_tot_seqused_k=None, cu_seqlens_k=None, seqused_k=None)
-    args.update(call)
-    return args
+    """(the call object, its window) of a call's keywords."""
+    return VarlenCall(**{"causal": True, **call}), window_tuple(call.get("window_size"))
 
 
 CASES = list(_mutations())
 
+
 def _quick(version, comp, args):
-    return quick_check_varlen_call(
-        registry()[version], comp, -1, args["q"].shape, args["v"].shape, args["q"].dtype, args["q"], args["k"], args["v"], args["max_seqlen_q"],
-        args["cu_seqlens_q"], args["max_seqlen_k"], args["cu_seqlens_k"], args["seqused_k"],
-        args["dropout_p"], args["causal"], args["window"], args["softcap"], args["block_table"],
-        args["out"], args["scheduler_metadata"], args["q_descale"], args["k_descale"],
-        args["v_descale"], args["num_splits"])
+    call, window = args
+    return quick_check_varlen_call(registry()[version], comp, -1, call.q.shape, call.v.shape, call.q.dtype, call,
+                                   window)
 
 
 def _full(version, comp, args):
     try:
-        return check_varlen_call(registry()[version], comp, "cpu", **args)
+        return check_varlen_call(registry()[version], comp, "cpu", *args)
     except (ValueError, TypeError) as exc:
         return exc
 
@@ -171,7 +171,7 @@ def test_common_calls_skip_the_full_check(describe, fake_ops, monkeypatch, caps,
     real = interface.check_varlen_call
 
     def spy(*args, **kwargs):
-        full_checks.append(kwargs.get("q").shape)
+        full_checks.append(args[3].q.shape)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(interface, "check_varlen_call", spy)

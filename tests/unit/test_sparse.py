@@ -1,10 +1,8 @@
-"""sparse_attn_func / sparse_attn_varlen_func on CPU: upstream's signatures, the exact
+"""sparse_attn_func / sparse_attn_varlen_func on CPU: the exact
 arguments handed to FA2's sparse ops (fake ops with upstream's schemas), refusals before
 any op runs, the VFA_DEBUG_CHECKS index checks, and the varlen LSE fix."""
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
@@ -22,27 +20,7 @@ I32 = torch.int32
 # compares with the compiled module).
 FWD_SPARSE, VARLEN_FWD_SPARSE = FA2_FWD_SPARSE, FA2_VARLEN_FWD_SPARSE
 
-# Upstream's signatures at the pin (vllm_flash_attn/flash_attn_interface.py): (name, kind,
-# default). Written out here because upstream's file is not part of this repository.
-P, K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
-E = inspect.Parameter.empty
-_INDEXES = [("block_count", P, E), ("block_offset", P, E), ("column_count", P, E),
-            ("column_index", P, E)]
-_OPTIONS = [("dropout_p", P, 0.0), ("softmax_scale", P, None), ("causal", P, False),
-            ("softcap", P, 0.0), ("alibi_slopes", P, None), ("deterministic", P, False),
-            ("return_attn_probs", P, False), ("return_softmax_lse", K, False), ("out", K, None)]
-UPSTREAM_SIGNATURES = {
-    "sparse_attn_func": [("q", P, E), ("k", P, E), ("v", P, E)] + _INDEXES + _OPTIONS,
-    "sparse_attn_varlen_func": [("q", P, E), ("k", P, E), ("v", P, E)] + _INDEXES + [
-        ("cu_seqlens_q", P, E), ("cu_seqlens_k", P, E), ("max_seqlen_q", P, E),
-        ("max_seqlen_k", P, E)] + _OPTIONS,
-}
-
-
-@pytest.mark.parametrize("func", [sparse_attn_func, sparse_attn_varlen_func], ids=lambda f: f.__name__)
-def test_signature_is_upstreams(func):
-    got = [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
-    assert got == UPSTREAM_SIGNATURES[func.__name__]
+# Upstream's signatures of both functions: tests/unit/test_call.py (with flash_attn_varlen_func's).
 
 
 # --- fake ops: record the arguments by schema name; emulate the kernel's output layout ----

@@ -169,8 +169,8 @@ def _refusals():
         ("fa3-head-dim", kernels.head_size_problem(FA3, minimal.fa3, 256), minimal, full),
         ("fa3-feature", kernels.feature_problem(FA3, minimal.fa3, "softcap"), minimal, full),
         ("fa3-hdimdiff", kernels.head_size_problem(FA3, no_hdimdiff.fa3, 192, 128), no_hdimdiff, full),
-        ("sparse", kernels.sparse_problem(minimal.fa2), minimal, full),
-        ("sparse-head-dim", kernels.sparse_problem(lacking.fa2), lacking, full),
+        ("sparse", kernels.sparse_problem(FA2, minimal.fa2), minimal, full),
+        ("sparse-head-dim", kernels.sparse_problem(FA2, lacking.fa2), lacking, full),
         ("no-fa3", "fa3-version", no_fa3, full),
     ]]
 
@@ -323,6 +323,25 @@ def test_kvcache_refuses_what_the_wheel_cannot_do(describe, fake_ops):
     with pytest.raises(NotImplementedError, match="k is not supported; .*no append-KV"):
         flash_attn_with_kvcache(q, cache, cache, k=q, v=q, cache_seqlens=1)
     assert fake_ops.calls == []
+
+
+def test_kvcache_passes_the_rest_of_the_declared_parameters_through(describe, fake_ops):
+    """Its keyword-only arguments are those of flash_attn_varlen_func's declaration
+    (vendored_flash_attn.call) it does not set itself: passed as given, on FA3 here; anything
+    else is a TypeError, as for a Python function."""
+    from vllm_flash_attn import flash_attn_with_kvcache
+
+    describe(caps=(HOPPER,))
+    q = torch.randn(2, 1, 8, 128).to(torch.float8_e4m3fn)
+    cache = torch.randn(4, 16, 2, 128).to(torch.float8_e4m3fn)
+    descale = torch.ones(2, 2)
+    descales = dict(q_descale=descale, k_descale=descale, v_descale=descale)
+    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7, block_table=torch.tensor([[0], [1]], dtype=torch.int32),
+                            fa_version=3, num_splits=2, **descales)
+    args = fake_ops.last("fwd")
+    assert args["q_descale"] is descale and args["v_descale"] is descale and args["num_splits"] == 2
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['not_a_parameter'\]"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7, not_a_parameter=1)
 
 
 def test_summary_json_is_serialisable(tmp_path):

@@ -171,6 +171,9 @@ CASES = [
      r"fa_version must be 2, 3, 4 or None"),
     ("fa_version-tensor", torch.tensor(3), "full", varlen_call(), None, FlashAttnInputError,
      r"fa_version must be 2, 3, 4 or None"),
+    # not hashable: refused before it is looked up (it was a TypeError from the resolution cache)
+    ("fa_version-list", [3], "full", varlen_call(), None, FlashAttnInputError, r"fa_version must be 2, 3, 4 or None"),
+    ("fa_version-bool", True, "full", varlen_call(), None, FlashAttnInputError, r"fa_version must be 2, 3, 4 or None"),
     ("k-not-a-tensor", 2, "full", varlen_call(), _with(k=[1, 2]), FlashAttnTypeError,
      r"k must be a torch.Tensor, got list"),
 ]

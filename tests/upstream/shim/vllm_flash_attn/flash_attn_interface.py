@@ -30,6 +30,7 @@ from typing import Optional, Union
 import torch
 
 import vendored_flash_attn as _vfa
+from vendored_flash_attn.call import VARLEN
 
 _calls = 0
 
@@ -62,6 +63,14 @@ is_fa_version_supported = _vfa.is_fa_version_supported
 fa_version_unsupported_reason = _vfa.fa_version_unsupported_reason
 
 
+# What flash_attn_with_kvcache below sets itself when it calls flash_attn_varlen_func; every other
+# parameter of the declaration it passes through as given.
+_SET_HERE = {"q", "k", "v", "max_seqlen_q", "cu_seqlens_q", "max_seqlen_k", "seqused_k", "block_table",
+             "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "num_splits",
+             "return_softmax_lse", "out"}
+_PASSED = set(VARLEN.names) - _SET_HERE
+
+
 @_counted
 def flash_attn_with_kvcache(
     q,
@@ -85,18 +94,15 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
     *,
     out=None,
-    # FA3 Only
-    scheduler_metadata=None,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    # Version selector
-    fa_version: Optional[int] = None,
-    s_aux=None,
-    cp_world_size=1,
-    cp_rank=0,
-    cp_tot_seqused_k=None,
+    **passed,
 ):
+    """``passed``: the keyword-only arguments of upstream's wrapper that go to
+    ``flash_attn_varlen_func`` as they are (scheduler_metadata, the descales, fa_version,
+    s_aux, context parallelism): any parameter of its declaration (vendored_flash_attn.call)
+    that this function does not set itself, so a parameter upstream adds there reaches it."""
+    unknown = set(passed) - _PASSED
+    if unknown:
+        raise TypeError(f"flash_attn_with_kvcache() got unexpected keyword arguments {sorted(unknown)}")
     del rotary_interleaved  # only meaningful with rotary embeddings, refused below
     for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                         ("cache_leftpad", cache_leftpad)):
@@ -129,10 +135,7 @@ def flash_attn_with_kvcache(
         max_seqlen_k=int(cache_seqlens.max()), seqused_k=cache_seqlens,
         block_table=block_table, softmax_scale=softmax_scale, causal=causal,
         window_size=list(window_size), softcap=softcap, alibi_slopes=alibi_slopes,
-        num_splits=num_splits, return_softmax_lse=return_softmax_lse, out=packed_out,
-        scheduler_metadata=scheduler_metadata, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, fa_version=fa_version, s_aux=s_aux, cp_world_size=cp_world_size,
-        cp_rank=cp_rank, cp_tot_seqused_k=cp_tot_seqused_k)
+        num_splits=num_splits, return_softmax_lse=return_softmax_lse, out=packed_out, **passed)
     packed, lse = result if return_softmax_lse else (result, None)
     attn = packed.view(batch, seqlen_q, num_heads, packed.shape[-1])
     if not return_softmax_lse:

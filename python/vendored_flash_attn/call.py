@@ -1,0 +1,154 @@
+"""vLLM's attention calls, declared once: the parameters of upstream's
+``vllm_flash_attn/flash_attn_interface.py`` functions (names, order, defaults, keyword-only
+ones) as one table each, and from each table the two things the package uses:
+
+* the **call object** (``VarlenCall``, ``SparseCall``, ``SparseVarlenCall``): a dataclass of
+  every argument of one call, by parameter name. The interface hands it to a family's adapter
+  (fa2.py, fa3.py, fa4.py) and to the shared checks (validation.py), which read the
+  arguments they need by name;
+* the **public function** (``Declared.function``): a function with exactly upstream's
+  signature whose body builds the call object and hands it to the package's code. It is
+  generated from the table, as ``collections.namedtuple`` and ``dataclasses`` generate
+  theirs, so ``inspect.signature`` shows upstream's parameters and a call costs one object.
+
+A parameter upstream adds is added to its table here, and read by name where it is used;
+nothing else lists the parameters. ``fa_version``'s default differs from upstream's on
+purpose (None: the selector chooses; upstream: ``DEFAULT_FA_VERSION = 2``);
+tests/unit/test_call.py holds the tables to upstream's file at the pin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import keyword
+import linecache
+from typing import Callable, List, NamedTuple, Optional
+
+EMPTY = inspect.Parameter.empty
+
+
+class Parameter(NamedTuple):
+    """One parameter of one of upstream's functions."""
+
+    name: str
+    default: object = EMPTY       # EMPTY: required
+    annotation: object = EMPTY    # as upstream writes it (EMPTY: none)
+    keyword_only: bool = False
+
+
+class Declared:
+    """One of upstream's functions: its parameters, its call object and its public function."""
+
+    def __init__(self, name: str, parameters: tuple[Parameter, ...], call_name: str, doc: str):
+        names = [p.name for p in parameters]
+        if len(set(names)) != len(names) or not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+            raise ValueError(f"{name}: parameter names must be distinct identifiers: {names}")
+        required = [p.default is EMPTY for p in parameters]
+        if required != sorted(required, reverse=True):
+            raise ValueError(f"{name}: a required parameter follows one with a default")
+        self.name = name
+        self.parameters = parameters
+        # A dataclass with slots: its fields are read on every call, and a slot is read several
+        # times faster than a named tuple's field. Not frozen: a frozen dataclass is built with
+        # one object.__setattr__ per field (a microsecond a call); nothing sets a field after
+        # the call object is built (``dataclasses.replace`` makes a changed copy).
+        self.call_type = dataclasses.make_dataclass(
+            call_name, [(p.name, object) if p.default is EMPTY else (p.name, object, dataclasses.field(default=p.default))
+                        for p in parameters], slots=True)
+        self.call_type.__module__, self.call_type.__doc__ = __name__, doc
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parameters)
+
+    def signature(self) -> inspect.Signature:
+        """The signature the table declares, as ``inspect.signature`` shows the public function's."""
+        kinds = {False: inspect.Parameter.POSITIONAL_OR_KEYWORD, True: inspect.Parameter.KEYWORD_ONLY}
+        return inspect.Signature([inspect.Parameter(p.name, kinds[p.keyword_only], default=p.default,
+                                                    annotation=p.annotation) for p in self.parameters])
+
+    def function(self, dispatch: Callable, module: str, doc: str) -> Callable:
+        """A function named like upstream's, with its signature, whose body is
+        ``return dispatch(<call object of every argument>)``."""
+        params, star = [], False
+        for i, p in enumerate(self.parameters):
+            if p.keyword_only and not star:
+                params.append("*")
+                star = True
+            params.append(p.name if p.default is EMPTY else f"{p.name}=_default_{i}")
+        # The call object is filled slot by slot, not through its __init__ (a second frame).
+        source = (f"def {self.name}({', '.join(params)}):\n    call = _new(_Call)\n"
+                  + "".join(f"    call.{name} = {name}\n" for name in self.names)
+                  + "    return _dispatch(call)\n")
+        namespace = {f"_default_{i}": p.default for i, p in enumerate(self.parameters)}
+        namespace.update(_dispatch=dispatch, _new=object.__new__, _Call=self.call_type)
+        filename = f"<vendored_flash_attn.call: {self.name}>"
+        # Its text where a traceback or a debugger looks for it.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        function = namespace[self.name]
+        function.__module__, function.__qualname__, function.__doc__ = module, self.name, doc
+        function.__annotations__ = {p.name: p.annotation for p in self.parameters if p.annotation is not EMPTY}
+        return function
+
+
+def _options() -> tuple[Parameter, ...]:
+    """What upstream's attention functions share, after their tensors, in its order."""
+    return (Parameter("dropout_p", 0.0), Parameter("softmax_scale", None), Parameter("causal", False))
+
+
+_SOFTCAP = Parameter("softcap", 0.0)  # 0.0 means deactivated
+_ALIBI_TO_PROBS = (Parameter("alibi_slopes", None), Parameter("deterministic", False),
+                   Parameter("return_attn_probs", False))
+
+VARLEN = Declared("flash_attn_varlen_func", (
+    Parameter("q"), Parameter("k"), Parameter("v"),
+    Parameter("max_seqlen_q"), Parameter("cu_seqlens_q"), Parameter("max_seqlen_k"),
+    Parameter("cu_seqlens_k", None),  # only used for non-paged prefill
+    Parameter("seqused_k", None),
+    Parameter("q_v", None),
+    *_options(),
+    Parameter("window_size", None, Optional[List[int]]),
+    _SOFTCAP,
+    *_ALIBI_TO_PROBS,
+    Parameter("block_table", None),
+    Parameter("return_softmax_lse", False),
+    Parameter("out", None),
+    # FA3 only (upstream's words)
+    Parameter("scheduler_metadata", None),
+    Parameter("q_descale", None), Parameter("k_descale", None), Parameter("v_descale", None),
+    Parameter("num_splits", 0, int),
+    # Version selector. Upstream: `fa_version: int = DEFAULT_FA_VERSION` (2); here None lets
+    # the selector choose (docs/runtime.md).
+    Parameter("fa_version", None, Optional[int]),
+    Parameter("s_aux", None),
+    Parameter("cp_world_size", 1), Parameter("cp_rank", 0), Parameter("cp_tot_seqused_k", None),
+), "VarlenCall", "One call of flash_attn_varlen_func: every argument, by parameter name.")
+
+_INDEXES = (Parameter("block_count"), Parameter("block_offset"), Parameter("column_count"),
+            Parameter("column_index"))
+_SPARSE_TAIL = (*_options(), _SOFTCAP, *_ALIBI_TO_PROBS, Parameter("return_softmax_lse", False, keyword_only=True),
+                Parameter("out", None, keyword_only=True))
+
+SPARSE = Declared("sparse_attn_func", (
+    Parameter("q"), Parameter("k"), Parameter("v"), *_INDEXES, *_SPARSE_TAIL,
+), "SparseCall", "One call of sparse_attn_func: every argument, by parameter name.")
+
+SPARSE_VARLEN = Declared("sparse_attn_varlen_func", (
+    Parameter("q"), Parameter("k"), Parameter("v"), *_INDEXES,
+    Parameter("cu_seqlens_q"), Parameter("cu_seqlens_k"), Parameter("max_seqlen_q"), Parameter("max_seqlen_k"),
+    *_SPARSE_TAIL,
+), "SparseVarlenCall", "One call of sparse_attn_varlen_func: every argument, by parameter name.")
+
+VarlenCall = VARLEN.call_type
+SparseCall = SPARSE.call_type
+SparseVarlenCall = SPARSE_VARLEN.call_type
+
+DECLARED = {d.name: d for d in (VARLEN, SPARSE, SPARSE_VARLEN)}
+
+
+def scale_of(call) -> float:
+    """The call's softmax scale: its own, else upstream's default, 1 / sqrt(head size)."""
+    scale = call.softmax_scale
+    return call.q.shape[-1] ** (-0.5) if scale is None else scale

@@ -1,0 +1,162 @@
+"""vLLM's call signatures are declared once (vendored_flash_attn/call.py): the declaration is
+upstream's, the public functions have exactly its signatures, the call object carries every
+argument by name, and a parameter added to a table reaches the function and its call object
+with nothing else changed."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+import vendored_flash_attn
+from vendored_flash_attn import call as declared
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Upstream's signatures at the pin (vllm_flash_attn/flash_attn_interface.py, 617264c1): each
+# parameter's name, kind and default as upstream's source writes it (None: required). Written
+# out because upstream's file is not part of this repository;
+# test_the_data_is_upstreams_file holds it to the file where a checkout carries it
+# (.upstream-tests/flash_attn_interface.py, as tests/gpu/serving_h200.sh says how).
+P, K = "positional_or_keyword", "keyword_only"
+_OPTIONS = [("dropout_p", P, "0.0"), ("softmax_scale", P, "None"), ("causal", P, "False"),
+            ("softcap", P, "0.0"), ("alibi_slopes", P, "None"), ("deterministic", P, "False"),
+            ("return_attn_probs", P, "False"), ("return_softmax_lse", K, "False"), ("out", K, "None")]
+_INDEXES = [(n, P, None) for n in ("block_count", "block_offset", "column_count", "column_index")]
+UPSTREAM = {
+    "flash_attn_varlen_func": [
+        ("q", P, None), ("k", P, None), ("v", P, None), ("max_seqlen_q", P, None), ("cu_seqlens_q", P, None),
+        ("max_seqlen_k", P, None), ("cu_seqlens_k", P, "None"), ("seqused_k", P, "None"), ("q_v", P, "None"),
+        ("dropout_p", P, "0.0"), ("softmax_scale", P, "None"), ("causal", P, "False"),
+        ("window_size", P, "None"), ("softcap", P, "0.0"), ("alibi_slopes", P, "None"),
+        ("deterministic", P, "False"), ("return_attn_probs", P, "False"), ("block_table", P, "None"),
+        ("return_softmax_lse", P, "False"), ("out", P, "None"), ("scheduler_metadata", P, "None"),
+        ("q_descale", P, "None"), ("k_descale", P, "None"), ("v_descale", P, "None"), ("num_splits", P, "0"),
+        ("fa_version", P, "DEFAULT_FA_VERSION"), ("s_aux", P, "None"), ("cp_world_size", P, "1"),
+        ("cp_rank", P, "0"), ("cp_tot_seqused_k", P, "None")],
+    "sparse_attn_func": [("q", P, None), ("k", P, None), ("v", P, None)] + _INDEXES + _OPTIONS,
+    "sparse_attn_varlen_func": [("q", P, None), ("k", P, None), ("v", P, None)] + _INDEXES + [
+        ("cu_seqlens_q", P, None), ("cu_seqlens_k", P, None), ("max_seqlen_q", P, None),
+        ("max_seqlen_k", P, None)] + _OPTIONS,
+}
+# Where this package differs on purpose: fa_version=None asks the selector (docs/runtime.md).
+DIFFERENCES = {("flash_attn_varlen_func", "fa_version"): "None"}
+
+
+def _as_data(name: str, signature: inspect.Signature) -> list[tuple]:
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD: P, inspect.Parameter.KEYWORD_ONLY: K}
+    return [(p.name, kinds[p.kind],
+             None if p.default is inspect.Parameter.empty else repr(p.default)) for p in signature.parameters.values()]
+
+
+def _upstream_with_our_differences(name: str) -> list[tuple]:
+    return [(n, kind, DIFFERENCES.get((name, n), default)) for n, kind, default in UPSTREAM[name]]
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM))
+def test_the_declaration_is_upstreams_signature(name):
+    assert _as_data(name, declared.DECLARED[name].signature()) == _upstream_with_our_differences(name)
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM))
+def test_the_public_functions_have_the_declared_signature(name):
+    public = getattr(vendored_flash_attn, name)
+    assert inspect.signature(public) == declared.DECLARED[name].signature()
+    assert _as_data(name, inspect.signature(public)) == _upstream_with_our_differences(name)
+    assert public.__name__ == name and public.__doc__
+
+
+def test_the_annotations_are_upstreams_where_it_writes_them():
+    params = inspect.signature(vendored_flash_attn.flash_attn_varlen_func).parameters
+    assert str(params["window_size"].annotation) == "typing.Optional[typing.List[int]]"
+    assert params["num_splits"].annotation is int
+    assert str(params["fa_version"].annotation) == "typing.Optional[int]"  # upstream: int (its default is 2)
+
+
+def _upstream_signatures(source: bytes) -> dict[str, list[tuple]]:
+    """The signatures of upstream's file, read with ast (nothing of it is executed)."""
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name in UPSTREAM:
+            args = node.args
+            positional = [None] * (len(args.args) - len(args.defaults)) + [ast.unparse(d) for d in args.defaults]
+            found[node.name] = ([(a.arg, P, d) for a, d in zip(args.args, positional)]
+                                + [(a.arg, K, None if d is None else ast.unparse(d))
+                                   for a, d in zip(args.kwonlyargs, args.kw_defaults)])
+    return found
+
+
+def test_the_data_is_upstreams_file():
+    """UPSTREAM against upstream's own file at the pin, where the checkout carries it (its git
+    blob checked first: benchmarks/upstream_interface.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import upstream_interface
+    finally:
+        sys.path.pop(0)
+    if not upstream_interface.CARRIED.is_file():
+        pytest.skip(f"upstream's file is not carried ({upstream_interface.CARRIED.relative_to(ROOT)}); "
+                    "tests/gpu/serving_h200.sh says how to write it")
+    source, info = upstream_interface.read_source(upstream_interface.CARRIED)
+    assert info["matches_pin"]
+    assert _upstream_signatures(source) == UPSTREAM
+
+
+def test_the_ast_reader_sees_what_it_must():
+    """The reader test_the_data_is_upstreams_file relies on: names, kinds and defaults as written."""
+    source = b"def sparse_attn_func(q, k=None, *, out=None, flag: bool = DEFAULT):\n    pass\n"
+    assert _upstream_signatures(source) == {
+        "sparse_attn_func": [("q", P, None), ("k", P, "None"), ("out", K, "None"), ("flag", K, "DEFAULT")]}
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM))
+def test_the_call_object_holds_every_argument_by_its_name(name):
+    spec = declared.DECLARED[name]
+    seen = []
+    function = spec.function(seen.append, __name__, "doc")
+    args = {p.name: object() for p in spec.parameters}  # a distinct value per parameter
+    positional = [args[p.name] for p in spec.parameters if not p.keyword_only]
+    function(*positional, **{p.name: args[p.name] for p in spec.parameters if p.keyword_only})
+    (call,) = seen
+    assert isinstance(call, spec.call_type)
+    assert {n: getattr(call, n) for n in spec.names} == args
+    # defaults: only the required parameters given
+    seen.clear()
+    function(*(args[p.name] for p in spec.parameters if p.default is declared.EMPTY))
+    assert all(getattr(seen[0], p.name) == p.default for p in spec.parameters if p.default is not declared.EMPTY)
+
+
+def test_the_call_object_is_built_like_its_function_and_copied_with_changes():
+    import dataclasses
+
+    call = declared.VarlenCall(1, 2, 3, 4, 5, 6, block_table=7)
+    assert (call.q, call.block_table, call.num_splits, call.fa_version) == (1, 7, 0, None)
+    changed = dataclasses.replace(call, num_splits=2)
+    assert (changed.num_splits, call.num_splits, changed.block_table) == (2, 0, 7)
+    with pytest.raises(TypeError):
+        declared.VarlenCall(1, 2, 3, 4, 5, 6, not_a_parameter=1)
+
+
+def test_a_parameter_added_to_a_table_reaches_the_function_and_its_call_object():
+    """What upstream adding a parameter takes here: one entry in the table."""
+    grown = declared.Declared("flash_attn_varlen_func", declared.VARLEN.parameters + (
+        declared.Parameter("new_option", 3),), "GrownCall", "doc")
+    seen = []
+    function = grown.function(seen.append, __name__, "doc")
+    assert list(inspect.signature(function).parameters)[-1] == "new_option"
+    function(1, 2, 3, 4, 5, 6, new_option=9)
+    assert seen[0].new_option == 9 and seen[0].cp_tot_seqused_k is None
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ((declared.Parameter("q"), declared.Parameter("q")), "distinct identifiers"),
+    ((declared.Parameter("q"), declared.Parameter("class")), "distinct identifiers"),
+    ((declared.Parameter("q", None), declared.Parameter("k")), "a required parameter follows"),
+])
+def test_a_malformed_table_is_refused(parameters, message):
+    with pytest.raises(ValueError, match=message):
+        declared.Declared("f", parameters, "FCall", "doc")
