@@ -631,10 +631,30 @@ def totals(row: dict) -> dict:
     graph_total = graph + row.get("decode_ungraphed_s", 0.0) if row.get("graphs") else None
     tokens = p["prefill"]["tokens"] + p["decode_eager"]["tokens"]
     out = {"eager_s": prefill + eager, "graphed_s": None if graph_total is None else prefill + graph_total,
-           "tokens": tokens}
+           "decode_graphed_s": graph_total, "tokens": tokens}
     out["tokens_per_s_eager"] = tokens / out["eager_s"] if out["eager_s"] else None
     out["tokens_per_s_graphed"] = tokens / out["graphed_s"] if out["graphed_s"] else None
     return out
+
+
+def row_totals(row: dict) -> dict:
+    """A row's totals as its run computed them, with decode_graphed_s derived from its phases
+    where the JSON predates that figure."""
+    t = dict(row.get("totals") or {})
+    phases = row.get("phases")
+    if "decode_graphed_s" not in t and phases:
+        graph = phases["decode_graph"]["gpu_s"]
+        t["decode_graphed_s"] = graph + row.get("decode_ungraphed_s", 0.0) if row.get("graphs") or graph else None
+    return t
+
+
+def phase_seconds(row: dict, phase: str) -> Optional[float]:
+    """A phase's seconds as the tables compare them. decode_graph is the decode of a run with
+    CUDA graphs: the graphed steps' replays plus the eager time of the steps too large for any
+    capture size (vLLM runs those eagerly), so every row's figure covers all its decode steps."""
+    if phase == "decode_graph":
+        return row_totals(row).get("decode_graphed_s")
+    return row["phases"][phase]["gpu_s"]
 
 
 def _ratio(a, b):
@@ -656,7 +676,7 @@ def ratios(rows: list[dict]) -> None:
             out = {}
             if same_steps:
                 for phase in PHASES:
-                    out[phase] = _ratio(ref["phases"][phase]["gpu_s"], r["phases"][phase]["gpu_s"])
+                    out[phase] = _ratio(phase_seconds(ref, phase), phase_seconds(r, phase))
             out["total_eager"] = _ratio(ref["totals"]["eager_s"], r["totals"]["eager_s"])
             out["total_graphed"] = _ratio(ref["totals"]["graphed_s"], r["totals"]["graphed_s"])
             r[key] = out
@@ -724,7 +744,7 @@ def winners(rows: list[dict]) -> dict:
         entry = {}
         for phase in PHASES + ("total_graphed",):
             def seconds(r, phase=phase):
-                return r["totals"]["graphed_s"] if phase == "total_graphed" else r["phases"][phase]["gpu_s"]
+                return r["totals"]["graphed_s"] if phase == "total_graphed" else phase_seconds(r, phase)
             candidates = [r for r in page_rows if BY_NAME[r["variant"]].kv == "bf16" and seconds(r)]
             if candidates:
                 best = min(candidates, key=seconds)
@@ -743,7 +763,7 @@ def print_results(result: dict, plain: bool = False) -> None:
                "attn tok/s", "vs FA2 (graphed)", "vs FA3 bf16", "max err", "status"]
     table = []
     for r in rows:
-        t = r.get("totals") or {}
+        t = row_totals(r)
         p = r["phases"]
         errs = [e["rel_l2"] for e in r.get("errors", [])]
         fp8_errs = [e["rel_l2_vs_bf16_values"] for e in r.get("errors", []) if "rel_l2_vs_bf16_values" in e]
@@ -752,7 +772,7 @@ def print_results(result: dict, plain: bool = False) -> None:
             err += f" ({max(fp8_errs) * 100:.2f} % vs bf16)"
         table.append([BY_NAME[r["variant"]].label, str(r["block_size"]),
                       common.fmt(p["prefill"]["gpu_s"], 3), common.fmt(p["decode_eager"]["gpu_s"], 3),
-                      common.fmt(p["decode_graph"]["gpu_s"] or None, 3), common.fmt(t.get("eager_s"), 3),
+                      common.fmt(t.get("decode_graphed_s"), 3), common.fmt(t.get("eager_s"), 3),
                       common.fmt(t.get("graphed_s"), 3),
                       common.fmt((t.get("tokens_per_s_graphed") or t.get("tokens_per_s_eager") or 0) / 1e6, 2, " M"),
                       common.fmt((r.get("vs_fa2") or {}).get("total_graphed"), 3, "x"),
@@ -761,6 +781,11 @@ def print_results(result: dict, plain: bool = False) -> None:
     notes = [f"attention seconds of the whole run ({result['workload']['num_requests']} requests), GPU time, "
              f"{result['settings']['layers']} layers replayed per step and scaled to {sched.LAYERS}; "
              "vs: the reference row's time over this row's (> 1: faster)"]
+    ungraphed = [f"{BY_NAME[r['variant']].label} at {r['block_size']}: {r['decode_ungraphed_steps']}"
+                 for r in rows if r.get("decode_ungraphed_steps")]
+    if ungraphed:
+        notes.append("decode graph s: the decode of a run with CUDA graphs, decode steps larger than the largest "
+                     "capture size (vLLM runs them eagerly) at their eager time; such steps: " + ", ".join(ungraphed))
     for name, s in result["schedules"].items():
         notes.append(f"schedule {name}: {s['steps']} steps ({s['prefill_steps']} prefill, {s['decode_steps']} decode, "
                      f"mean decode batch {s['mean_decode_batch']:.0f}), {s['preemptions']} preemptions, "
@@ -785,12 +810,46 @@ def print_results(result: dict, plain: bool = False) -> None:
     common.print_table("Serving replay: attention of the seed workload (seconds)", columns, table, notes, plain=plain)
 
 
+RATIO_ROWS = (("fa3", "vs_fa2", "FA3 bf16 / FA2"), ("fa4", "vs_fa2", "FA4 / FA2"),
+              ("fa3_fp8_same", "vs_fa3_bf16", "FA3 FP8 KV / FA3 bf16, bf16 steps"),
+              ("fa3_fp8", "vs_fa3_bf16", "FA3 FP8 KV / FA3 bf16, own steps (totals only)"))
+
+
+def markdown_ratios(result: dict) -> str:
+    """docs/PERFORMANCE.md's ratio table (speed-up: the reference's seconds over the row's),
+    recomputed from the run's phases, and the end-to-end model's FA3/FA2 beside the seed's."""
+    import copy
+
+    rows = copy.deepcopy(result["rows"])
+    ratios(rows)
+    by = {(r["variant"], r["page"]): r for r in rows}
+    lines = ["| block size | speed-up | prefill | decode eager | decode graphed | total eager | total graphed |",
+             "|---|---|---|---|---|---|---|"]
+    for page in PAGES:
+        for variant, key, label in RATIO_ROWS:
+            r = by.get((variant, page))
+            if r is None or r["status"] != "ok" or not r.get(key):
+                continue
+            got = r[key]
+            cells = [str(r["block_size"]), label] + [common.fmt(got.get(k), 3, "×") for k in
+                                                     ("prefill", "decode_eager", "decode_graph", "total_eager",
+                                                      "total_graphed")]
+            lines.append("| " + " | ".join(cells) + " |")
+    e2e = result.get("end_to_end") or {}
+    if e2e.get("fa3_over_fa2"):
+        lines.append("")
+        lines.append(f"End to end (the model of serving.py's docstring, alpha {e2e['alpha_ms']:.2f} ms per step "
+                     f"fitted to FA2's {SEED['fa2_req_s']} req/s): FA3/FA2 {e2e['fa3_over_fa2']:.3f}× "
+                     f"against vLLM's measured {e2e['seed_fa3_over_fa2']:.3f}×.")
+    return "\n".join(lines)
+
+
 def markdown_table(result: dict) -> str:
     """docs/PERFORMANCE.md's serving table, filled from a run's JSON (``--markdown``)."""
     lines = ["| row | block size | prefill s | decode eager s | decode graph s | total eager s | total graphed s | "
              "vs FA2 (graphed) | max error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        t, p = r["totals"], r["phases"]
+        t, p = row_totals(r), r["phases"]
         if r["status"] != "ok":
             lines.append(f"| {BY_NAME[r['variant']].label} | {r['block_size']} | {r['status']}: {r.get('note', '')} "
                          "| | | | | | |")
@@ -801,7 +860,7 @@ def markdown_table(result: dict) -> str:
         if fp8:
             err += f" ({max(fp8) * 100:.2f} % vs bf16 values)"
         cells = [BY_NAME[r["variant"]].label, str(r["block_size"]), common.fmt(p["prefill"]["gpu_s"], 3),
-                 common.fmt(p["decode_eager"]["gpu_s"], 3), common.fmt(p["decode_graph"]["gpu_s"] or None, 3),
+                 common.fmt(p["decode_eager"]["gpu_s"], 3), common.fmt(t.get("decode_graphed_s"), 3),
                  common.fmt(t["eager_s"], 3), common.fmt(t["graphed_s"], 3),
                  common.fmt((r.get("vs_fa2") or {}).get("total_graphed"), 3, "×"), err]
         lines.append("| " + " | ".join(cells) + " |")
@@ -957,9 +1016,9 @@ def measured_entry(result: dict) -> tuple[int, dict]:
     for r in result["rows"]:
         if r["status"] != "ok":
             continue
-        p, t = r["phases"], r["totals"]
+        p, t = r["phases"], row_totals(r)
         figures = {"prefill_s": p["prefill"]["gpu_s"], "decode_eager_s": p["decode_eager"]["gpu_s"],
-                   "decode_graph_s": p["decode_graph"]["gpu_s"] or None, "total_eager_s": t["eager_s"],
+                   "decode_graph_s": t.get("decode_graphed_s"), "total_eager_s": t["eager_s"],
                    "total_graphed_s": t["graphed_s"]}
         errors = [e["rel_l2"] for e in r.get("errors", [])]
         if errors:
@@ -976,7 +1035,7 @@ def measured_entry(result: dict) -> tuple[int, dict]:
     e2e = result.get("end_to_end") or {}
     build = result.get("build_info") or {}
     entry = {"gpu": gpu.get("name"), "date": str(machine.get("date", ""))[:10],
-             "command": " ".join(["python", "benchmarks/serving.py", *argv[1:]]),
+             "command": " ".join(["python", "benchmarks/serving.py", *_portable_argv(argv[1:])]),
              "source": {"git_commit": machine.get("git_commit"), "package_version": build.get("_package_version"),
                         "preset": build.get("preset")},
              "workload": workload, "layers_replayed": settings.get("layers"), "rows": rows,
@@ -1009,6 +1068,19 @@ def not_default_text(entry: dict, family: str, default: str, generation: str) ->
     if faster:
         head += f". {family.upper()} is faster in " + ", ".join(faster) + ": the default needs a decision"
     return head
+
+
+def _portable_argv(args: list) -> list:
+    """The run's arguments with the output folder (a path of the machine it ran on) as DIR:
+    measured.json ships in the package."""
+    out = []
+    for i, arg in enumerate(args):
+        if i and args[i - 1] == "--out":
+            arg = "DIR"
+        elif arg.startswith("--out="):
+            arg = "--out=DIR"
+        out.append(arg)
+    return out
 
 
 def record(json_path: Path, measured_path: Path) -> int:
@@ -1098,7 +1170,10 @@ def main(argv=None) -> int:
     if args.markdown:
         import json
 
-        print(markdown_table(json.loads(args.markdown.read_text())))
+        result = json.loads(args.markdown.read_text())
+        print(markdown_table(result))
+        print()
+        print(markdown_ratios(result))
         return 0
     if args.dry_run:
         tile, note = tile_page_size()

@@ -255,6 +255,19 @@ def test_totals_ratios_and_winners():
     best = serving.winners(rows)["16"]
     assert best["prefill"]["bf16"] == "fa3" and best["total_graphed"]["bf16"] == "fa3"
     assert best["decode_graph"]["seconds"]["fa4"] == 2.0
+    # The graphed decode of a row counts its steps too large for a graph at their eager time:
+    # compared with a row whose every step was graphed, it covers the same decode.
+    assert best["decode_graph"]["seconds"]["fa3"] == pytest.approx(1.5 + 0.5)
+    assert rows[1]["vs_fa2"]["decode_graph"] == pytest.approx(2.5 / 2.0)
+
+
+def test_the_tables_show_the_whole_graphed_decode(tmp_path, capsys):
+    # A JSON written before decode_graphed_s existed reads the same (its totals lack it).
+    row = _row("fa3_fp8", "16", 6.3, 3.3, 1.1, ungraphed_s=2.2)
+    del row["totals"]["decode_graphed_s"]
+    assert serving.phase_seconds(row, "decode_graph") == pytest.approx(3.3)
+    result = {"rows": [row]}
+    assert "| 6.300 | 3.300 | 3.300 |" in serving.markdown_table(result)
 
 
 def test_the_end_to_end_model_is_calibrated_on_fa2():
@@ -402,3 +415,13 @@ def test_the_markdown_table_for_the_docs(tmp_path, capsys):
     assert lines[2] == "| FA2 | 16 | 4.000 | 3.000 | 2.500 | 7.000 | 6.500 | - | 0.20 % |"
     assert lines[3] == "| FA3 bf16 | 16 | 2.000 | 2.000 | 1.500 | 4.000 | 3.500 | 1.857× | 0.20 % |"
     assert lines[4].startswith("| FA4 bf16 | 16 | error: boom")
+    # The speed-ups, recomputed from the phases (not the JSON's stored ratios: a run's FP8 row
+    # stored the graphed decode without its ungraphed steps), and nothing for the failed row.
+    fp8 = _row("fa3_fp8_same", "16", 1.0, 1.5, 0.5, ungraphed_s=1.0)
+    fp8["vs_fa3_bf16"] = {"decode_graph": 3.0}  # what such a run stored
+    run.write_text(__import__("json").dumps({"rows": rows + [fp8]}))
+    assert serving.main(["--markdown", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| 16 | FA3 bf16 / FA2 | 2.000× | 1.500× | 1.667× | 1.750× | 1.857× |" in out
+    assert "| 16 | FA3 FP8 KV / FA3 bf16, bf16 steps | 2.000× | 1.333× | 1.000× |" in out
+    assert "FA4 / FA2" not in out
