@@ -15,7 +15,7 @@ import pytest
 
 from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, configure_command,
                                   fetch_sources, fetch_sources_command, run, tool)
-from support.git_http_server import silent_server, stalling_git_server
+from support.git_http_server import answers_everything_server, silent_server, stalling_git_server
 
 
 def defines(pin, cache, **extra):
@@ -562,6 +562,25 @@ def test_a_mirror_that_never_answers_over_git_stops_at_the_fetch_timeout(pin, ca
     assert not list((cache / "src").glob("cutlass-*"))
 
 
+def test_a_server_that_answers_everything_but_serves_no_git_stops_at_the_first_contact(pin, cache):
+    """200 and an empty body for every request: git took it for a dumb-HTTP repository without
+    refs, and the partial clone's lazy fetches asked it again and again (1096 requests in 15 s
+    measured) until VFA_FETCH_TIMEOUT."""
+    with answers_everything_server() as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/fa.git"
+        start = time.monotonic()
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url, VFA_FETCH_STALL_TIMEOUT="3",
+                                       VFA_FETCH_TIMEOUT="60"), timeout=120)
+        took = time.monotonic() - start
+        requests = server.requests
+    assert result.returncode != 0
+    assert took < 30, f"{took:.0f} s: not stopped at the first contact"
+    assert requests <= 8, f"{requests} requests"
+    assert f"{url} answered, but not as a git repository: it lists no branch, tag or HEAD" in result.text
+    assert "Check the URL (FLASH_ATTN_MIRROR, or the pin's url)" in result.text
+    assert not list((cache / "src").glob("flash-attention-*"))
+
+
 # The server answers the first contact (ls-remote: GET info/refs, POST ls-refs),
 # then stops in the middle of the fetch: whichever limit comes first stops it.
 @pytest.mark.parametrize("timeouts, expected", [
@@ -718,6 +737,57 @@ def test_a_failed_fetch_says_the_other_repository_is_fine(filled, synthetic, tmp
     assert f"flash_attention (commit {synthetic.fa_commit}): FAILED" in result.text
     cutlass = _entry(cache, "cutlass", synthetic.cutlass_commit)
     assert f"cutlass (commit {synthetic.cutlass_commit}): ok (cache: {cutlass}); nothing to do" in result.text
+
+
+# --- the cache's marker and what a configure records -------------------------------------
+
+
+def test_a_mirror_path_with_a_backslash_and_a_quote_is_recorded_readably(synthetic, pin, cache, tmp_path):
+    """The marker was written by pasting strings into JSON: a '\\' in a mirror's path made the
+    entry unreadable ("not the JSON a fetch writes"), and the fix it named (remove it, fetch
+    again) wrote the same marker again."""
+    mirror = tmp_path / 'odd\\dir "x"' / "flash-attention.git"
+    mirror.parent.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", synthetic.fa_url, str(mirror)], check=True)
+    url = f"file://{mirror}"  # a URL is taken as it is (a path's '\\' would be a separator to CMake)
+    first = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url))
+    assert first.returncode == 0, first.output
+    assert first.sources()["flash_attention"]["url"] == url
+    marker = _entry(cache, "flash-attention", synthetic.fa_commit) / ".vfa-source.json"
+    assert json.loads(marker.read_text())["url"] == url
+    again = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url))
+    assert again.returncode == 0, again.output
+    assert again.sources()["flash_attention"]["origin"] == "cache"
+
+
+def test_a_configure_that_waited_for_anothers_fetch_records_cache(filled, synthetic, pin, cache, tmp_path):
+    """It took the entry from the cache; "fetched" would say it fetched."""
+    import fcntl
+
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    shutil.move(entry, tmp_path / "fetched-by-the-other-build")
+    lock = cache / "src" / f".{entry.name}.lock"
+    log = tmp_path / "waiting.log"
+    with lock.open("a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # the other build, fetching (CMake's file(LOCK) is fcntl too)
+        with log.open("w") as out:
+            waiting = subprocess.Popen(fetch_sources_command(defines(pin, cache)), env=clean_env(), stdout=out,
+                                       stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while "waiting up to" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "waiting up to" in log.read_text(), log.read_text()
+            shutil.move(tmp_path / "fetched-by-the-other-build", entry)  # its fetch is done
+        finally:
+            fcntl.lockf(held, fcntl.LOCK_UN)
+        waiting.wait(timeout=120)
+    output = log.read_text()
+    assert waiting.returncode == 0, output
+    assert "was fetched by another build while this one waited" in output
+    fa = next(json.loads(line[len("VFA_SOURCE "):]) for line in output.splitlines()
+              if line.startswith("VFA_SOURCE ") and '"flash_attention"' in line)
+    assert fa["origin"] == "cache" and fa["matches_pin"] is True
 
 
 # --- the same rules in a configure -------------------------------------------------
