@@ -39,6 +39,7 @@ CLIENT_SIDE_SECRET = "client-side-aws-secret"
 ENV_DUMPER = r"""
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 extern char **environ;
 int main(int argc, char **argv) {
   const char *out = 0;
@@ -46,6 +47,9 @@ int main(int argc, char **argv) {
   FILE *f = out ? fopen(out, "w") : stdout;
   if (!f) return 1;
   for (char **e = environ; *e; ++e) fprintf(f, "%s\n", *e);
+#ifdef LINGER
+  sleep(LINGER);  /* long enough for the test to read every process's command line meanwhile */
+#endif
   return fclose(f) != 0;
 }
 """
@@ -123,19 +127,23 @@ def test_cluster_processes_hold_no_secret_in_argv_or_environment(trusted):
             assert secret not in environ, f"the {name}'s environment holds the {what}"
 
 
-@pytest.fixture(scope="module")
-def dump_toolchain(trusted) -> str:
+def env_dump_toolchain(root: Path, *cflags: str) -> str:
     """A [[dist.toolchains]] entry: /usr/bin/g++ compiles here (preprocessing), and on the
     build server the toolchain's /bin/g++ writes its environment to its -o file."""
-    root = trusted.root / "env-dump"
     (root / "tc" / "bin").mkdir(parents=True)
     source = root / "dump_env.c"
     source.write_text(ENV_DUMPER)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "tc" / "bin" / "g++"), str(source)], check=True)
+    subprocess.run(["gcc", "-static", "-O1", *cflags, "-o", str(root / "tc" / "bin" / "g++"), str(source)],
+                   check=True)
     with tarfile.open(root / "tc.tar.gz", "w:gz") as tar:
         tar.add(root / "tc", arcname=".")
     return (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "/usr/bin/g++"\n'
             f'archive = "{root / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
+
+
+@pytest.fixture(scope="module")
+def dump_toolchain(trusted) -> str:
+    return env_dump_toolchain(trusted.root / "env-dump")
 
 
 def parse_env(dump: Path) -> dict[str, str]:
@@ -278,6 +286,7 @@ def test_no_command_cluster_py_builds_holds_a_secret(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("VFA_DIST_CLIENT_TOKEN", "client-token-value")
     monkeypatch.setenv("VFA_DIST_SERVER_KEY", DASH_KEY)
+    monkeypatch.setenv("VFA_DIST_SERVER_KEY_CREATED", str(int(time.time())))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SERVER_SIDE_SECRET)
     umask = os.umask(0o022)
     try:
@@ -362,3 +371,67 @@ def test_a_build_with_a_scheduler_compiles_through_compile_env(trusted, sources,
     assert "sccache_launcher.py" in ninja
     settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
     assert settings["dist"] == "on" and settings["client"][1:] == ["-E", "-s", "-S", str(COMPILE_ENV), tool("sccache")]
+
+
+# --- the server filters by names, and no command line holds what a client sent -----------------
+
+
+def test_the_server_passes_named_variables_only(trusted, dump_toolchain):
+    """LC_* once let any LC_-named variable through; the list names gcc's locale variables."""
+    seen = remote_environment(trusted, dump_toolchain, trusted.root / "lc-client", [],
+                              {"LC_ALL": "C", "LC_MESSAGES": "C", "LC_TOKEN": CLIENT_SIDE_SECRET,
+                               "_SECRET_": CLIENT_SIDE_SECRET})
+    assert seen["LC_ALL"] == "C" and seen["LC_MESSAGES"] == "C"
+    assert "LC_TOKEN" not in seen and "_SECRET_" not in seen, sorted(seen)
+
+
+def test_compile_envs_lists_are_names_not_patterns():
+    spec = importlib.util.spec_from_file_location("vfa_compile_env", COMPILE_ENV)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = module.SERVER_ENV | module.CLIENT_ENV
+    assert not [n for n in names if any(c in n for c in "*?[")], sorted(names)
+    assert "LC_ALL" in module.SERVER_ENV and "LC_TOKEN" not in module.SERVER_ENV
+
+
+def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp_path):
+    """sccache (no compile_env.py in front) sends its whole environment; sccache-dist hands
+    each variable to the server's bwrap_path as `--setenv NAME VALUE`. While the remote compile
+    runs (3 s), every command line of the machine is read: none may hold the client's secret.
+    (bwrap-slots moves its arguments off its command line in its first milliseconds, before
+    the compile starts: those are not looked at here; README: hidepid.)"""
+    toolchain = env_dump_toolchain(tmp_path / "slow-tc", "-DLINGER=3")
+    root = tmp_path / "slow-client"
+    root.mkdir()
+    env = client_env(root, trusted.client_conf("slow-client", extra=toolchain))
+    source = root / "unit.cpp"
+    source.write_text("int slow_unit() { return 3; }\n")
+    secret = "plain-client-secret-" + os.urandom(6).hex()
+    lines_with_secret: list[str] = []
+    compiler_seen = 0.0
+    try:
+        proc = subprocess.Popen([tool("sccache"), "/usr/bin/g++", "-c", str(source), "-o", str(root / "unit.o")],
+                                env=dict(env, AWS_SECRET_ACCESS_KEY=secret), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            lines = []
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                            errors="replace"))
+                    except OSError:
+                        continue
+            if any(line.startswith("/bin/g++ ") for line in lines):  # the sandboxed compiler runs
+                compiler_seen += 1
+                lines_with_secret += [line for line in lines if secret in line]
+            time.sleep(0.05)
+        output = proc.communicate()[0]
+        remote = sum(stats(env)["dist_compiles"].values())
+    finally:
+        stop_client(env)
+    assert proc.returncode == 0, output
+    assert remote == 1, "the compile did not run on the build server"
+    assert compiler_seen >= 10, f"the remote compiler was seen {compiler_seen:.0f} times"
+    assert lines_with_secret == [], lines_with_secret[:2]
+    assert "AWS_SECRET_ACCESS_KEY" not in parse_env(root / "unit.o")
