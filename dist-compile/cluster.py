@@ -48,7 +48,6 @@ from string import Template
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compile_env import server_names  # noqa: E402
-from server_health import supervise  # noqa: E402
 sys.path.insert(0, str(HERE.parent / "cmake"))
 from url_secrets import secrets_in, shown_url  # noqa: E402  (the project's one URL scrubber)
 
@@ -284,9 +283,14 @@ def cmd_server(args) -> int:
         env = daemon_env(VFA_DIST_BWRAP=find_bwrap(args.bwrap), VFA_DIST_SLOTS=str(slots),
                          VFA_DIST_SLOT_DIR=str(private_dir(root / "slots")), VFA_DIST_COMPILE_ENV=server_names(),
                          **slot_log)
-        # Under server_health.py: a full disk stops it (the scheduler then drops it), a refused token is named.
-        return supervise([sccache_dist(), "server", "--config", str(conf)], env, args.log, root, args.min_free_mb,
-                         args.public_addr)
+        # Under server_health.py (a full disk stops it, the scheduler then drops it; a refused token is
+        # named), exec'd with sccache-dist's own environment: nothing of this shell's stays in it.
+        supervisor = [sys.executable, "-E", "-s", str(HERE / "server_health.py"), "--folder", str(root),
+                      "--min-free-mb", str(args.min_free_mb), "--public-addr", args.public_addr,
+                      *(["--log", args.log] if args.log else []), "--", sccache_dist(), "server", "--config", str(conf)]
+        print("+ " + " ".join(supervisor), flush=True)
+        os.execve(supervisor[0], supervisor, env)
+        return 1  # not reached
     return 0
 
 

@@ -123,5 +123,25 @@ def supervise(cmd: list[str], env: dict[str, str], log: str | None, folder: Path
     return 0
 
 
+def main(argv: list[str]) -> int:
+    """server_health.py --folder DIR --min-free-mb N --public-addr IP:PORT [--log FILE] -- SCCACHE-DIST ARGS...
+
+    exec'd by `cluster.py server --run` with the environment sccache-dist gets, so that this
+    long-lived process holds nothing of the operator's environment either."""
+    import argparse
+
+    if "--" not in argv:
+        sys.exit("usage: server_health.py --folder DIR --min-free-mb N --public-addr ADDR [--log FILE] -- COMMAND...")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--folder", required=True)
+    parser.add_argument("--min-free-mb", type=int, required=True)
+    parser.add_argument("--public-addr", required=True)
+    parser.add_argument("--log")
+    args = parser.parse_args(argv[:split])
+    return supervise(argv[split + 1:], dict(os.environ), args.log, Path(args.folder), args.min_free_mb,
+                     args.public_addr)
+
+
 if __name__ == "__main__":
-    sys.exit("server_health.py is run by dist-compile/cluster.py server --run")
+    sys.exit(main(sys.argv[1:]))

@@ -690,3 +690,33 @@ def test_a_build_server_whose_disk_fills_leaves_the_cluster_and_comes_back(tmp_p
         proc.wait(timeout=30)
         for p in c.procs.values():
             p.kill()
+
+
+def test_the_bound_and_the_log_reading_of_dist_bound(tmp_path):
+    """cmake/dist_bound.py without a cluster: the bound from the declared unit kinds, and which of
+    sccache's fallback lines count (a unit or one of nvcc's steps of it; a busy cluster does not)."""
+    sys.path.insert(0, str(PROJECT / "cmake"))
+    import dist_bound
+
+    (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps(
+        {"timeout": 0, "kinds": ["_vendored_fa3_C|FA3 CUDA|153|/instantiations/", "_vendored_fa2_C|FA2 CUDA|189|"]}))
+    fa3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_sm90.cu.o"
+    assert dist_bound.bound_seconds(str(tmp_path), fa3) == (612.0, 153.0)
+    assert dist_bound.bound_seconds(str(tmp_path), "CMakeFiles/_vendored_fa2_C.dir/src/x.cu.o") == (756.0, 189.0)
+    assert dist_bound.bound_seconds(str(tmp_path), "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api.cpp.o") \
+        == (120.0, 5.0)  # a C++ unit: the floor
+    (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps({"timeout": 7, "kinds": []}))
+    assert dist_bound.bound_seconds(str(tmp_path), fa3)[0] == 7.0
+
+    log = tmp_path / dist_bound.DIST_LOG
+    log.write_text("[t WARN sccache] [flash_fwd_hdim128_bf16_sm90.ptx]: Could not perform distributed compile, "
+                   "falling back to local: Insufficient capacity across 1 available servers: Failed to allocate job\n")
+    since = dist_bound.log_size(str(tmp_path))
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, 0) is None  # busy: not the cluster's failure
+    with log.open("a") as f:
+        f.write("[t WARN sccache] [other_unit.module_id]: Could not perform distributed compile, falling back to "
+                "local: Error 500: assign job failed\n"
+                "[t WARN sccache] [flash_fwd_hdim128_bf16_sm90.module_id]: Could not perform distributed compile, "
+                "falling back to local: Error 500: assign job failed\n")
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, since) == "Error 500: assign job failed"
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, dist_bound.log_size(str(tmp_path))) is None
