@@ -6,6 +6,13 @@
 #        driver's JIT), plus sm_90 SASS when the list has 9.x and
 #        VFA_FA2_SM90_SASS is on (no JIT on Hopper, at twice the build time).
 #   FA3: exactly sm_90a, only when the list has 9.0 and nvcc >= 12.3.
+# FA2's lowest arch is its family's declared capabilities.min (cmake/knobs.json; "8.0" ->
+# sm_80/compute_80), and an arch its family is not declared for (below min, excluded, or
+# of a generation it does not list) is not counted as one FA2 serves; FA3's declaration
+# must say 9.0 only (its code is sm_90a), else the configure stops.
+# +PTX is honoured where the build has such PTX: FA2's lowest arch (8.0+PTX, needs
+# VFA_FA2_PTX=ON); any other (9.0+PTX) stops the configure, as does a list that names no
+# architecture (";"), before torch's CMake reads it.
 # Every arch >= 8.0 of the list must get code that runs there: FA2 not built
 # (VFA_BUILD_FA2=off) is the only way to leave one without, and gets a warning;
 # otherwise a listed arch that nothing runs on (10.0 with VFA_FA2_PTX=OFF: sm_80
@@ -17,10 +24,13 @@ include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
 set(VFA_FA3_MIN_NVCC "12.3")
 
-# Parses "8.0 8.6;9.0a,9.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0").
+# Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), and the
+# archs written with +PTX into <out_var>_PTX ("8.0"). A list that names no architecture
+# (empty, or separators only: ";") stops here, before torch's CMake reads it.
 function(vfa_parse_arch_list out_var text)
   string(REGEX REPLACE "[ ,;]+" ";" tokens "${text}")
   set(archs "")
+  set(ptx "")
   foreach(token IN LISTS tokens)
     if(token STREQUAL "")
       continue()
@@ -36,14 +46,45 @@ function(vfa_parse_arch_list out_var text)
       list(APPEND archs 10.0 12.0)
     elseif(lower MATCHES "^([0-9]+)\\.([0-9]+)[af]?(\\+ptx)?$")
       list(APPEND archs "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+      if(CMAKE_MATCH_3)
+        list(APPEND ptx "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+      endif()
     else()
       message(FATAL_ERROR
         "TORCH_CUDA_ARCH_LIST: '${token}' is not an architecture. Use compute capabilities "
-        "such as \"8.0;9.0\" (also 9.0a, 8.6+PTX) or Ampere/Ada/Hopper/Blackwell.")
+        "such as \"8.0;9.0\" (also 9.0a, 8.0+PTX) or Ampere/Ada/Hopper/Blackwell.")
     endif()
   endforeach()
+  if(NOT archs)
+    message(FATAL_ERROR
+      "TORCH_CUDA_ARCH_LIST='${text}' names no architecture. Give the GPUs to build for as compute "
+      "capabilities separated by ';' (such as \"8.0;9.0\", the default when it is not set), or "
+      "Ampere/Ada/Hopper/Blackwell.")
+  endif()
   list(REMOVE_DUPLICATES archs)
+  list(REMOVE_DUPLICATES ptx)
   set(${out_var} "${archs}" PARENT_SCOPE)
+  set(${out_var}_PTX "${ptx}" PARENT_SCOPE)
+endfunction()
+
+# What the declaration (cmake/knobs.json "families") says about where <family> runs:
+# whether a GPU of compute capability <arch> is one (at or above its capabilities.min, of
+# a generation it runs on, not excluded). The runtime selector (families.py) applies the
+# same fields to the GPU it finds; the build follows them for the archs it is given.
+#   vfa_family_declared_for(ok fa2 8.6)   ->  TRUE
+#   vfa_family_declared_for(ok fa3 10.0)  ->  FALSE (generations: 9 only)
+function(vfa_family_declared_for out_var family arch)
+  vfa_family_field(lowest ${family} "capabilities;min" "")
+  string(REGEX MATCH "^[0-9]+" major "${arch}")
+  vfa_family_field(generation ${family} "capabilities;generations;${major}" "")
+  vfa_family_field(generations ${family} "capabilities;generations" "{}")
+  string(JSON declared LENGTH "${generations}")
+  vfa_family_field(excluded ${family} "capabilities;excluded;${major}" "")
+  set(ok FALSE)
+  if(arch VERSION_GREATER_EQUAL lowest AND excluded STREQUAL "" AND (declared EQUAL 0 OR NOT generation STREQUAL ""))
+    set(ok TRUE)
+  endif()
+  set(${out_var} ${ok} PARENT_SCOPE)
 endfunction()
 
 # Sets VFA_CUDA_ARCHS, VFA_FA2_GENCODE / VFA_FA3_GENCODE (code names such as
@@ -55,6 +96,13 @@ function(vfa_select_cuda_archs nvcc_version)
   set(sm90_sass ${VFA_FA2_SM90_SASS})
   set(ptx ${VFA_FA2_PTX})
   vfa_parse_arch_list(archs "${TORCH_CUDA_ARCH_LIST}")
+  vfa_check_fa3_capabilities()
+  # FA2's code is for its declared lowest arch (cmake/knobs.json: families.fa2.capabilities.min):
+  # "8.0" -> sm_80 SASS + compute_80 PTX.
+  vfa_family_field(fa2_min fa2 "capabilities;min" "")
+  string(REPLACE "." "" fa2_code "${fa2_min}")
+  string(REGEX MATCH "^[0-9]+" fa2_major "${fa2_min}")
+  vfa_check_ptx_requests("${archs_PTX}" "${fa2_min}" "${fa2_code}" "${ptx}")
 
   set(fa2 "")
   set(has_80_plus FALSE)
@@ -62,11 +110,11 @@ function(vfa_select_cuda_archs nvcc_version)
   set(has_9x FALSE)
   set(has_90 FALSE)
   foreach(arch IN LISTS archs)
-    if(arch VERSION_GREATER_EQUAL 8.0)
+    if(arch VERSION_GREATER_EQUAL fa2_min)
       set(has_80_plus TRUE)
-    endif()
-    if(arch MATCHES "^8\\.")
-      set(has_8x TRUE)
+      if(arch MATCHES "^${fa2_major}\\.")
+        set(has_8x TRUE)
+      endif()
     endif()
     if(arch MATCHES "^9\\.")
       set(has_9x TRUE)
@@ -80,28 +128,29 @@ function(vfa_select_cuda_archs nvcc_version)
     # sm_80 SASS runs on every 8.x GPU; keep it whenever 8.x is asked for or
     # nothing else would give FA2 machine code.
     if(has_8x OR NOT (has_9x AND sm90_sass))
-      list(APPEND fa2 sm_80)
+      list(APPEND fa2 sm_${fa2_code})
     endif()
     if(has_9x AND sm90_sass)
       list(APPEND fa2 sm_90)
     endif()
     if(ptx)
-      list(APPEND fa2 compute_80)
+      list(APPEND fa2 compute_${fa2_code})
     endif()
     set(fa2_ok TRUE)
     set(fa2_reason "")
   else()
     set(fa2_ok FALSE)
-    set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no architecture >= 8.0")
+    set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no architecture >= ${fa2_min}")
   endif()
 
-  # FA2 is only worth building when its code runs on a listed GPU.
+  # FA2 is only worth building when its code runs on a listed GPU its family is declared for.
   vfa_option(VFA_BUILD_FA2)
   vfa_option(VFA_BUILD_FA3)
   set(fa2_runs_on "")
   foreach(arch IN LISTS archs)
     vfa_code_runs_on(runs "${arch}" ${fa2})
-    if(runs)
+    vfa_family_declared_for(declared fa2 "${arch}")
+    if(runs AND declared)
       list(APPEND fa2_runs_on "${arch}")
     endif()
   endforeach()
@@ -172,6 +221,58 @@ function(vfa_select_cuda_archs nvcc_version)
   set(TORCH_CUDA_ARCH_LIST "${TORCH_CUDA_ARCH_LIST}" PARENT_SCOPE)
 endfunction()
 
+# FA3's kernels are upstream's sm_90a code (wgmma, TMA: instructions of 9.0 only, which no
+# PTX carries to another GPU), so the build can honour one declaration of where FA3 runs:
+# capabilities {"min": "9.0", "generations": {"9": ...}}. Another one (a family
+# declared from 8.0 or for 10.x) would ship a module the selector then sends GPUs it cannot
+# run on: refused, naming the field and the fix.
+function(vfa_check_fa3_capabilities)
+  vfa_family_field(lowest fa3 "capabilities;min" "")
+  vfa_family_field(generations fa3 "capabilities;generations" "{}")
+  string(JSON count LENGTH "${generations}")
+  set(majors "")
+  if(count GREATER 0)
+    math(EXPR last "${count} - 1")
+    foreach(i RANGE ${last})
+      string(JSON major MEMBER "${generations}" ${i})
+      list(APPEND majors "${major}")
+    endforeach()
+  endif()
+  if(NOT lowest STREQUAL "9.0" OR NOT majors STREQUAL "9")
+    get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
+    string(REPLACE ";" ", " majors "${majors}")
+    message(FATAL_ERROR
+      "${file}: families.fa3.capabilities declares FA3 from ${lowest} on generations [${majors}], but FA3's "
+      "kernels are upstream's sm_90a code, which runs on compute capability 9.0 only: the build cannot "
+      "compile FA3 for anything else. Set families.fa3.capabilities.min to \"9.0\" and its generations to "
+      "{\"9\": \"sm90\"}.")
+  endif()
+endfunction()
+
+# Stops when the arch list asks for PTX (<arch>+PTX) this build cannot make: the only PTX
+# it embeds is FA2's, for FA2's lowest arch <fa2_min> (compute_<fa2_code>, VFA_FA2_PTX);
+# FA3 is sm_90a SASS only. torch's convention would put PTX of that arch in every module;
+# dropping the +PTX silently would ship a wheel without what was asked for.
+#   vfa_check_ptx_requests("9.0" 8.0 80 ON)  ->  FATAL_ERROR "... asks for 9.0+PTX ..."
+#   vfa_check_ptx_requests("8.0" 8.0 80 ON)  ->  (FA2's compute_80: honoured)
+function(vfa_check_ptx_requests requested fa2_min fa2_code ptx)
+  foreach(arch IN LISTS requested)
+    if(arch STREQUAL fa2_min AND ptx)
+      continue()
+    elseif(arch STREQUAL fa2_min)
+      message(FATAL_ERROR
+        "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, but VFA_FA2_PTX=OFF leaves FA2's "
+        "compute_${fa2_code} PTX out. Set VFA_FA2_PTX=ON, or write ${arch} without +PTX.")
+    endif()
+    message(FATAL_ERROR
+      "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, which this build cannot make: "
+      "the only PTX it embeds is FA2's compute_${fa2_code} (VFA_FA2_PTX, on by default; GPUs newer than the "
+      "list run it through the driver's JIT), and FA3 is sm_90a SASS only (its kernels use instructions "
+      "of 9.0 only, which no PTX carries to another GPU). Write ${arch} without +PTX (${fa2_min}+PTX asks "
+      "for FA2's PTX).")
+  endforeach()
+endfunction()
+
 # "sm_80;compute_80" -> -gencode flags, one SHELL: group each so CMake does not
 # de-duplicate the repeated "-gencode" word.
 function(vfa_gencode_flags out_var)
@@ -219,12 +320,19 @@ endfunction()
 #    GPUs run, is left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON)"
 function(vfa_fa2_code_words out_var codes ptx has_9x sm90_sass)
   string(REPLACE ";" " + " code_text "${codes}")
-  set(words "FA2 is ${code_text} SASS only, which runs on 8.x GPUs")
+  vfa_family_field(lowest fa2 "capabilities;min" "")
+  string(REPLACE "." "" code "${lowest}")
+  string(REGEX MATCH "^[0-9]+" major "${lowest}")
+  set(gpus "${major}.x GPUs")
+  if(NOT lowest MATCHES "\\.0$")
+    set(gpus "${major}.x GPUs from ${lowest}")
+  endif()
+  set(words "FA2 is ${code_text} SASS only, which runs on ${gpus}")
   if("sm_90" IN_LIST codes)
-    set(words "FA2 is ${code_text} SASS only, which runs on 8.x and 9.0 GPUs")
+    set(words "FA2 is ${code_text} SASS only, which runs on ${gpus} and 9.0 GPUs")
   endif()
   if(NOT ptx)
-    string(APPEND words "; its compute_80 PTX, which newer GPUs run, is left out by "
+    string(APPEND words "; its compute_${code} PTX, which newer GPUs run, is left out by "
       "VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON")
     if(has_9x AND NOT sm90_sass)
       string(APPEND words ", or VFA_FA2_SM90_SASS=ON for 9.0")

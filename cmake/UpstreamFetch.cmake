@@ -23,11 +23,14 @@ endfunction()
 # Fetches the pinned commit of <component> from <url> into <dest>, under the
 # entry's lock, in a private temporary folder renamed into place only once
 # verified, so <dest> is never half-written. Stale temporary folders of the
-# same entry (from a fetch that was killed) are removed first. Sets <err_var>
-# on failure, with what to do.
-#   vfa_fetch_into_cache(cutlass https://github.com/NVIDIA/cutlass.git /cache/src/cutlass-62750a2b75c8 err)
-#     ->  err="", /cache/src/cutlass-62750a2b75c8 holds the verified checkout and its marker
-function(vfa_fetch_into_cache component url dest err_var)
+# same entry (from a fetch that was killed) are removed first. Sets <origin_var>
+# to what this process did: "fetched", or "cache" when another build fetched the
+# entry while this one waited for the lock (then checked like any cache entry);
+# <err_var> on failure, with what to do.
+#   vfa_fetch_into_cache(cutlass https://github.com/NVIDIA/cutlass.git /cache/src/cutlass-62750a2b75c8 origin err)
+#     ->  origin=fetched, err="", /cache/src/cutlass-62750a2b75c8 holds the verified checkout and its marker
+function(vfa_fetch_into_cache component url dest origin_var err_var)
+  set(${origin_var} "fetched" PARENT_SCOPE)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(prefix ${VFA_${component}_PREFIX})
   vfa_shown_url(shown "${url}")
@@ -62,7 +65,10 @@ function(vfa_fetch_into_cache component url dest err_var)
     return()
   endif()
   if(EXISTS "${dest}")
-    # Another build fetched it while this one waited.
+    # Another build fetched it while this one waited: this one takes it from the cache.
+    message(STATUS "vendored-flash-attn: ${component} was fetched by another build while this one waited; "
+      "using it from the cache")
+    set(${origin_var} "cache" PARENT_SCOPE)
     vfa_check_cached(${component} "${dest}" cached_url err)
   else()
     file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
@@ -128,6 +134,36 @@ macro(vfa_checkout_failed)
   return()
 endmacro()
 
+# The first contact with the remote "origin" of the checkout <dir>: `git ls-remote`,
+# bounded by <limit> seconds (the knob <knob>), which must list a ref. Sets <out_var> to
+# "" when it does, else to what is wrong and what to do: a server that accepted the
+# connection and never answered, or one that answered without being a git repository.
+# A repository without HEAD (some mirrors) is asked for its other refs before it is refused.
+#   vfa_first_contact(failure /cache/src/fa-x.partial-1 60 VFA_FETCH_STALL_TIMEOUT http://mirror/fa.git
+#                     flash_attention "If this machine cannot reach ...")  ->  "" (it listed HEAD)
+function(vfa_first_contact out_var dir limit knob shown component offline_hint)
+  set(${out_var} "" PARENT_SCOPE)
+  foreach(refs IN ITEMS HEAD "")
+    execute_process(
+      COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
+              -C "${dir}" ls-remote origin ${refs}
+      RESULT_VARIABLE rc OUTPUT_VARIABLE listed ERROR_VARIABLE probe_err TIMEOUT ${limit})
+    vfa_stop_if_interrupted("${rc}" "reaching ${shown} for ${component}")
+    if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
+      set(${out_var} "${shown} accepted the connection but did not answer within ${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}" PARENT_SCOPE)
+      return()
+    endif()
+    if(NOT rc EQUAL 0 OR listed MATCHES "(^|\n)[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]")
+      return()  # a ref, or an error the fetch reports in its own words
+    endif()
+  endforeach()
+  string(CONCAT text "${shown} answered, but not as a git repository: it lists no branch, tag or HEAD "
+    "(a web server that answers every path, a captive portal or proxy page, or a wrong path on a "
+    "server that answers 200 for anything). Check the URL (${VFA_${component}_PREFIX}_MIRROR, or the "
+    "pin's url); `git ls-remote <url>` must list the repository's refs.\n${offline_hint}")
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
 # A sparse checkout of the pinned commit of <component> from <url> in <dir>,
 # verified (HEAD, tag, required files, content) and marked complete.
 function(vfa_checkout_pinned component url dir err_var)
@@ -160,22 +196,20 @@ function(vfa_checkout_pinned component url dir err_var)
 
   # A server that accepts connections and never answers is caught here, in
   # the stall time and for every protocol: https and ssh hang in their
-  # handshake, where git's low-speed limit does not apply yet. Other errors
-  # are left to the fetch, which says more.
+  # handshake, where git's low-speed limit does not apply yet. So is one that
+  # answers but serves no git repository (a web server answering 200 to every
+  # path, a captive portal): git reads its empty answer as a dumb-HTTP repository
+  # without refs, and later steps (a partial clone's lazy fetches) would ask it
+  # again and again until VFA_FETCH_TIMEOUT. Other errors are left to the fetch,
+  # which says more.
   set(limit ${VFA_FETCH_STALL_TIMEOUT})
   set(knob VFA_FETCH_STALL_TIMEOUT)
   if(VFA_FETCH_TIMEOUT LESS limit)
     set(limit ${VFA_FETCH_TIMEOUT})
     set(knob VFA_FETCH_TIMEOUT)
   endif()
-  execute_process(
-    COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
-            -C "${dir}" ls-remote origin HEAD
-    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE probe_err TIMEOUT ${limit})
-  vfa_stop_if_interrupted("${rc}" "reaching ${shown} for ${component}")
-  if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
-    string(CONCAT failure "${shown} accepted the connection but did not answer within "
-      "${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}")
+  vfa_first_contact(failure "${dir}" ${limit} ${knob} "${shown}" ${component} "${offline_hint}")
+  if(failure)
     vfa_checkout_failed()
   endif()
 
@@ -254,7 +288,12 @@ function(vfa_checkout_pinned component url dir err_var)
   # the config is readable again by every user of a shared cache.
   vfa_git(ignored err -C "${dir}" remote set-url origin "${shown}")
   file(CHMOD "${dir}/.git/config" PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
-  file(WRITE "${dir}/${VFA_SOURCE_MARKER}"
-    "{\"name\": \"${component}\", \"commit\": \"${commit}\", \"tag\": \"${tag}\", \"url\": \"${shown}\"}\n")
+  # Written by CMake's JSON writer: a '\\' or '"' in a mirror's path stays readable.
+  set(marker "{}")
+  foreach(pair "name;${component}" "commit;${commit}" "tag;${tag}" "url;${shown}")
+    list(POP_FRONT pair key)
+    vfa_json_set_text(marker "${pair}" ${key})
+  endforeach()
+  file(WRITE "${dir}/${VFA_SOURCE_MARKER}" "${marker}\n")
   set(${err_var} "" PARENT_SCOPE)
 endfunction()

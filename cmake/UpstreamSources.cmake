@@ -18,15 +18,16 @@
 #      VFA_FETCH_STALL_TIMEOUT.
 #
 # Content, not only the commit: "matches_pin" means that every file under the
-# pin's `paths` (what the build compiles) hashes to the pinned commit's tree.
-# The check hashes the work tree's bytes (no filter, no end-of-line conversion)
-# into a throwaway index, with a git that reads no configuration (nothing the
-# checkout's repository or the user configures runs or changes the hashes;
-# never the checkout's own index, whose stat cache an edit that keeps size and
-# mtime would fool), and compares it with the commit's trees. It costs 0.1-0.35 s
-# for both repositories on a loaded 2-core machine (README), so it runs on every
-# configure, never cached: a cache keyed on file stats would let such an edit
-# through. It trusts the checkout's object store (replace refs are ignored).
+# pin's `paths` (what the build compiles) is recorded in the pinned commit's tree as
+# it is on disk: bytes (no filter, no end-of-line conversion), mode, and a symlink as
+# a link (cmake/UpstreamVerify.cmake, vfa_compare_with_commit), into a throwaway
+# index, with a git that reads no configuration (nothing the checkout's repository
+# or the user configures runs or changes the hashes; never the checkout's own index,
+# whose stat cache an edit that keeps size and mtime would fool). It runs on every
+# configure and, as the target vfa_verified_sources, on every build
+# (cmake/UpstreamBuildCheck.cmake), never cached: a cache keyed on file stats would
+# let such an edit through (its cost, 0.2-0.4 s on a loaded 2-core machine: README).
+# It trusts the checkout's object store (replace refs are ignored).
 # The compile sees only verified folders (vfa_verified_include_dirs), and what
 # the build generates lives in the build dir, never in the shared cache.
 #
@@ -75,6 +76,20 @@ include(${CMAKE_CURRENT_LIST_DIR}/UpstreamVerify.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamLock.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamFetch.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamReport.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamBuildCheck.cmake)
+
+# Sets the member <keys...> of the JSON held in <json_var> to the string <text>, written
+# by CMake's JSON writer (jsoncpp), which escapes every control character: only the
+# quote and the backslash need escaping for it to read <text> as one string. Markers,
+# the build-time check's spec and the script's VFA_SOURCE lines are written this way, so
+# a '\' or a '"' in a URL or a path cannot make them unreadable.
+#   vfa_json_set_text(marker "C:\\mirrors\\fa" url)  ->  marker = {"url" : "C:\\\\mirrors\\\\fa"}
+function(vfa_json_set_text json_var text)
+  string(REPLACE "\\" "\\\\" quoted "${text}")
+  string(REPLACE "\"" "\\\"" quoted "${quoted}")
+  string(JSON json SET "${${json_var}}" ${ARGN} "\"${quoted}\"")
+  set(${json_var} "${json}" PARENT_SCOPE)
+endfunction()
 
 # Reads the network and lock knobs into the caller's scope.
 #   vfa_read_source_knobs()  ->  VFA_FETCH_TIMEOUT=600, VFA_FETCH_STALL_TIMEOUT=60, ...
@@ -219,8 +234,7 @@ function(vfa_resolve_source component)
       "the cache has no checkout of ${pinned} at '${dest}'. Set ${prefix}_SRC_DIR to a checkout "
       "of it, or allow the fetch once (cmake -P cmake/fetch_sources.cmake fills the cache).")
   else()
-    vfa_fetch_into_cache(${component} "${url}" "${dest}" err)
-    set(origin "fetched")
+    vfa_fetch_into_cache(${component} "${url}" "${dest}" origin err)
   endif()
   if(err)
     set(VFA_${component}_ERROR "${err}" PARENT_SCOPE)

@@ -22,15 +22,49 @@ function(vfa_few out_var)
   set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
 
+# What git's index entries cannot show, and the verification therefore looks for itself:
+# entries git skips when it lists a folder (a fifo, socket or device, which a compile would
+# open as a header: a fifo with a writer behind it feeds the compiler any bytes; a nested
+# repository, whose files `git ls-files` leaves out and which could shadow a header such as
+# cute/tensor.hpp on the include path). Paths relative to <dir>, one a list item.
+#   vfa_unhashable_entries(found /cache/src/fa-617264c1c795 "hopper;csrc/common")
+#     ->  "hopper/cute/.git;hopper/cuda_runtime.h" (a nested repository, a fifo)
+function(vfa_unhashable_entries out_var dir paths)
+  set(existing "")
+  foreach(path IN LISTS paths)
+    if(EXISTS "${dir}/${path}" OR IS_SYMLINK "${dir}/${path}")
+      list(APPEND existing "${path}")
+    endif()
+  endforeach()
+  set(found "")
+  if(existing)
+    # -P (the default): no link is followed; a linked folder shows up as a link, which
+    # git lists and the comparison reports.
+    execute_process(COMMAND find ${existing} "(" -name .git -prune -o ! -type f ! -type d ! -type l ")" -print
+      WORKING_DIRECTORY "${dir}" OUTPUT_VARIABLE found ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE
+      TIMEOUT ${VFA_FETCH_TIMEOUT})
+    string(REPLACE ";" "\\;" found "${found}")
+    string(REPLACE "\n" ";" found "${found}")
+  endif()
+  set(${out_var} "${found}" PARENT_SCOPE)
+endfunction()
+
 # Compares the files under the pin's paths in <dir> with the trees of <commit>.
 # Sets <out_var> to "" when they are equal, else to a text such as
 # "1 file changed (hopper/flash_api.cpp); 141 files missing (include/cutlass/gemm/..., and 136 more)",
 # or <err_var> when git cannot tell (no such commit, not a checkout).
-# Every file's bytes are hashed as they are (git hash-object --no-filters: no
-# filter, no end-of-line or encoding conversion), by a git that reads no
-# configuration (vfa_begin_isolated_git), into a throwaway index; nothing is written
-# into <dir>, and nothing <dir>'s repository configures runs. An edit that keeps
-# size and mtime is seen; the executable bit is ignored. The only git run with
+# Every entry is recorded as git records it -- a file's bytes as they are, with its mode
+# (executable or not), a symlink as a link (mode 120000, the hash of its target's name,
+# never of what it points to) -- by a git that reads no configuration
+# (vfa_begin_isolated_git) into a throwaway index, then compared with the commit, mode
+# included: a file replaced by a link to an identical copy elsewhere, or whose executable
+# bit differs from the commit's, is a difference (a link would let a later edit of its
+# target through; a199453 hashed through links and took every mode as 100644, which let
+# both pass). No attribute of the checkout applies (the scratch repository's
+# info/attributes, which outranks every .gitattributes, unsets text, eol, ident, filter
+# and working-tree-encoding): no filter, end-of-line or encoding conversion, no command.
+# Nothing is written into <dir>. An edit that keeps size and mtime is seen. Entries git
+# cannot record (vfa_unhashable_entries) are differences too. The only git run with
 # <dir>'s own config is `rev-parse`, which reads refs and runs no configured command.
 #   vfa_compare_with_commit(diff err /cache/src/cutlass-62750a2b75c8 62750a2b... cutlass)
 function(vfa_compare_with_commit out_var err_var dir commit component)
@@ -50,33 +84,19 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   endif()
   vfa_scratch_dir(scratch vfa-verify)
   vfa_begin_isolated_git("${scratch}" "${dir}" "${objects}")
+  file(MAKE_DIRECTORY "${scratch}/info")
+  file(WRITE "${scratch}/info/attributes" "* -text -eol -ident -filter -working-tree-encoding\n")
   set(git "${GIT_EXECUTABLE}")
-  # Every file under the paths (none is tracked in the empty index, so all are
-  # "others", ignored ones included), C-quoted one a line as hash-object and
-  # update-index read them back; their hashes; both into the index.
-  # Through files: an execute_process pipe costs ~40 ms more here.
-  execute_process(COMMAND ${git} ls-files --others -- ${paths} WORKING_DIRECTORY "${dir}"
+  # Every entry under the paths (none is tracked in the empty index, so all are
+  # "others", ignored ones included), NUL-separated; recorded as `git add` would,
+  # without writing an object. Through a file: an execute_process pipe costs ~40 ms more.
+  execute_process(COMMAND ${git} ls-files -z --others -- ${paths} WORKING_DIRECTORY "${dir}"
     OUTPUT_FILE "${scratch}/files" RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE
     TIMEOUT ${VFA_FETCH_TIMEOUT})
   if(rc EQUAL 0)
-    execute_process(COMMAND ${git} hash-object --no-filters --stdin-paths WORKING_DIRECTORY "${dir}"
-      INPUT_FILE "${scratch}/files" OUTPUT_FILE "${scratch}/hashes"
-      RESULT_VARIABLE rc ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
-  endif()
-  if(rc EQUAL 0)
-    # "100644 <hash>\t<path>": the mode does not matter (only the executable bit
-    # would differ, and that is ignored below).
-    execute_process(
-      COMMAND awk "NR == FNR { hash[FNR] = $0; next } { print \"100644 \" hash[FNR] \"\\t\" $0 }"
-              "${scratch}/hashes" "${scratch}/files"
-      COMMAND ${git} update-index --index-info WORKING_DIRECTORY "${dir}"
-      RESULTS_VARIABLE rcs ERROR_VARIABLE hash_err ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
-    set(rc 0)
-    foreach(one IN LISTS rcs)
-      if(NOT one EQUAL 0)
-        set(rc "${one}")
-      endif()
-    endforeach()
+    execute_process(COMMAND ${git} update-index -z --add --info-only --stdin WORKING_DIRECTORY "${dir}"
+      INPUT_FILE "${scratch}/files" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE hash_err
+      ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
   endif()
   set(raw "")
   if(rc EQUAL 0)
@@ -101,6 +121,8 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   set(changed "")
   set(missing "")
   set(added "")
+  set(linked "")
+  set(moded "")
   string(REPLACE ";" "\\;" raw "${raw}")
   string(REPLACE "\n" ";" lines "${raw}")
   foreach(line IN LISTS lines)
@@ -120,14 +142,17 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
       list(APPEND missing "${path}")
     elseif(status STREQUAL "A")
       list(APPEND added "${path}")
-    elseif(same_blob AND old_mode MATCHES "^1006|^1007" AND new_mode MATCHES "^1006|^1007")
-      # Only the executable bit: a copy that lost it compiles the same.
+    elseif(new_mode STREQUAL "120000" AND NOT old_mode STREQUAL "120000")
+      list(APPEND linked "${path}")
+    elseif(same_blob)
+      list(APPEND moded "${path}: ${new_mode}, not ${old_mode}")
     else()
       list(APPEND changed "${path}")
     endif()
   endforeach()
+  vfa_unhashable_entries(unhashable "${dir}" "${paths}")
   set(parts "")
-  foreach(kind changed missing added)
+  foreach(kind changed missing added linked moded unhashable)
     if(${kind})
       list(LENGTH ${kind} n)
       vfa_few(few ${${kind}})
@@ -135,7 +160,15 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
       if(n EQUAL 1)
         set(files "file")
       endif()
-      list(APPEND parts "${n} ${files} ${kind} (${few})")
+      set(what "${kind}")
+      if(kind STREQUAL "linked")
+        set(what "replaced by a symlink")
+      elseif(kind STREQUAL "moded")
+        set(what "with another mode than the commit's")
+      elseif(kind STREQUAL "unhashable")
+        set(what "that git cannot record: a fifo, socket, device or nested repository")
+      endif()
+      list(APPEND parts "${n} ${files} ${what} (${few})")
     endif()
   endforeach()
   string(JOIN "; " text ${parts})

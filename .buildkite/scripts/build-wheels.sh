@@ -20,6 +20,11 @@ VFA_TORCH_INDEX_URL=$(torch_index_for "$CUDA")
 export VFA_TORCH_INDEX_URL
 cache_mode_for_build
 dist_client_for_build "$ARCH"
+# Objects from the cluster: one unit in 10 compiled again here and compared (dist-compile/README.md,
+# "Trust model"); an agent's own VFA_DIST_VERIFY wins.
+if [ -n "${SCCACHE_CONF:-}" ] && [ -z "${VFA_DIST_VERIFY+set}" ]; then
+  export VFA_DIST_VERIFY=10
+fi
 
 # Reproducible wheels (README, "What a build records"): zip times from the commit's time,
 # for scikit-build-core and auditwheel's repair alike (passed into the container), so a

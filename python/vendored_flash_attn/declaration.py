@@ -50,8 +50,26 @@ def head_dims(data: dict[str, Any], version: int) -> tuple[int, ...]:
     return tuple(sorted(int(h) for h in data["knobs"][family["head_dims_knob"]]["choices"]))
 
 
-_DECLARATION = load()
-BOOL_ON, BOOL_OFF = bool_words(_DECLARATION)
-BOOL_WORDS_TEXT = bool_words_text(_DECLARATION)
-FA2_HEAD_DIMS = head_dims(_DECLARATION, 2)
-FA3_HEAD_DIMS = head_dims(_DECLARATION, 3)
+def __getattr__(name: str) -> Any:
+    """BOOL_ON, BOOL_OFF, BOOL_WORDS_TEXT, FA2_HEAD_DIMS, FA3_HEAD_DIMS: read from the
+    declaration at first use, not at import, so the declaration's validator
+    (families.problems, which the configure runs) can name a mistake in it instead of this
+    module failing to import."""
+    derived = {"BOOL_ON": lambda d: bool_words(d)[0], "BOOL_OFF": lambda d: bool_words(d)[1],
+               "BOOL_WORDS_TEXT": bool_words_text, "FA2_HEAD_DIMS": lambda d: head_dims(d, 2),
+               "FA3_HEAD_DIMS": lambda d: head_dims(d, 3)}
+    if name not in derived:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = derived[name](_declaration())
+    globals()[name] = value
+    return value
+
+
+_LOADED: Optional[dict[str, Any]] = None
+
+
+def _declaration() -> dict[str, Any]:
+    global _LOADED
+    if _LOADED is None:
+        _LOADED = load()
+    return _LOADED

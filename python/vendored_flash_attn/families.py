@@ -15,6 +15,7 @@ runs with no torch, and ``import vendored_flash_attn`` must import no family's c
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
 from dataclasses import dataclass, field
@@ -70,19 +71,33 @@ _CALL_FIELDS = {"kv_layouts", "page_size_multiple", "max_num_splits", "sinks_max
                 "cuda_graphs", "cuda_graphs_why"}
 
 
-def _call_rules(call: dict, where: str) -> CallRules:
+def _head_sizes_problems(where: str, call: dict, caps: Any) -> list[str]:
+    """call.head_sizes: {generation: [[Q/K min, Q/K max, V min, V max], ...]}, each generation
+    one the family runs on (its capabilities' generations)."""
+    if "head_sizes" not in call:
+        return []
+    table = call["head_sizes"]
+    try:
+        entries = [tuple(int(n) for n in entry) for rows in table.values() for entry in rows]
+    except (AttributeError, TypeError, ValueError):
+        entries = []
+    if not entries or not all(len(e) == 4 and e[0] <= e[1] and e[2] <= e[3] for e in entries):
+        return [f"{where}.call.head_sizes must map each generation to a list of [Q/K min, Q/K max, V min, V max], "
+                f"got {table!r}"]
+    named = {str(v) for v in (caps.get("generations", {}) if isinstance(caps, dict) else {}).values()}
+    unknown = sorted(set(map(str, table)) - named)
+    if unknown:
+        return [f"{where}.call.head_sizes names generations it does not run on: {unknown}: name those of "
+                f"capabilities.generations ({', '.join(sorted(named))})"]
+    return []
+
+
+def _call_rules(call: dict) -> CallRules:
+    """The call rules of an entry problems() found no fault in."""
     fields = {k: tuple(v) if k in ("kv_layouts", "fp8_kv_head_dims") else v for k, v in call.items()}
     if "head_sizes" in call:
-        table = call["head_sizes"]
-        try:
-            fields["head_sizes"] = {str(gen): tuple(tuple(int(n) for n in entry) for entry in entries)
-                                    for gen, entries in table.items()}
-        except (AttributeError, TypeError, ValueError):
-            fields["head_sizes"] = None
-        if not fields["head_sizes"] or not all(len(e) == 4 and e[0] <= e[1] and e[2] <= e[3]
-                                               for entries in fields["head_sizes"].values() for e in entries):
-            raise FamilyDeclarationError(f"{where}: call.head_sizes must map each generation to a list of "
-                                         "[Q/K min, Q/K max, V min, V max]")
+        fields["head_sizes"] = {str(gen): tuple(tuple(int(n) for n in entry) for entry in entries)
+                                for gen, entries in call["head_sizes"].items()}
     return CallRules(**fields)
 
 
@@ -190,45 +205,215 @@ _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "feature
              "fallback", "adapter", "record"}
 _REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op"},
                      CUTE_DSL: {"subpackage", "probe", "deps_check", "install"}}
+_SECTION_FIELDS = ("about", "default_order")
+_CAPABILITY = re.compile(r"[1-9][0-9]*\.[0-9]")
+_MAJOR = re.compile(r"[1-9][0-9]*")
+_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_FIX = "(the section's \"about\" lines say what each field holds)"
 
 
-def _family(name: str, entry: Any, knobs: dict) -> Family:
-    where = f"cmake/knobs.json: families.{name}"
+def _closest(word: Any, choices: Iterable[str]) -> str:
+    """" (did you mean 'extension'?)", or "" when nothing is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def problems(data: Any) -> list[str]:
+    """Every mistake of the declaration's ``families`` section, each naming the field
+    (``families.<name>.<field>``) and the fix; [] when there is none.
+
+    The one validator of the declaration: the package calls it (parse(), at first use) and
+    so does the configure (cmake/Families.cmake runs ``python -m vendored_flash_attn.families
+    check FILE``), so a mistake stops the build with the same words before anything is
+    compiled. Standard library only.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("families"), dict):
+        return ['cmake/knobs.json has no "families" section (an object of families): restore it '
+                'from the repository']
+    section, knobs = data["families"], data.get("knobs", {})
+    found: list[str] = []
+    names = [n for n in section if n not in _SECTION_FIELDS]
+    versions: dict[int, str] = {}
+    modules: dict[str, str] = {}
+    records: dict[str, str] = {}
+    for name in names:
+        found += _entry_problems(name, section[name], knobs, names, versions, modules, records)
+    order = section.get("default_order")
+    where = "families.default_order"
+    if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
+        found.append(f"{where} must be a list of family names, every family once (the selector's default "
+                     f"order): list {', '.join(names)}")
+    else:
+        for n in order:
+            if n not in names:
+                found.append(f"{where} names {n!r}, which is no family{_closest(n, names)}: list every family "
+                             f"once ({', '.join(names)})")
+        twice = sorted({n for n in order if order.count(n) > 1})
+        left = [n for n in names if n not in order]
+        if twice or left:
+            found.append(f"{where} {order} must list every family once ({', '.join(names)}): "
+                         + "; ".join(([f"{', '.join(twice)} more than once"] if twice else [])
+                                     + ([f"{', '.join(left)} missing"] if left else [])))
+    return found
+
+
+def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versions: dict, modules: dict,
+                    records: dict) -> list[str]:
+    where = f"families.{name}"
     if not isinstance(entry, dict):
-        raise FamilyDeclarationError(f"{where}: must be an object")
-    unknown, missing = entry.keys() - _FIELDS, _REQUIRED - entry.keys()
-    if entry.get("made") in _REQUIRED_BY_MADE:
-        missing |= _REQUIRED_BY_MADE[entry["made"]] - entry.keys()
+        return [f"{where} must be an object (a family's fields {_FIX})"]
+    found: list[str] = []
+    made = entry.get("made")
+    required = set(_REQUIRED)
+    if made in _REQUIRED_BY_MADE:
+        required |= _REQUIRED_BY_MADE[made]
     elif "made" in entry:
-        raise FamilyDeclarationError(f"{where}: made {entry['made']!r} is not one of {', '.join(MADE)}")
-    if unknown or missing:
-        raise FamilyDeclarationError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
-    for knob in (entry["build_knob"], entry.get("head_dims_knob"), entry.get("dtypes_knob"),
-                 entry.get("features_knob")):
-        if knob is not None and knob not in knobs:
-            raise FamilyDeclarationError(f"{where}: {knob} is not a knob of cmake/knobs.json")
-    for reference in ("adapter", "head_size_rule"):
-        if entry.get(reference) is not None and ":" not in entry[reference]:
-            raise FamilyDeclarationError(f"{where}: {reference} must be module:function")
+        found.append(f"{where}.made {made!r} is not one of {', '.join(MADE)}{_closest(made, MADE)}: "
+                     f"extension for a CUDA extension this build compiles, cute_dsl for staged CuTe DSL kernels")
+    unknown = sorted(entry.keys() - _FIELDS)
+    missing = sorted(required - entry.keys())
+    if missing or unknown:
+        hints = "".join(f"; {u}{_closest(u, _FIELDS)}" for u in unknown if _closest(u, _FIELDS))
+        found.append(f"{where}: missing fields {missing}, unknown fields {unknown}{hints}: add the missing, "
+                     f"rename or remove the unknown {_FIX}")
+    version = entry.get("version")
+    if "version" in entry:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            found.append(f"{where}.version must be a whole number >= 1 (what fa_version= takes), got {version!r}")
+        elif version in versions:
+            found.append(f"{where}.version {version} is also {versions[version]}'s: families declare a version "
+                         f"twice; give each family its own version (and VLLM_FLASH_ATTN_VERSION's choices)")
+        else:
+            versions[version] = name
+    for field in ("build_knob", "head_dims_knob", "dtypes_knob", "features_knob"):
+        knob = entry.get(field)
+        if knob is None and field != "build_knob":
+            continue
+        if field in entry and (not isinstance(knob, str) or knob not in knobs):
+            found.append(f"{where}.{field}: {knob} is not a knob of cmake/knobs.json{_closest(knob, knobs)}: "
+                         f"name a declared knob" + ("" if field == "build_knob" else ", or null"))
+    for field in ("adapter", "head_size_rule", "deps_check"):
+        value = entry.get(field)
+        if value is not None and field in entry and not (isinstance(value, str) and _REFERENCE.fullmatch(value)):
+            found.append(f"{where}.{field} must be module:function (such as vendored_flash_attn.fa2:forward), "
+                         f"got {value!r}")
+    found += _capability_problems(where, entry)
+    found += _default_problems(where, entry)
+    fallback = entry.get("fallback")
+    if "fallback" in entry and fallback is not None and (fallback not in names or fallback == name):
+        found.append(f"{where}.fallback {fallback!r} names no other family{_closest(fallback, names)}: name "
+                     f"one of {', '.join(n for n in names if n != name)}, or null")
+    record = entry.get("record")
+    if "record" in entry:
+        if not isinstance(record, str) or not record or record.startswith(("/", "..")):
+            found.append(f"{where}.record must be \"{BUILD_INFO_RECORD}<key>\" or a file inside the package, "
+                         f"got {record!r}")
+        elif record in records:
+            found.append(f"{where}.record {record!r} is also {records[record]}'s: give each family its own record")
+        else:
+            records[record] = name
+    if made == EXTENSION:
+        module, namespace = entry.get("module"), entry.get("op_namespace")
+        if "module" in entry and not (isinstance(module, str) and _IDENTIFIER.fullmatch(module)):
+            found.append(f"{where}.module must be a Python module name, got {module!r}")
+        elif isinstance(module, str):
+            if module in modules:
+                found.append(f"{where}.module {module!r} is also {modules[module]}'s: give each its own module")
+            modules[module] = name
+            if "op_namespace" in entry and namespace != module:
+                # cmake/TorchExtension.cmake compiles TORCH_EXTENSION_NAME=<module>, under which
+                # upstream's registration (STABLE_TORCH_LIBRARY) puts its ops: torch.ops.<module>.
+                found.append(f"{where}.op_namespace {namespace!r} is not its module {module!r}: the build "
+                             f"registers the module's ops under its own name (TORCH_EXTENSION_NAME), so the "
+                             f"namespace follows the module; set op_namespace to {module!r} (rename both together)")
+    for field in ("dtypes", "features", "artefacts"):
+        value = entry.get(field, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            found.append(f"{where}.{field} must be a list of words, got {value!r}")
     call = entry.get("call", {})
     if not isinstance(call, dict) or call.keys() - _CALL_FIELDS:
-        raise FamilyDeclarationError(f"{where}: call must be an object of {sorted(_CALL_FIELDS)}")
-    if set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
-        raise FamilyDeclarationError(f"{where}: call.kv_layouts must be of {', '.join(KV_LAYOUTS)}")
-    if not isinstance(call.get("cuda_graphs", True), bool) or (
-            call.get("cuda_graphs") is False and not call.get("cuda_graphs_why")):
-        raise FamilyDeclarationError(f"{where}: call.cuda_graphs must be true or false, and false needs "
-                                     "call.cuda_graphs_why (what the refusal under capture says)")
+        found.append(f"{where}.call must be an object of {sorted(_CALL_FIELDS)}"
+                     + (f", not {sorted(call.keys() - _CALL_FIELDS)}" if isinstance(call, dict) else ""))
+    elif set(call.get("kv_layouts", KV_LAYOUTS)) - set(KV_LAYOUTS):
+        found.append(f"{where}.call.kv_layouts must be of {', '.join(KV_LAYOUTS)}, got {call['kv_layouts']}")
+    else:
+        if not isinstance(call.get("cuda_graphs", True), bool) or (
+                call.get("cuda_graphs") is False and not call.get("cuda_graphs_why")):
+            found.append(f"{where}.call.cuda_graphs must be true or false, and false needs call.cuda_graphs_why "
+                         "(what the interface's refusal under capture says)")
+        found += _head_sizes_problems(where, call, entry.get("capabilities"))
     pythons = entry.get("pythons", [])
     if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
-        raise FamilyDeclarationError(f"{where}: pythons must be a list of Python minors such as \"3.12\"")
+        found.append(f"{where}.pythons must be a list of Python minors such as \"3.12\", got {pythons!r}")
+    return found
+
+
+def _capability_problems(where: str, entry: dict) -> list[str]:
+    caps = entry.get("capabilities")
+    if "capabilities" not in entry:
+        return []
+    where = f"{where}.capabilities"
+    if not isinstance(caps, dict) or not isinstance(caps.get("min"), str) or not _CAPABILITY.fullmatch(caps["min"]):
+        return [f"{where}.min must be a compute capability such as \"8.0\" (the lowest it runs on), in an object "
+                f"with optional generations and excluded, got {caps!r}"]
+    found = []
+    unknown = sorted(caps.keys() - {"min", "generations", "excluded"})
+    if unknown:
+        found.append(f"{where} has unknown fields {unknown}: min, generations and excluded are what it holds")
+    maps = {}
+    for field in ("generations", "excluded"):
+        value = caps.get(field, {})
+        if not isinstance(value, dict) or not all(_MAJOR.fullmatch(str(k)) and isinstance(v, str)
+                                                   for k, v in value.items()):
+            found.append(f"{where}.{field} must be an object of {{\"<major>\": \"<words>\"}} (\"9\": \"sm90\"), "
+                         f"got {value!r}")
+            value = {}
+        maps[field] = {int(k) for k in value}
+    lowest = int(caps["min"].split(".")[0])
+    both = sorted(maps["generations"] & maps["excluded"])
+    if both:
+        found.append(f"{where}: generation {', '.join(map(str, both))} is both in generations and excluded: "
+                     f"a family runs on a generation or does not; take it out of one of them")
+    below = sorted(m for m in maps["generations"] if m < lowest)
+    if below:
+        found.append(f"{where}.generations {', '.join(map(str, below))} lie below min {caps['min']}: lower min, "
+                     f"or drop them")
+    if maps["generations"] and lowest not in maps["generations"]:
+        found.append(f"{where}.min {caps['min']} is of generation {lowest}, which generations "
+                     f"({', '.join(map(str, sorted(maps['generations'])))}) leaves out: add \"{lowest}\" to "
+                     f"generations, or raise min to the lowest generation it runs on")
+    return found
+
+
+def _default_problems(where: str, entry: dict) -> list[str]:
+    if "default_on" not in entry:
+        return []
+    default_on, found = entry["default_on"], []
+    if default_on != "all" and not (isinstance(default_on, list) and all(
+            isinstance(m, int) and not isinstance(m, bool) for m in default_on)):
+        return [f"{where}.default_on must be \"all\" or a list of GPU majors (9, 10), got {default_on!r}"]
+    caps = entry.get("capabilities")
+    if isinstance(default_on, list) and isinstance(caps, dict) and isinstance(caps.get("min"), str) \
+            and _CAPABILITY.fullmatch(caps["min"]):
+        lowest = int(caps["min"].split(".")[0])
+        generations = {int(k) for k in caps.get("generations", {}) if _MAJOR.fullmatch(str(k))}
+        excluded = {int(k) for k in caps.get("excluded", {}) if _MAJOR.fullmatch(str(k))}
+        cannot = [m for m in default_on if m < lowest or m in excluded or (generations and m not in generations)]
+        if cannot:
+            found.append(f"{where}.default_on names {', '.join(map(str, cannot))}, where its capabilities say it "
+                         f"does not run: take them out, or declare the generation in capabilities")
+    not_default = entry.get("not_default", {})
+    if not isinstance(not_default, dict) or not all(_MAJOR.fullmatch(str(k)) and isinstance(v, str)
+                                                    for k, v in not_default.items()):
+        found.append(f"{where}.not_default must be an object of {{\"<major>\": \"why\"}}, got {not_default!r}")
+    return found
+
+
+def _family(name: str, entry: dict, knobs: dict) -> Family:
+    """One family of a declaration problems() found no fault in."""
     default_on = entry["default_on"]
     caps = entry["capabilities"]
-    rules = _call_rules(call, where)
-    named = {str(v) for v in caps.get("generations", {}).values()}
-    if rules.head_sizes and set(rules.head_sizes) - named:
-        raise FamilyDeclarationError(f"{where}: call.head_sizes names generations it does not run on: "
-                                     f"{sorted(set(rules.head_sizes) - named)}")
     return Family(
         name=name, version=int(entry["version"]), made=entry["made"], build_knob=entry["build_knob"],
         min_capability=_capability(caps["min"]),
@@ -238,7 +423,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         default_on=None if default_on == "all" else tuple(int(m) for m in default_on),
         not_default={int(k): str(v) for k, v in entry.get("not_default", {}).items()},
         fallback=entry["fallback"], adapter=entry["adapter"], record=entry["record"],
-        call=rules,
+        call=_call_rules(entry.get("call", {})),
         head_size_rule=entry.get("head_size_rule"),
         artefacts=tuple(entry.get("artefacts", ())),
         head_dims_knob=entry.get("head_dims_knob"), dtypes_knob=entry.get("dtypes_knob"),
@@ -246,7 +431,7 @@ def _family(name: str, entry: Any, knobs: dict) -> Family:
         module=entry.get("module", ""), op_namespace=entry.get("op_namespace", ""),
         forward_op=entry.get("forward_op", ""), subpackage=entry.get("subpackage", ""),
         probe=entry.get("probe", ""), deps_check=entry.get("deps_check", ""),
-        install=entry.get("install", ""), pythons=tuple(pythons),
+        install=entry.get("install", ""), pythons=tuple(entry.get("pythons", [])),
         selectable_features=tuple(knobs[entry["features_knob"]].get("choices", ()))
         if entry.get("features_knob") else (),
         raw=entry)
@@ -318,24 +503,13 @@ def versions_text(families: Iterable[Family]) -> str:
 
 
 def parse(data: dict) -> Registry:
-    section = data.get("families")
-    if not isinstance(section, dict):
-        raise FamilyDeclarationError("cmake/knobs.json has no \"families\" section")
-    knobs = data.get("knobs", {})
-    families = tuple(_family(name, entry, knobs) for name, entry in section.items()
-                     if name not in ("about", "default_order"))
-    versions = [f.version for f in families]
-    if len(set(versions)) != len(versions):
-        raise FamilyDeclarationError(f"cmake/knobs.json: families declare a version twice: {versions}")
-    names = {f.name for f in families}
-    order = tuple(section.get("default_order", ()))
-    if sorted(order) != sorted(names):
-        raise FamilyDeclarationError(f"cmake/knobs.json: families.default_order {list(order)} must list "
-                                     f"every family once ({', '.join(sorted(names))})")
-    for f in families:
-        if f.fallback is not None and f.fallback not in names:
-            raise FamilyDeclarationError(f"cmake/knobs.json: families.{f.name}.fallback names no family")
-    return Registry(families, order)
+    """The registry of a declaration; FamilyDeclarationError naming every mistake (problems())."""
+    found = problems(data)
+    if found:
+        raise FamilyDeclarationError("cmake/knobs.json, families section:\n  " + "\n  ".join(found))
+    section, knobs = data["families"], data.get("knobs", {})
+    families = tuple(_family(name, entry, knobs) for name, entry in section.items() if name not in _SECTION_FIELDS)
+    return Registry(families, tuple(section["default_order"]))
 
 
 _registry: Optional[Registry] = None
@@ -356,3 +530,29 @@ def set_registry(new: Optional[Registry]) -> Optional[Registry]:
     global _registry
     previous, _registry = _registry, new
     return previous
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m vendored_flash_attn.families check FILE``: the declaration's mistakes, one a
+    line, exit status 1 when there is any (cmake/Families.cmake runs it at configure)."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "check":
+        print("usage: python -m vendored_flash_attn.families check DECLARATION.json", file=sys.stderr)
+        return 2
+    try:
+        with open(args[1], encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"{args[1]} cannot be read as JSON ({error}): fix the file", file=sys.stderr)
+        return 1
+    found = problems(data)
+    for line in found:
+        print(line)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

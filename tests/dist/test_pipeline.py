@@ -165,8 +165,8 @@ def dist_client(tmp_path, **env) -> subprocess.CompletedProcess:
 
     from support.cmake_runner import clean_env
 
-    root = tmp_path / "checkout"  # what the function uses: the scripts and dist-compile/
-    for folder in (".buildkite", "dist-compile"):
+    root = tmp_path / "checkout"  # what the function uses: the scripts, dist-compile/ and cmake/url_secrets.py
+    for folder in (".buildkite", "dist-compile", "cmake"):
         shutil.copytree(PROJECT / folder, root / folder)
     script = 'source .buildkite/scripts/common.sh; dist_client_for_build x86_64 /project; echo "conf=${SCCACHE_CONF:-}"'
     return subprocess.run(["bash", "-c", script], cwd=root, env=clean_env(**env), capture_output=True, text=True)

@@ -548,3 +548,180 @@ def test_scheduler_that_never_answers_at_configure_compiles_here_cached(sources,
     assert "0 ran on build servers, 0 here" in again.stdout, again.stdout
     assert dist_build(build) == report  # a build that compiled nothing leaves the record as it was
     print(f"configure with a silent scheduler: {took:.1f} s")
+
+
+# The cluster cannot hang a build (cmake/dist_bound.py): each unit the cluster does not finish
+# within its bound, or that sccache itself compiles here after giving up on a build server,
+# is a failure of the cluster: one line, and after 3 the rest of the build skips it.
+
+def silent_listener(port: int):
+    """A socket on <port> that the kernel accepts connections for and nobody answers."""
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    return s
+
+
+def test_a_scheduler_that_hangs_mid_build_cannot_hang_the_build(sources, tmp_path):
+    """The scheduler stops answering after the configure (it accepts, and says nothing): sccache
+    waits up to 20 min per unit (its request timeout). Each unit now waits its bound."""
+    c = start_cluster(tmp_path / "cluster", slots=2)
+    env = own_servers_env(tmp_path, c.client_conf("client"))
+    build = tmp_path / "build"
+    silent = None
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_UNIT_TIMEOUT": "5"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        first, *rest = cuda_units(build)[:5]
+        assert build_units(build, [first], env).returncode == 0
+        c.stop("scheduler")
+        silent = silent_listener(int(c.url.rsplit(":", 1)[1]))
+        started = time.monotonic()
+        built = build_units(build, rest, env)
+        took = time.monotonic() - started
+        end = end_of_build(build, env)
+    finally:
+        stop_build_servers(build, env)
+        for proc in c.procs.values():
+            proc.kill()
+        if silent is not None:
+            silent.close()
+    assert built.returncode == 0, built.output[-8000:]
+    out = built.output
+    assert out.count("vendored-flash-attn: the sccache-dist cluster failed") == 1, out[-5000:]
+    assert "(no answer within 5 s; the unit takes about" in out and "compiled here instead" in out
+    assert out.count("3 compiles failed on the sccache-dist cluster") == 1
+    assert "The cluster did not finish a unit in time" in out and "VFA_DIST_UNIT_TIMEOUT" in out
+    assert took < 3 * 5 + 4 * 120, f"{took:.0f} s"
+    report = dist_build(build)
+    assert report["launcher_fallbacks"] == 3 and report["cluster_turned_off"] is True, report
+    assert end.returncode == 0, end.output
+    print(f"4 units with a hung scheduler: {took:.1f} s")
+
+
+def test_a_build_server_that_hangs_mid_build_is_counted_and_left(sources, tmp_path):
+    """The build server stops (SIGSTOP: its port accepts, nothing answers): the scheduler gives
+    up assigning it a job after ~30 s and sccache compiles that step here, silently, then waits
+    again for the unit's next step (4 steps: ~2 min per unit). The launcher reads sccache's
+    fallback in the build's log as it happens, stops waiting and compiles the unit here: one
+    line, counted as a failure of the cluster. (Once the scheduler counts the hung server's
+    slots as taken, sccache compiles here at once, "Insufficient capacity": no wait, not counted.)"""
+    import signal as signals
+
+    c = start_cluster(tmp_path / "cluster", slots=2)
+    env = own_servers_env(tmp_path, c.client_conf("client"))
+    build = tmp_path / "build"
+    server = c.procs["server"]
+    sccache_dist = [int(p) for p in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()] \
+        or [server.pid]
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        first, *rest = cuda_units(build)[:5]
+        assert build_units(build, [first], env).returncode == 0
+        for pid in sccache_dist:
+            os.kill(pid, signals.SIGSTOP)
+        built = build_units(build, rest, env)
+        events = [line.split("\t") for line in (build / "vfa-progress.tsv").read_text().splitlines()]
+        end = end_of_build(build, env)
+    finally:
+        for pid in sccache_dist:
+            os.kill(pid, signals.SIGCONT)
+        stop_build_servers(build, env)
+        for proc in c.procs.values():
+            proc.kill()
+    assert built.returncode == 0, built.output[-8000:]
+    out = built.output
+    assert out.count("vendored-flash-attn: the sccache-dist cluster failed") == 1, out[-5000:]
+    assert "Could not perform distributed compile" not in out  # the reason, not sccache's words
+    assert "assign job failed" in out and "compiled here instead" in out
+    report = dist_build(build)
+    assert report["launcher_fallbacks"] >= 1, report  # the first unit, before the SIGSTOP, ran there
+    assert end.returncode == 0, end.output
+    seconds = {e[2].rsplit("/", 1)[-1]: float(e[4]) for e in events if e[0] == "end" and e[2] in rest}
+    assert len(seconds) == 4 and max(seconds.values()) < 110, seconds  # ~30 s of waiting, then compiled here
+    print(f"units with a hung build server: {seconds}")
+
+
+def test_a_build_server_whose_disk_fills_leaves_the_cluster_and_comes_back(tmp_path):
+    """cluster.py server --run watches its folder (dist-compile/server_health.py): below
+    --min-free-mb it stops sccache-dist, the scheduler drops the server, and it comes back once
+    there is room. The folder is a 64 MB tmpfs of the server's own mount namespace."""
+    c = start_cluster(tmp_path / "cluster", slots=1)
+    folder = tmp_path / "full-server"
+    folder.mkdir()
+    log = tmp_path / "full-server.log"
+    port = free_port()
+    cluster_cmd("server-token", "--dir", str(c.root / "scheduler"), "--public-addr", f"127.0.0.1:{port}",
+                "--out", str(tmp_path / "full.token"), env=c.env)
+    server_env = {k: v for k, v in c.env.items() if k != "VFA_DIST_SERVER_KEY"}
+    mount = 'mount -t tmpfs -o size=64m tmpfs "$0" && exec "$@"'
+    proc = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", mount, str(folder), sys.executable, str(CLUSTER), "server",
+         "--scheduler-url", c.url, "--public-addr", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "full.token"),
+         "--dir", str(folder), "--slots", "1", "--min-free-mb", "32", "--run", "--log", str(log)],
+        env=dict(server_env, SCCACHE_LOG="info"), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    (tmp_path / "client").mkdir()
+    env = client_env(tmp_path / "client", c.client_conf("status"))
+
+    def servers() -> int:
+        out = run([tool("sccache"), "--dist-status"], env=env).stdout
+        return json.loads(out)["SchedulerStatus"][1]["num_servers"]
+
+    def wait_for(what, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not what() and time.monotonic() < deadline:
+            time.sleep(1)
+        return bool(what())
+
+    fill = ["nsenter", f"--mount=/proc/{proc.pid}/ns/mnt", "dd", "if=/dev/zero", f"of={folder}/fill", "bs=1M",
+            "count=40"]
+    try:
+        assert wait_for(lambda: log.exists() and log.read_text().count("Server connected to scheduler") == 1, 30)
+        assert wait_for(lambda: servers() == 2, 30)  # this one and the cluster's own
+        assert subprocess.run(fill, capture_output=True).returncode == 0
+        import re
+        assert wait_for(lambda: re.search(r"has \d+ MB free, below --min-free-mb=32: stopping sccache-dist",
+                                          log.read_text()), 30), log.read_text()[-2000:]
+        assert wait_for(lambda: servers() == 1, 150), "the scheduler kept the server whose disk is full"
+        subprocess.run(["nsenter", f"--mount=/proc/{proc.pid}/ns/mnt", "rm", f"{folder}/fill"], check=True)
+        assert wait_for(lambda: log.read_text().count("Server connected to scheduler") == 2, 60), log.read_text()[-2000:]
+        assert "MB free again: starting sccache-dist" in log.read_text()
+    finally:
+        stop_client(env)
+        proc.terminate()
+        proc.wait(timeout=30)
+        for p in c.procs.values():
+            p.kill()
+
+
+def test_the_bound_and_the_log_reading_of_dist_bound(tmp_path):
+    """cmake/dist_bound.py without a cluster: the bound from the declared unit kinds, and which of
+    sccache's fallback lines count (a unit or one of nvcc's steps of it; a busy cluster does not)."""
+    sys.path.insert(0, str(PROJECT / "cmake"))
+    import dist_bound
+
+    (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps(
+        {"timeout": 0, "kinds": ["_vendored_fa3_C|FA3 CUDA|153|/instantiations/", "_vendored_fa2_C|FA2 CUDA|189|"]}))
+    fa3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_sm90.cu.o"
+    assert dist_bound.bound_seconds(str(tmp_path), fa3) == (612.0, 153.0)
+    assert dist_bound.bound_seconds(str(tmp_path), "CMakeFiles/_vendored_fa2_C.dir/src/x.cu.o") == (756.0, 189.0)
+    assert dist_bound.bound_seconds(str(tmp_path), "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api.cpp.o") \
+        == (120.0, 5.0)  # a C++ unit: the floor
+    (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps({"timeout": 7, "kinds": []}))
+    assert dist_bound.bound_seconds(str(tmp_path), fa3)[0] == 7.0
+
+    log = tmp_path / dist_bound.DIST_LOG
+    log.write_text("[t WARN sccache] [flash_fwd_hdim128_bf16_sm90.ptx]: Could not perform distributed compile, "
+                   "falling back to local: Insufficient capacity across 1 available servers: Failed to allocate job\n")
+    since = dist_bound.log_size(str(tmp_path))
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, 0) is None  # busy: not the cluster's failure
+    with log.open("a") as f:
+        f.write("[t WARN sccache] [other_unit.module_id]: Could not perform distributed compile, falling back to "
+                "local: Error 500: assign job failed\n"
+                "[t WARN sccache] [flash_fwd_hdim128_bf16_sm90.module_id]: Could not perform distributed compile, "
+                "falling back to local: Error 500: assign job failed\n")
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, since) == "Error 500: assign job failed"
+    assert dist_bound.silent_fallback(str(tmp_path), fa3, dist_bound.log_size(str(tmp_path))) is None

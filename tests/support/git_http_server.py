@@ -6,6 +6,8 @@
   ``root`` over smart HTTP through ``git http-backend`` (the reference CGI), for
   the first ``answer`` requests, then accepts and never answers: a server that
   starts a transfer and stops midway.
+* ``answers_everything_server()``: answers 200 and an empty body to every request:
+  no git there, though every request succeeds.
 """
 
 from __future__ import annotations
@@ -109,5 +111,38 @@ def stalling_git_server(root: Path, answer: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+class _AnswersEverything(BaseHTTPRequestHandler):
+    """200 with an empty text/plain body for every request: what a misconfigured web server,
+    a captive portal or a wrong path behind a catch-all route answers. git takes its empty
+    info/refs for a dumb-HTTP repository with no refs."""
+
+    def log_message(self, *args) -> None:
+        self.server.requests += 1  # type: ignore[attr-defined]
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = do_HEAD = _answer
+
+
+@contextlib.contextmanager
+def answers_everything_server() -> Iterator[ThreadingHTTPServer]:
+    """http://127.0.0.1:<port>/ answering 200 and nothing to every request; .requests counts them."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _AnswersEverything)
+    server.daemon_threads = True
+    server.requests = 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
         server.shutdown()
         server.server_close()

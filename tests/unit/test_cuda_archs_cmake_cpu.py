@@ -83,3 +83,36 @@ def test_without_fa2_a_gpu_fa3_does_not_run_on_is_a_warning(tmp_path):
 def test_lists_every_gpu_of_which_gets_code_pass(tmp_path, arch_list, knobs, fa2):
     got = chosen(select(tmp_path, arch_list, **knobs))
     assert got["FA2"].startswith(f"ok=TRUE code={fa2} reason=")
+
+
+# Arch lists the build cannot honour are refused with the project's own message (issue 30):
+# "+PTX" used to be dropped silently (9.0+PTX built sm_90a and compute_80 only), and a list of
+# separators reached torch's CMake, which failed with no word from the project.
+
+@pytest.mark.parametrize("arch_list, expected", [
+    ("9.0+PTX", "asks for 9.0+PTX, which this build cannot make: the only PTX it embeds is FA2's compute_80"),
+    ("8.0;10.0+PTX", "asks for 10.0+PTX, which this build cannot make"),
+    ("8.6+PTX;9.0", "asks for 8.6+PTX, which this build cannot make"),
+])
+def test_ptx_no_module_has_is_refused(tmp_path, arch_list, expected):
+    result = select(tmp_path, arch_list)
+    assert result.returncode != 0
+    assert f"TORCH_CUDA_ARCH_LIST='{arch_list}' {expected}" in result.text, result.output
+    assert "FA3 is sm_90a SASS only" in result.text and "Write" in result.text
+
+
+def test_fa2s_own_ptx_is_honoured_and_its_absence_refused(tmp_path):
+    got = chosen(select(tmp_path, "8.0+PTX;9.0"))
+    assert got["FA2"].startswith("ok=TRUE code=sm_80;compute_80")
+    result = select(tmp_path, "8.0+PTX;9.0", VFA_FA2_PTX="OFF")
+    assert result.returncode != 0
+    assert ("asks for 8.0+PTX, but VFA_FA2_PTX=OFF leaves FA2's compute_80 PTX out. Set VFA_FA2_PTX=ON, "
+            "or write 8.0 without +PTX.") in result.text
+
+
+@pytest.mark.parametrize("arch_list", [";", ";;", ", ;"])
+def test_a_list_that_names_no_architecture_is_refused(tmp_path, arch_list):
+    result = select(tmp_path, arch_list)
+    assert result.returncode != 0
+    assert "names no architecture" in result.text and 'such as "8.0;9.0", the default when it is not set' \
+        in result.text, result.output
