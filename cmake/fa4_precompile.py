@@ -155,7 +155,7 @@ def probe() -> dict:
     if problems and len(absent) == len(problems):
         # One short line (issue 29: this was 560 characters): the names, and the command.
         names = ", ".join(fa4_deps.requirement_name(r) for r in absent)
-        precompile_reason = f"this Python lacks FA4's packages ({names}): {fa4_deps.INSTALL_COMMAND}"
+        precompile_reason = f"{python} lacks FA4's packages ({names}): {fa4_deps.INSTALL_COMMAND}"
     elif problems:
         precompile_reason = (f"the build's {python} lacks FA4's dependencies: "
                              + "; ".join(problems) + f" (install them with: {fa4_deps.INSTALL_COMMAND})")

@@ -57,7 +57,7 @@ def test_the_record_holds_configure_facts_and_what_was_staged(staged):
 def test_probe_says_why_kernels_cannot_be_precompiled_here(precompile):
     found = precompile.probe()
     assert found["stage"] == ""
-    assert found["precompile"].startswith("this Python lacks FA4's packages (nvidia-cutlass-dsl")
+    assert found["precompile"].startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl")
 
 
 def test_a_best_effort_precompile_that_fails_warns_ships_nothing_and_records_why(precompile, staged, capsys):
@@ -397,6 +397,6 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
 
     monkeypatch.setattr(fa4_deps.metadata, "version", version)
     reason = precompile.probe()["precompile"]
-    assert reason.startswith("this Python lacks FA4's packages (nvidia-cutlass-dsl, ")
+    assert reason.startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl, ")
     assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
     assert len(reason) < 160, reason
