@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import statistics
 import sys
@@ -247,7 +248,7 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
                 return flash_attn_varlen_func(q, k, v, fa_version=fa_version, **call_kwargs)
             call()  # resolves the version and loads the real op into interface._resolved
             for key, entry in list(interface._resolved.items()):
-                interface._resolved[key] = entry._replace(op=stubs[entry.family.version])
+                interface._resolved[key] = dataclasses.replace(entry, op=stubs[entry.family.version])
             call()  # the stub records this call's op arguments
             calls_by_name[names[fa_version]] = call
         for version in sorted(recorded):
@@ -378,7 +379,7 @@ def stubbed_ops(upstream, cute, q):
     saved_resolved = dict(interface._resolved)
     for key, entry in saved_resolved.items():
         if entry.family.version in ours:
-            interface._resolved[key] = entry._replace(op=ours[entry.family.version])
+            interface._resolved[key] = dataclasses.replace(entry, op=ours[entry.family.version])
     saved_ops = {name: vars(torch.ops).get(name) for name in ("_vllm_fa2_C", "_vllm_fa3_C")}
     if upstream is not None:
         torch.ops._vllm_fa2_C = types.SimpleNamespace(varlen_fwd=make(2, [empty, empty], record=False))
