@@ -78,7 +78,7 @@ class ResolutionKey(NamedTuple):
 
     fa_version: Optional[int]      # as the caller named it; None: the selector chooses
     device: int                    # q.get_device()
-    env_version: Optional[str]     # VLLM_FLASH_ATTN_VERSION, read only when the selector chooses
+    env_version: object            # VLLM_FLASH_ATTN_VERSION as getenv_lookup answers (only when the selector chooses)
     alibi: bool                    # alibi_slopes given (the selector falls back to FA2)
     sinks: bool                    # s_aux given
     dtype: object                  # q.dtype
@@ -239,8 +239,9 @@ def _dispatch(call: VarlenCall):
     except (TypeError, RuntimeError):  # not numbers: validation says so
         pass
     alibi, sinks = call.alibi_slopes is not None, call.s_aux is not None
-    key = ResolutionKey._make((fa_version, device, env.getenv(ENV_VAR) if fa_version is None else None, alibi,
-                              sinks, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+    env_version = _version_lookup(_version_key) if fa_version is None else None
+    key = ResolutionKey._make((fa_version, device, env_version, alibi, sinks, dtype, num_heads, head_size,
+                              num_heads_k, head_size_v, needs))
     resolved = _resolved.get(key) or _resolve(key, q)
     if resolved.capture_guard:
         _refuse_capture(resolved, q)
@@ -268,17 +269,19 @@ def _dispatch(call: VarlenCall):
 
 # --- the quick path ------------------------------------------------------------------------
 #
-# What the quick path reads of the environment, kept here and refreshed when it is swapped:
-# asking current_environment() for them costs a call and two attribute reads per call.
-_getenv: Callable = current_environment().getenv
+# What a call reads of the environment, kept here and refreshed when it is swapped (asking
+# current_environment() for it costs a call and attribute reads per call). The version
+# override as Environment.getenv_lookup reads it: ResolutionKey.env_version on both paths.
+_version_lookup, _version_key = current_environment().getenv_lookup(ENV_VAR)
 _cuda_runtime = current_environment().device_type == "cuda"
 _cpu_runtime = current_environment().device_type == "cpu"  # a described machine's (tests)
 
 
 def _environment_swapped() -> None:
-    global _getenv, _cuda_runtime, _cpu_runtime
+    global _version_lookup, _version_key, _cuda_runtime, _cpu_runtime
     env = current_environment()
-    _getenv, _cuda_runtime, _cpu_runtime = env.getenv, env.device_type == "cuda", env.device_type == "cpu"
+    _version_lookup, _version_key = env.getenv_lookup(ENV_VAR)
+    _cuda_runtime, _cpu_runtime = env.device_type == "cuda", env.device_type == "cpu"
 
 
 on_environment_change(_environment_swapped)
@@ -352,7 +355,7 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             needs |= 4
         if num_splits > 1:
             needs |= 8
-        resolved = _resolved.get((fa_version, device, None if fa_version is not None else _getenv(ENV_VAR),
+        resolved = _resolved.get((fa_version, device, None if fa_version is not None else _version_lookup(_version_key),
                                   False, False, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
         if resolved is None or not resolved.quick:
             return None  # the full path resolves it (the next such call is quick) or refuses it

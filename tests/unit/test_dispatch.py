@@ -373,3 +373,20 @@ def test_the_quick_path_reads_the_version_override_on_every_call(describe, fake_
     for _ in range(2):
         flash_attn_varlen_func(**paged_call())
     assert [name for name, _ in fake_ops.calls] == ["fwd"] * 3 + ["varlen_fwd"] * 2
+
+
+def test_the_machines_lookup_of_the_override_follows_os_environ(monkeypatch):
+    """What the kinds of fa_version=None calls are keyed on, on the real machine
+    (Environment.getenv_lookup): equal answers exactly when the variable's values are."""
+    from vendored_flash_attn.environment import SystemEnvironment
+
+    lookup, key = SystemEnvironment().getenv_lookup("VLLM_FLASH_ATTN_VERSION")
+    monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION", raising=False)
+    assert lookup(key) is None
+    answers = []
+    for value in ("2", "3", "2"):
+        monkeypatch.setenv("VLLM_FLASH_ATTN_VERSION", value)
+        answers.append(lookup(key))
+    assert answers[0] != answers[1] and answers[0] == answers[2] and None not in answers
+    monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION")
+    assert lookup(key) is None
