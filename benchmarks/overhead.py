@@ -6,7 +6,7 @@ Inputs are decode-sized: 256 sequences x 1 token, 32 query / 8 KV heads, head di
 paged KV cache (page 16, block_table + seqused_k), bf16. Variants, per call:
   (a) flash_attn_varlen_func(..., fa_version=3)
   (b) flash_attn_varlen_func(..., fa_version=None)      (the selector picks)
-  (c) torch.ops._vendored_fa3_C.fwd(...) with exactly the arguments interface.py builds
+  (c) torch.ops._vendored_fa3_C.fwd(...) with exactly the arguments the interface builds
   (c') the same through the .default overload (no overload resolution), for reference
   (d) get_flash_attn_version() and get_flash_attn_version(head_size=128, dtype=bf16)
 and, when FA2 is built, (a2) fa_version=2 against (c2) torch.ops._vendored_fa2_C.varlen_fwd
@@ -148,7 +148,7 @@ def raw_op_args(inp: DecodeInputs) -> dict:
         1, 0, None,           # cp_world_size, cp_rank, cp_tot_seqused_k
     )
     # FA2 with a paged cache: the interface passes cu_seqlens_q as cu_seqlens_k (read,
-    # never used with a block table; see interface.py).
+    # never used with a block table; see fa2.py).
     fa2_args = (inp.q, inp.k, inp.v, None, inp.cu_seqlens_q, inp.cu_seqlens_q, inp.seqused_k, None,
                 inp.block_table, None, inp.max_seqlen_q, inp.max_seqlen_k, 0.0,
                 float(inp.softmax_scale), False, True, -1, -1, 0.0, False, 0, None)
