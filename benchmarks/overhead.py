@@ -6,7 +6,7 @@ Inputs are decode-sized: 256 sequences x 1 token, 32 query / 8 KV heads, head di
 paged KV cache (page 16, block_table + seqused_k), bf16. Variants, per call:
   (a) flash_attn_varlen_func(..., fa_version=3)
   (b) flash_attn_varlen_func(..., fa_version=None)      (the selector picks)
-  (c) torch.ops._vendored_fa3_C.fwd(...) with exactly the arguments interface.py builds
+  (c) torch.ops._vendored_fa3_C.fwd(...) with exactly the arguments the interface builds
   (c') the same through the .default overload (no overload resolution), for reference
   (d) get_flash_attn_version() and get_flash_attn_version(head_size=128, dtype=bf16)
 and, when FA2 is built, (a2) fa_version=2 against (c2) torch.ops._vendored_fa2_C.varlen_fwd
@@ -22,7 +22,9 @@ Three ways to measure it, all reported; the first is the headline:
            call and the raw variant replays exactly those (the JSON says they equal the
            raw variant's own argument list), so both sides make the same op call. Stable
            to ~0.1 us, where the two modes below carry the op's own host time (~40-60 us
-           on the H200 host, varying by 10+ us between batches) on both sides.
+           on the H200 host, varying by 10+ us between batches) on both sides. The calls
+           timed are the interface's quick path (its kinds resolved by the warm-up calls);
+           the JSON's "full_path_calls" counts those that reached the full path (0: none).
 
 Making CPU time measurable with the real op. A decode kernel takes ~0.5 ms on the GPU,
 far longer than the ~10-50 us of Python and C++ host code per call; timed back to back,
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import statistics
 import sys
@@ -145,7 +148,7 @@ def raw_op_args(inp: DecodeInputs) -> dict:
         1, 0, None,           # cp_world_size, cp_rank, cp_tot_seqused_k
     )
     # FA2 with a paged cache: the interface passes cu_seqlens_q as cu_seqlens_k (read,
-    # never used with a block table; see interface.py).
+    # never used with a block table; see fa2.py).
     fa2_args = (inp.q, inp.k, inp.v, None, inp.cu_seqlens_q, inp.cu_seqlens_q, inp.seqused_k, None,
                 inp.block_table, None, inp.max_seqlen_q, inp.max_seqlen_k, 0.0,
                 float(inp.softmax_scale), False, True, -1, -1, 0.0, False, 0, None)
@@ -247,7 +250,7 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
                 return flash_attn_varlen_func(q, k, v, fa_version=fa_version, **call_kwargs)
             call()  # resolves the version and loads the real op into interface._resolved
             for key, entry in list(interface._resolved.items()):
-                interface._resolved[key] = entry._replace(op=stubs[entry.family.version])
+                interface._resolved[key] = dataclasses.replace(entry, op=stubs[entry.family.version])
             call()  # the stub records this call's op arguments
             calls_by_name[names[fa_version]] = call
         for version in sorted(recorded):
@@ -258,12 +261,13 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
         gc.collect()
         gc.disable()
         try:
-            for _ in range(rounds):
-                for name, fn in calls_by_name.items():
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        fn()
-                    samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            with counting_full_checks() as full_path_calls:
+                for _ in range(rounds):
+                    for name, fn in calls_by_name.items():
+                        t0 = time.perf_counter()
+                        for _ in range(calls):
+                            fn()
+                        samples[name].append((time.perf_counter() - t0) / calls * 1e6)
         finally:
             gc.enable()
     finally:
@@ -275,7 +279,28 @@ def isolated(q, k, v, call_kwargs: dict, versions: list, rounds: int, calls: int
         if raw_args and version in raw_args:
             match[version] = _same_args(args, raw_args[version])
     return {"rows": rows, "overhead": overhead_rows({n: r["median_us"] for n, r in rows.items()}),
-            "args_match": match}
+            "args_match": match, "full_path_calls": full_path_calls[0]}
+
+
+@contextlib.contextmanager
+def counting_full_checks():
+    """Count the calls that reach the interface's full path while timing (its shared check,
+    validation.check_varlen_call, spied on): the common calls timed here take the quick path,
+    and a count above zero says the figures are not that path's."""
+    from vendored_flash_attn import interface
+
+    real = interface.check_varlen_call
+    count = [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    interface.check_varlen_call = counted
+    try:
+        yield count
+    finally:
+        interface.check_varlen_call = real
 
 
 def _same_args(a: tuple, b: tuple) -> bool:
@@ -378,7 +403,7 @@ def stubbed_ops(upstream, cute, q):
     saved_resolved = dict(interface._resolved)
     for key, entry in saved_resolved.items():
         if entry.family.version in ours:
-            interface._resolved[key] = entry._replace(op=ours[entry.family.version])
+            interface._resolved[key] = dataclasses.replace(entry, op=ours[entry.family.version])
     saved_ops = {name: vars(torch.ops).get(name) for name in ("_vllm_fa2_C", "_vllm_fa3_C")}
     if upstream is not None:
         torch.ops._vllm_fa2_C = types.SimpleNamespace(varlen_fwd=make(2, [empty, empty], record=False))
@@ -435,7 +460,9 @@ def side_by_side(q, k, v, kwargs: dict, upstream, cute, versions: list, *, round
                 fn()
             return (time.perf_counter() - t0) / calls * 1e6
 
-        result = {"isolated": _interleaved(fns, rounds, isolated_sample)}
+        with counting_full_checks() as full_path_calls:
+            result = {"isolated": _interleaved(fns, rounds, isolated_sample)}
+        result["full_path_calls"] = full_path_calls[0]
         ours = dict(recorded)
     if stalled:
         import torch
@@ -717,6 +744,7 @@ def print_results(result: dict, plain: bool = False) -> None:
         for version, same in sorted(iso["args_match"].items()):
             notes.append(f"    [isolated] FA{version}: the interface passed the raw variant's op arguments: "
                          f"{'yes' if same else 'NO (the comparison is not like for like)'}")
+        notes.append("    " + quick_path_note(iso.get("full_path_calls")))
     dropped = sum(r["dropped_batches"] for r in modes["stalled"]["rows"].values())
     if dropped:
         notes.append(f"{dropped} stalled batches dropped: the spin kernel ended before the batch was "
@@ -756,12 +784,22 @@ def print_side_by_side(section: dict, plain: bool = False) -> None:
     else:
         notes.append(f"upstream's wrapper: {info.get('source')} (blob {str(info.get('blob'))[:12]}, the pinned one: "
                      f"{'yes' if info.get('matches_pin') else 'NO'}); FA4 rows: {fa4}")
+    notes.append(quick_path_note(section.get("full_path_calls")))
     if section.get("cpu"):
         notes.append(f"CPU only ({section['cpu']}): Python work per call, no GPU")
     if section.get("stalled_held") is False:
         notes.append("some stalled batches outlived their spin kernel (raise --spin-ms): their host time is not pure")
     common.print_table("Against upstream's wrappers, us per call (isolated: stubbed ops; stalled: real ops)",
                        ["variant", "isolated median", "stalled median", "stalled min"], rows, notes, plain=plain)
+
+
+def quick_path_note(full_path_calls: Optional[int]) -> str:
+    if full_path_calls is None:
+        return "[isolated] quick path: not counted"
+    if full_path_calls == 0:
+        return "[isolated] this package's timed calls all took the quick path (no full check)"
+    return (f"[isolated] {full_path_calls} of this package's timed calls took the FULL path (its shared check): "
+            "these figures are not the quick path's")
 
 
 def parse_args(argv=None):

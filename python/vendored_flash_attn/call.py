@@ -10,6 +10,13 @@ ones) as one table each, and from each table the two things the package uses:
   signature whose body builds the call object and hands it to the package's code. It is
   generated from the table, as ``collections.namedtuple`` and ``dataclasses`` generate
   theirs, so ``inspect.signature`` shows upstream's parameters and a call costs one object.
+  Where the package has a quick path for the common calls (``quick``), the body first hands
+  it the arguments it names, as plain positional arguments, and builds the call object only
+  when the quick path declines: on every layer of every serving step, building the object
+  and reading its fields back cost more than the checks themselves.
+
+And the **launch contract** of the family adapters (``LAUNCH``, ``launch_arguments``): the
+arguments of a checked call as every family's ``launch`` takes them, positionally.
 
 A parameter upstream adds is added to its table here, and read by name where it is used;
 nothing else lists the parameters. ``fa_version``'s default differs from upstream's on
@@ -68,21 +75,28 @@ class Declared:
         return inspect.Signature([inspect.Parameter(p.name, kinds[p.keyword_only], default=p.default,
                                                     annotation=p.annotation) for p in self.parameters])
 
-    def function(self, dispatch: Callable, module: str, doc: str) -> Callable:
+    def function(self, dispatch: Callable, module: str, doc: str, quick: Optional[Callable] = None) -> Callable:
         """A function named like upstream's, with its signature, whose body is
-        ``return dispatch(<call object of every argument>)``."""
+        ``return dispatch(<call object of every argument>)``; with ``quick``, first
+        ``result = quick(<the arguments it names>)``, returned unless it is None (declined).
+        ``quick``'s parameters are declared names (any of them, in any order), plain
+        positional ones: it reads the arguments it needs as its own locals."""
         params, star = [], False
         for i, p in enumerate(self.parameters):
             if p.keyword_only and not star:
                 params.append("*")
                 star = True
             params.append(p.name if p.default is EMPTY else f"{p.name}=_default_{i}")
+        head = ""
+        if quick is not None:
+            head = (f"    result = _quick({', '.join(self._quick_parameters(quick))})\n"
+                    "    if result is not None:\n        return result\n")
         # The call object is filled slot by slot, not through its __init__ (a second frame).
-        source = (f"def {self.name}({', '.join(params)}):\n    call = _new(_Call)\n"
+        source = (f"def {self.name}({', '.join(params)}):\n{head}    call = _new(_Call)\n"
                   + "".join(f"    call.{name} = {name}\n" for name in self.names)
                   + "    return _dispatch(call)\n")
         namespace = {f"_default_{i}": p.default for i, p in enumerate(self.parameters)}
-        namespace.update(_dispatch=dispatch, _new=object.__new__, _Call=self.call_type)
+        namespace.update(_dispatch=dispatch, _quick=quick, _new=object.__new__, _Call=self.call_type)
         filename = f"<vendored_flash_attn.call: {self.name}>"
         # Its text where a traceback or a debugger looks for it.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -91,6 +105,17 @@ class Declared:
         function.__module__, function.__qualname__, function.__doc__ = module, self.name, doc
         function.__annotations__ = {p.name: p.annotation for p in self.parameters if p.annotation is not EMPTY}
         return function
+
+
+    def _quick_parameters(self, quick: Callable) -> list[str]:
+        kinds = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}
+        parameters = list(inspect.signature(quick).parameters.values())
+        wrong = [p.name for p in parameters
+                 if p.name not in self.names or p.kind not in kinds or p.default is not EMPTY]
+        if wrong:
+            raise ValueError(f"{self.name}: the quick path's parameters must be declared parameters, positional and "
+                             f"without defaults: {wrong}")
+        return [p.name for p in parameters]
 
 
 def _options() -> tuple[Parameter, ...]:
@@ -146,6 +171,30 @@ SparseCall = SPARSE.call_type
 SparseVarlenCall = SPARSE_VARLEN.call_type
 
 DECLARED = {d.name: d for d in (VARLEN, SPARSE, SPARSE_VARLEN)}
+
+
+# The launch contract: what every family adapter's ``launch(resolved, *LAUNCH)`` takes, in this
+# order, positionally - a checked call's arguments as the kernels take them: ints, bools and
+# floats of exact types, softmax_scale resolved (never None), the window as two ints (-1:
+# unbounded). It returns the kernels' result, out first and softmax_lse second. The
+# interface's quick path calls it with its own locals (no call object); an adapter's
+# declared ``forward(resolved, call, window, fp8)`` calls it with ``launch_arguments``.
+# What a family does not declare (q_v, alibi_slopes, s_aux, context parallelism) the shared
+# checks refused when set: its launch takes it and leaves it unread.
+LAUNCH = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+          "block_table", "out", "scheduler_metadata", "q_descale", "k_descale", "v_descale", "softmax_scale",
+          "causal", "window_left", "window_right", "softcap", "num_splits", "return_softmax_lse", "fp8",
+          "q_v", "alibi_slopes", "s_aux", "cp_world_size", "cp_rank", "cp_tot_seqused_k")
+
+
+def launch_arguments(call, window: tuple[int, int], fp8: bool) -> tuple:
+    """``call``'s arguments as LAUNCH orders and types them; ``window``:
+    validation.window_tuple(call.window_size); ``fp8``: whether q is FP8."""
+    return (call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.seqused_k, int(call.max_seqlen_q),
+            int(call.max_seqlen_k), call.block_table, call.out, call.scheduler_metadata, call.q_descale,
+            call.k_descale, call.v_descale, float(scale_of(call)), bool(call.causal), window[0], window[1],
+            float(call.softcap), int(call.num_splits), bool(call.return_softmax_lse), fp8, call.q_v,
+            call.alibi_slopes, call.s_aux, int(call.cp_world_size), int(call.cp_rank), call.cp_tot_seqused_k)
 
 
 def scale_of(call) -> float:

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 from .build_info import BuildInfo, BuildInfoMissing, load_build_info
 from .families import Family, registry
@@ -50,6 +50,13 @@ class Environment:
 
     def getenv(self, name: str) -> Optional[str]:
         raise NotImplementedError
+
+    def getenv_lookup(self, name: str) -> tuple[Callable[[object], object], object]:
+        """``(lookup, key)``: ``lookup(key)`` answers, on each call, a value equal to another of its
+        answers exactly when the variable's values are equal (None: unset) - what a cache keyed on
+        the variable may hold, read in the least time this environment allows (the interface reads
+        VLLM_FLASH_ATTN_VERSION on every fa_version=None call). By default getenv itself."""
+        return self.getenv, name
 
     def runtime_versions(self) -> dict:
         """torch / CUDA versions of this process, for ``info``."""
@@ -142,6 +149,13 @@ class SystemEnvironment(Environment):
     # The interface reads VLLM_FLASH_ATTN_VERSION on every fa_version=None call: the method
     # is the function itself, one Python frame fewer.
     getenv = staticmethod(_read_environ)
+
+    def getenv_lookup(self, name: str) -> tuple[Callable[[object], object], object]:
+        # os.environ's own dictionary, asked for the encoded name: the encoded value (bytes on
+        # POSIX), equal exactly when the values are; no frame, no decoding (a fifth of getenv's time).
+        if isinstance(_ENVIRON_DATA, dict) and _ENCODE_KEY is not None:
+            return _ENVIRON_DATA.get, _ENCODE_KEY(name)
+        return os.environ.get, name
 
     def runtime_versions(self) -> dict:
         try:

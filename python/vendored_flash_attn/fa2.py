@@ -1,5 +1,6 @@
-"""FA2's adapter: a call the shared checks (validation.py) passed (call.VarlenCall), onto the
-compiled module's ``varlen_fwd`` in the argument order of its schema (op_schemas.FA2_VARLEN_FWD).
+"""FA2's adapter: a call the shared checks (validation.py) passed, onto the compiled module's
+``varlen_fwd`` in the argument order of its schema (op_schemas.FA2_VARLEN_FWD): ``launch``,
+in the launch contract of call.LAUNCH; ``forward``, the declared adapter, for a call object.
 
 The family declaration (cmake/knobs.json, ``families.fa2``) names ``forward`` as its
 adapter; what FA2 takes and refuses (dtypes, features, block sizes divisible by 16, no
@@ -8,19 +9,20 @@ batched K/V) is declared there and checked by the shared validation before this 
 
 from __future__ import annotations
 
-from .call import VarlenCall, scale_of
+from .call import VarlenCall, launch_arguments
 
 
-def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
-    """(out, softmax_lse) of FA2's forward op (``resolved.op``) for a checked call. What FA2
-    has no use for (q_v, FP8 descales, sinks, scheduler metadata, context parallelism) was
-    refused by the shared checks when set, or is the descales vLLM passes on every call:
-    not read."""
-    del fp8  # FA2 declares no FP8: the shared checks refused it
-    cu_seqlens_q, cu_seqlens_k = call.cu_seqlens_q, call.cu_seqlens_k
+def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
+           scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right,
+           softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux, cp_world_size, cp_rank,
+           cp_tot_seqused_k):
+    """FA2's forward op (``resolved.op``) for a call the shared checks passed, in the launch
+    contract (call.LAUNCH); its result (out, softmax_lse, ...). What FA2 has no use for (q_v,
+    FP8, sinks, scheduler metadata, context parallelism) was refused by the shared checks when
+    set, or is the descales vLLM passes on every call: not read. The op returns LSE either way."""
     return resolved.op(
-        call.q, call.k, call.v,
-        call.out,
+        q, k, v,
+        out,
         cu_seqlens_q,
         # Paged cache: FA2's schema still wants cu_seqlens_k and its kernels read
         # entries b and b+1, but with a block_table the values never reach an
@@ -30,20 +32,29 @@ def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
         # allocation or kernel launch per call. (Upstream passes uninitialised
         # memory here.)
         cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
-        call.seqused_k,
+        seqused_k,
         None,              # leftpad_k
-        call.block_table,
-        call.alibi_slopes,
-        call.max_seqlen_q,
-        call.max_seqlen_k,
+        block_table,
+        alibi_slopes,
+        max_seqlen_q,
+        max_seqlen_k,
         0.0,               # p_dropout: built without dropout
-        float(scale_of(call)),
+        softmax_scale,
         False,             # zero_tensors
-        bool(call.causal),
-        window[0],
-        window[1],
-        float(call.softcap),
+        causal,
+        window_left,
+        window_right,
+        softcap,
         False,             # return_softmax: only meaningful with dropout
-        call.num_splits,
+        num_splits,
         None,              # gen: must be None
-    )[:2]
+    )
+
+
+def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
+    """FA2's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the shared
+    checks passed, through ``launch``."""
+    return launch(resolved, *launch_arguments(call, window, fp8))[:2]
+
+
+forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments

@@ -1,5 +1,6 @@
-"""FA3's adapter: a call the shared checks (validation.py) passed (call.VarlenCall), onto the
-compiled module's ``fwd`` in the argument order of its schema (op_schemas.FA3_FWD), and FA3's
+"""FA3's adapter: a call the shared checks (validation.py) passed, onto the compiled module's
+``fwd`` in the argument order of its schema (op_schemas.FA3_FWD) (``launch``, in the launch
+contract of call.LAUNCH; ``forward``, the declared adapter, for a call object), and FA3's
 ``get_scheduler_metadata``.
 
 The family declaration (cmake/knobs.json, ``families.fa3``) names ``forward`` as its
@@ -14,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .call import VarlenCall, scale_of
+from .call import VarlenCall, launch_arguments
 from .compiled import component, ops
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
@@ -150,14 +151,13 @@ def get_scheduler_metadata(
     return metadata
 
 
-def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
-    """(out, softmax_lse) of FA3's forward op (``resolved.op``), for a call the shared checks
-    passed. alibi_slopes is not read: FA3 declares no ALiBi, so the shared checks refused it."""
-    q, k, v = call.q, call.k, call.v
-    cu_seqlens_q, block_table = call.cu_seqlens_q, call.block_table
-    max_seqlen_q, max_seqlen_k = call.max_seqlen_q, call.max_seqlen_k
-    causal, softcap, num_splits = call.causal, call.softcap, call.num_splits
-    scheduler_metadata = call.scheduler_metadata
+def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
+           scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right,
+           softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux, cp_world_size, cp_rank,
+           cp_tot_seqused_k):
+    """FA3's forward op (``resolved.op``) for a call the shared checks passed, in the launch
+    contract (call.LAUNCH); its result (out, softmax_lse, ...). alibi_slopes is not read: FA3
+    declares no ALiBi, so the shared checks refused it; the op returns LSE either way."""
     if scheduler_metadata is not None:
         # Metadata get_scheduler_metadata computed for another call shape: compared once
         # per metadata tensor and call shape (scheduler_metadata.check_call), a lookup
@@ -168,54 +168,61 @@ def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
             v_shape = v.shape
             metadata_key = (cu_seqlens_q.numel() - 1, q.shape[1], v_shape[-2], q.shape[-1],
                             v_shape[-1], q.dtype, max_seqlen_q, max_seqlen_k,
-                            v_shape[1] if block_table is not None else None, causal, window,
+                            v_shape[1] if block_table is not None else None, causal, (window_left, window_right),
                             softcap, num_splits)
             if metadata_key != entry[3]:
                 check_scheduler_metadata(entry, resolved.comp, metadata_key)
     # Descales only mean something for FP8 data; FA3 ignores them otherwise, and
     # vLLM passes them on every call, so they are dropped rather than refused.
-    if fp8:
-        q_descale, k_descale, v_descale = call.q_descale, call.k_descale, call.v_descale
-    else:
+    if not fp8:
         q_descale = k_descale = v_descale = None
     try:
         return resolved.op(
             q, k, v,
             None, None,        # k_new, v_new
-            call.q_v,
-            call.out,
+            q_v,
+            out,
             cu_seqlens_q,
-            call.cu_seqlens_k,
+            cu_seqlens_k,
             None,              # cu_seqlens_k_new
-            None, call.seqused_k,  # seqused_q, seqused_k
+            None, seqused_k,   # seqused_q, seqused_k
             max_seqlen_q, max_seqlen_k,
             block_table,       # page_table
             None,              # kv_batch_idx
             None,              # leftpad_k
             None, None, None,  # rotary_cos, rotary_sin, seqlens_rotary
             q_descale, k_descale, v_descale,
-            float(scale_of(call)),
-            bool(causal),
-            window[0], window[1],
-            float(softcap),
+            softmax_scale,
+            causal,
+            window_left, window_right,
+            softcap,
             True,              # is_rotary_interleaved (no rotary here)
             scheduler_metadata,
             num_splits,
             None,              # pack_gqa: heuristic
             0,                 # sm_margin
-            call.s_aux,
-            call.cp_world_size,
-            call.cp_rank,
-            call.cp_tot_seqused_k,
-        )[:2]
+            s_aux,
+            cp_world_size,
+            cp_rank,
+            cp_tot_seqused_k,
+        )
     except RuntimeError as exc:
         # A metadata tensor get_scheduler_metadata did not return (a copy in a
         # CUDA-graph buffer) is checked by the op alone, before any kernel.
         refusal = None if scheduler_metadata is None else op_error(exc, MetadataArgs(
             cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[-2],
             q.shape[-1], v.shape[-1], q.dtype, True,
-            k.shape[1] if block_table is not None else None, bool(causal), window,
+            k.shape[1] if block_table is not None else None, causal, (window_left, window_right),
             softcap > 0, num_splits).as_call())
         if refusal is None:
             raise
         raise refusal from exc
+
+
+def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
+    """FA3's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the shared
+    checks passed, through ``launch``."""
+    return launch(resolved, *launch_arguments(call, window, fp8))[:2]
+
+
+forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments

@@ -7,9 +7,10 @@ and run with the ``[fa4]`` extra installed. Nothing here is imported by
 (``fa4_deps.check``, no cutlass import), then the import (seconds: cutlass, torch, the
 sources), then the two-level AOT kernel cache (fa4_cache).
 
-The family's adapter is ``forward``: the interface hands it vLLM's call (call.VarlenCall)
-after the shared checks and the debug checks every family's calls get; ``run`` is the same
-mapping for a given arch without them (the build's precompile step). It calls upstream's
+The family's adapter is ``forward`` (a call object, call.VarlenCall) and its ``launch`` (the
+same call in the launch contract, call.LAUNCH, which the interface's quick path uses): the
+interface hands it a call after the shared checks and the debug checks every family's calls
+get; ``run`` is the same mapping for a given arch without them (the build's precompile step). It calls upstream's
 ``_flash_attn_fwd`` — the function the pin's own ``vllm_flash_attn/flash_attn_interface.py``
 probes for, and the only one that takes the FP8 descales and ``fp8_kv_dequant`` — with every
 argument by name. What FA4 cannot do is refused before any kernel with ``FA4Unsupported``,
@@ -36,7 +37,7 @@ from typing import Optional
 import torch
 
 from . import fa4_cache, fa4_deps
-from .call import VarlenCall
+from .call import VarlenCall, launch_arguments
 from .environment import current_environment, on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 from .families import Family, registry, titles_text
@@ -149,7 +150,8 @@ _ACCEPTED: dict = {}
 on_environment_change(_ACCEPTED.clear)
 
 
-def check_call(family: Family, arch: int, call: VarlenCall, window: tuple[int, int]) -> bool:
+def check_call(family: Family, arch: int, q, k, v, block_table, seqused_k, softcap, num_splits, s_aux,
+               causal, window: tuple[int, int]) -> bool:
     """Refuse what FA4 cannot run on ``arch``; True when the call is FP8 KV with a 16-bit q
     (upstream's ``fp8_kv_dequant``). What every family refuses (shapes, dtypes, index
     tensors, out=, and the arguments of features FA4 does not declare: ALiBi, q_v,
@@ -158,30 +160,28 @@ def check_call(family: Family, arch: int, call: VarlenCall, window: tuple[int, i
     rule one of upstream's ``assert``s that the call would reach (interface.py and the kernel
     classes at the pin): ``python -O`` removes those, so none is left to them (docs/runtime.md
     lists each). The paged page-size rules that need upstream's tile choice are in ``_launch``.
-    ``window``: window_tuple(call.window_size)."""
-    q, k, v = call.q, call.k, call.v
-    num_splits, softcap = call.num_splits, call.softcap
-    key = (id(family), arch, q.dtype, k.dtype, v.dtype, q.shape[-1], v.shape[-1], call.block_table is not None,
-           num_splits > 1, call.s_aux is not None, softcap > 0, _is_local(window, call.causal),
-           call.seqused_k is not None)
+    The arguments are the call's (``window``: window_tuple(window_size))."""
+    key = (id(family), arch, q.dtype, k.dtype, v.dtype, q.shape[-1], v.shape[-1], block_table is not None,
+           num_splits > 1, s_aux is not None, softcap > 0, _is_local(window, causal), seqused_k is not None)
     known = _ACCEPTED.get(key)
     if known is not None and known[0] is family:
         return known[1]
-    fp8_kv_dequant = _check_call(family, arch, q, k, v, call, window)
+    fp8_kv_dequant = _check_call(family, arch, q, k, v, block_table, seqused_k, softcap, num_splits, s_aux, causal,
+                                 window)
     if len(_ACCEPTED) > 4096:  # odd shapes asked by a fuzzer: no unbounded growth
         _ACCEPTED.clear()
     _ACCEPTED[key] = (family, fp8_kv_dequant)
     return fp8_kv_dequant
 
 
-def _check_call(family: Family, arch: int, q, k, v, call: VarlenCall, window: tuple[int, int]) -> bool:
+def _check_call(family: Family, arch: int, q, k, v, block_table, seqused_k, softcap, num_splits, s_aux, causal,
+                window: tuple[int, int]) -> bool:
     generation = family.generations.get(arch // 10)
-    num_splits = call.num_splits
     if generation is None:  # the declaration's words: where it runs, or why not here
         problem = family.capability_problem(arch // 10, arch % 10, max(q.get_device(), 0))
         _refuse(f"{problem or f'{family.title} does not run on sm{arch}'}{_or_fallback(family)}")
     elsewhere = (lambda feature: f"needs {_those_that(family, arch, feature) or 'a family this package lacks'}")
-    if call.block_table is not None and generation == "sm120":
+    if block_table is not None and generation == "sm120":
         _refuse(f"a paged KV cache (block_table) on sm120 {elsewhere('paged')}: {family.title}'s sm120 kernel has "
                 "no paged KV at the pin")
     if generation == "sm120" and num_splits > 1:
@@ -211,7 +211,7 @@ def _check_call(family: Family, arch: int, q, k, v, call: VarlenCall, window: tu
                     "(float8_e4m3fn q, k, v)")
         if not (k.dtype == v.dtype == _E4M3):
             raise FlashAttnTypeError(f"FP8 KV needs float8_e4m3fn k and v, got {k.dtype} / {v.dtype}")
-        if call.block_table is None:
+        if block_table is None:
             _refuse(f"FP8 KV with a bf16/fp16 q needs a paged KV cache (block_table) in {family.title}; {with_all_fp8}")
         if head_size != head_size_v:
             _refuse(f"FP8 KV with a bf16/fp16 q needs equal q/k and v head sizes in {family.title}")
@@ -223,9 +223,9 @@ def _check_call(family: Family, arch: int, q, k, v, call: VarlenCall, window: tu
         fp8_kv_dequant = True
     if generation == "sm100" and head_size == head_size_v == 256:
         # Blackwell's dedicated hd256 kernel (sm100_hd256_2cta_fmha_forward.py) asserts each of these.
-        for asked, what in ((call.softcap > 0, "softcap"), (call.s_aux is not None, "attention sinks (s_aux)"),
-                            (call.seqused_k is not None, "seqused_k (a paged or batched KV cache)"),
-                            (_is_local(window, call.causal), "a sliding window"), (q.dtype == _E4M3, "FP8"),
+        for asked, what in ((softcap > 0, "softcap"), (s_aux is not None, "attention sinks (s_aux)"),
+                            (seqused_k is not None, "seqused_k (a paged or batched KV cache)"),
+                            (_is_local(window, causal), "a sliding window"), (q.dtype == _E4M3, "FP8"),
                             (num_splits > 1, f"num_splits={num_splits}")):
             if asked:
                 _refuse(f"{family.title}'s head-size-256 kernel on {generation} does not take {what} at the pin"
@@ -245,66 +245,81 @@ def single_split(generation: Optional[str], head_size: int, head_size_v: int) ->
     return generation == "sm100" and head_size == head_size_v and -(-head_size_v // 16) * 16 >= 192
 
 
+def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
+           scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right,
+           softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux, cp_world_size, cp_rank,
+           cp_tot_seqused_k):
+    """FA4's kernels for a call the interface's shared checks (validation.py, against FA4's
+    declaration) and debug checks passed, on q's GPU, in the launch contract (call.LAUNCH):
+    (out, softmax_lse); LSE is (num_heads, total_q), float32, as FA3's, or None unless asked.
+    What FA4 does not declare (scheduler_metadata, q_v, ALiBi, context parallelism) the shared
+    checks refused when set; FA4 tells FP8 q from FP8 KV itself (check_call)."""
+    return _launch(resolved.family, device_arch(q), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                   max_seqlen_k, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
+                   softmax_scale, causal, window_left, window_right, softcap, num_splits, return_softmax_lse, fp8,
+                   q_v, alibi_slopes, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k)
+
+
 def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
-    """FA4's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the
-    interface's shared checks (validation.py, against FA4's declaration) and debug checks
-    passed, on q's GPU. LSE is (num_heads, total_q), float32, as FA3's."""
-    del fp8  # FA4 tells FP8 q from FP8 KV itself (check_call)
-    return _launch(resolved.family, device_arch(call.q), call, window)
+    """FA4's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the shared
+    checks passed, through ``launch``."""
+    return launch(resolved, *launch_arguments(call, window, fp8))
+
+
+forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments
 
 
 def run(arch: int, *args, **kwargs):
     """vLLM's ``flash_attn_varlen_func`` call (its arguments, call.VARLEN) for a given ``arch``
     (90, 100, 120), FA4's own rules included and the shared checks not: the one mapping of a
-    call onto upstream's kernels, as ``forward`` makes it. The build's precompile step
+    call onto upstream's kernels, as ``launch`` makes it. The build's precompile step
     (cmake/fa4_precompile.py) calls this on fake tensors with the target's arch, so the kernels
     it ships have the very compile keys these calls reach at run time. Returns ``out``, or
     ``(out, softmax_lse)`` with ``return_softmax_lse=True``."""
     call = VarlenCall(*args, **kwargs)
-    out, lse = _launch(FAMILY, arch, call, window_tuple(call.window_size))
+    out, lse = _launch(FAMILY, arch, *launch_arguments(call, window_tuple(call.window_size), call.q.dtype == _E4M3))
     return (out, lse) if call.return_softmax_lse else out
 
 
-def _launch(family: Family, arch: int, call: VarlenCall, window: tuple[int, int]):
-    fp8_kv_dequant = check_call(family, arch, call, window)
+def _launch(family: Family, arch: int, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal,
+            window_left, window_right, softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux,
+            cp_world_size, cp_rank, cp_tot_seqused_k):
+    """``launch`` on a given ``arch`` (the call.LAUNCH arguments after family and arch)."""
+    window = (window_left, window_right)
+    fp8_kv_dequant = check_call(family, arch, q, k, v, block_table, seqused_k, softcap, num_splits, s_aux, causal,
+                                window)
     interface = load().interface
-    q, k, v = call.q, call.k, call.v
     left, right = _window(window)
     generation = family.generations.get(arch // 10)
     head_size, head_size_v = q.shape[-1], v.shape[-1]
-    block_table = call.block_table
     if block_table is not None and (fp8_kv_dequant or head_size % 16 or head_size_v % 16):
-        _check_page_size(family, interface, arch, call, left, right, fp8_kv_dequant)
-    fp8 = q.dtype == _E4M3 or fp8_kv_dequant
-    if fp8:
-        q_descale, k_descale, v_descale = call.q_descale, call.k_descale, call.v_descale
-    else:
+        _check_page_size(family, interface, arch, q, k, v, causal, left, right, fp8_kv_dequant)
+    if not (fp8_kv_dequant or q.dtype == _E4M3):
         # vLLM passes descales on every call; FA4 asserts they are None for 16-bit data.
         q_descale = k_descale = v_descale = None
-    num_splits = call.num_splits
     if num_splits < 1 and (arch // 10 == 12 or single_split(generation, head_size, head_size_v)):
         # upstream's sm120 path asserts num_splits == 1 (no heuristic there); on sm100 its
         # heuristic could pick a split that the kernel for these head sizes asserts against.
         num_splits = 1
-    softmax_scale = call.softmax_scale
     try:
         result = interface._flash_attn_fwd(
             q, k, v,
-            cu_seqlens_q=call.cu_seqlens_q,
-            cu_seqlens_k=call.cu_seqlens_k,
-            seqused_k=call.seqused_k,
-            max_seqlen_q=int(call.max_seqlen_q),
-            max_seqlen_k=int(call.max_seqlen_k),
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            seqused_k=seqused_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
             page_table=block_table,
-            softmax_scale=softmax_scale if softmax_scale is not None else head_size ** -0.5,
-            causal=bool(call.causal),
-            softcap=float(call.softcap),
+            softmax_scale=softmax_scale,
+            causal=causal,
+            softcap=softcap,
             window_size_left=left,
             window_size_right=right,
-            learnable_sink=call.s_aux,
-            num_splits=int(num_splits),  # < 1: upstream's heuristic, as 0 means for vLLM
-            return_lse=bool(call.return_softmax_lse),
-            out=call.out,
+            learnable_sink=s_aux,
+            num_splits=num_splits,  # < 1: upstream's heuristic, as 0 means for vLLM
+            return_lse=return_softmax_lse,
+            out=out,
             q_descale=q_descale,
             k_descale=k_descale,
             v_descale=v_descale,
@@ -317,16 +332,16 @@ def _launch(family: Family, arch: int, call: VarlenCall, window: tuple[int, int]
     return result[0], result[1]
 
 
-def _check_page_size(family: Family, interface, arch: int, call: VarlenCall,
+def _check_page_size(family: Family, interface, arch: int, q, k, v, causal: bool,
                      left: Optional[int], right: Optional[int], fp8_kv_dequant: bool) -> None:
     """A page size other than the kernel's tile reads K/V without TMA, which neither the FP8
     KV path nor head sizes off a multiple of 16 have (upstream asserts both): its own rules
     say which tile."""
     generation = family.generations.get(arch // 10)
-    head_size, head_size_v = call.q.shape[-1], call.v.shape[-1]
-    page_size = call.k.shape[1]
+    head_size, head_size_v = q.shape[-1], v.shape[-1]
+    page_size = k.shape[1]
     if generation == "sm90":
-        is_causal, is_local, _, _ = interface._resolve_causal_local_window(bool(call.causal), left, right)
+        is_causal, is_local, _, _ = interface._resolve_causal_local_window(causal, left, right)
         tile_n = interface._tile_size_fwd_sm90(head_size, head_size_v, is_causal, is_local).n_block_size
     else:
         tile_n = 128  # sm100's, unless a split with unequal head sizes halves it: refused below

@@ -4,16 +4,27 @@ Call-compatible with vLLM's ``vllm_flash_attn`` functions of the same names (sam
 parameters, order and defaults: ``flash_attn_varlen_func`` is generated from the one table
 of them, call.py), except that ``fa_version=None`` asks the selector. Each call: resolve
 its kind (family, build record, op, adapter) once per kind, check it with the shared checks
-(validation.py: the quick check for the common shapes, else the full one) against the
-family's declaration, and hand the checked call object (call.VarlenCall) to the family's
-declared adapter (families.py: ``adapter``; fa2.forward, fa3.forward, fa4.forward), which
-maps it onto its kernels and refuses what only that family cannot run.
+against the family's declaration, and hand it to the family's adapter, which maps it onto
+its kernels and refuses what only that family cannot run. Two paths do that:
+
+* the **quick path** (``_quick``), which the common calls of a serving engine take on every
+  layer of every step: it runs on the public function's own locals, finds the call's kind
+  already resolved, checks the call with flat metadata reads (a conservative subset of the
+  shared checks: it only accepts, never refuses), and calls the adapter's ``launch``
+  (call.LAUNCH) with the arguments as they are. No call object, no second set of rules;
+* the **full path** (``_dispatch``) for everything it declines: the call object
+  (call.VarlenCall), the resolution (which may refuse), the shared checks
+  (validation.check_varlen_call, which refuse with the precise message), the debug checks
+  and the capture refusal, then the family's declared adapter (families.py: ``adapter``;
+  fa2.forward, fa3.forward, fa4.forward), which launches it the same way.
+
 ``get_scheduler_metadata`` is the adapter's of the family declaring scheduler_metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -29,11 +40,10 @@ from .fa3 import get_scheduler_metadata, maybe_contiguous  # noqa: F401  (the pa
 from .families import Family, registry, titles_text
 from .kernels import dtype_name
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
-from .validation import (_is_local, check_q_device, check_varlen_call, quick_check_varlen_call,
-                         static_verdict, window_tuple)
+from .validation import _is_local, check_q_device, check_varlen_call, static_verdict, window_tuple
 
-_E4M3 = torch.float8_e4m3fn
-_new = tuple.__new__
+_Tensor = torch.Tensor
+_INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 #: FA version -> the torch.ops namespace of its compiled module (tests/gpu/test_sparse_gpu.py
 #: reads it here), from the family declaration.
@@ -63,11 +73,12 @@ def _device_index(tensor: torch.Tensor) -> int:
 
 class ResolutionKey(NamedTuple):
     """A kind of call: what its resolution (the family, and whether its calls may take the
-    quick check) depends on. Built on every call (with tuple.__new__, no __new__ frame)."""
+    quick path) depends on. The quick path looks it up as the plain tuple of these fields
+    (equal, and hashed alike), one allocation fewer on every call."""
 
     fa_version: Optional[int]      # as the caller named it; None: the selector chooses
     device: int                    # q.get_device()
-    env_version: Optional[str]     # VLLM_FLASH_ATTN_VERSION, read only when the selector chooses
+    env_version: object            # VLLM_FLASH_ATTN_VERSION as getenv_lookup answers (only when the selector chooses)
     alibi: bool                    # alibi_slopes given (the selector falls back to FA2)
     sinks: bool                    # s_aux given
     dtype: object                  # q.dtype
@@ -78,16 +89,28 @@ class ResolutionKey(NamedTuple):
     needs: int                     # the kernel features the call needs, bits of _NEEDS
 
 
-class Resolved(NamedTuple):
-    """The resolution of a kind of call, _resolved's value; what the adapter is handed."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolved:
+    """The resolution of a kind of call, _resolved's value; what the adapter is handed. (A
+    slotted class: the quick path reads its fields on every call, and a slot is read in half
+    the time of a named tuple's field.)"""
 
     family: Family
     comp: Optional[ComponentInfo]  # its build record; None: a family without one (FA4)
     op: object                     # a compiled family's forward op; None: the adapter reaches its kernels
     forward: Callable              # the family's adapter: forward(resolved, call, window, fp8)
-    static: bool                   # validation.static_verdict: its calls may take the quick check
+    static: bool                   # validation.static_verdict: its calls may take the quick path
     debug: bool                    # VFA_DEBUG_CHECKS
     capture_guard: bool            # ask whether the stream is capturing (see _refuse_capture)
+    # The quick path's: the adapter's launch(resolved, *call.LAUNCH) (None: it has none), and
+    # whether the quick path may take this kind's calls at all: static, a launch, and nothing
+    # asked per call (no capture guard, no debug checks). What of the family's declaration it
+    # reads per call, here rather than two attribute hops away:
+    launch: Optional[Callable]
+    quick: bool
+    page_size_multiple: int        # family.call's
+    max_num_splits: int            # family.call's; 0: no limit (its split feature is in `static`)
+    takes_scheduler_metadata: bool  # the family declares the feature
 
 
 # One dictionary lookup per call: asking the selector costs microseconds on every layer of
@@ -96,7 +119,8 @@ _resolved: dict = {}
 on_environment_change(_resolved.clear)
 
 # Bits of ResolutionKey.needs: the kernel features a call needs (the selector falls back to
-# FA2 when this wheel's FA3 lacks one that FA2 has; the quick check's verdict depends on them).
+# FA2 when this wheel's FA3 lacks one that FA2 has; whether the quick path may take a call
+# depends on them).
 _NEEDS = ((1, "paged"), (2, "softcap"), (4, "local"), (8, "split"))
 _NO_WINDOW = (-1, -1)
 
@@ -112,8 +136,13 @@ def _resolve(key: ResolutionKey, tensor: torch.Tensor) -> Resolved:
         family, comp, key.dtype, key.num_heads, key.head_size, key.num_heads_k, key.head_size_v,
         *(bool(key.needs & bit) for bit, _ in _NEEDS))
     debug = debug_checks_enabled()
-    hit = _resolved[key] = Resolved(family, comp, _forward_op(family), family.adapter_function(), static, debug,
-                                    debug or not family.call.cuda_graphs)
+    guard = debug or not family.call.cuda_graphs
+    forward = family.adapter_function()
+    launch = getattr(forward, "launch", None)
+    hit = _resolved[key] = Resolved(
+        family, comp, _forward_op(family), forward, static, debug, guard, launch,
+        static and launch is not None and not guard, family.call.page_size_multiple,
+        family.call.max_num_splits or 0, "scheduler_metadata" in family.features)
     return hit
 
 
@@ -169,7 +198,7 @@ def _resolve_family(fa_version, tensor: torch.Tensor, **traits) -> Family:
 
 
 def _dispatch(call: VarlenCall):
-    """flash_attn_varlen_func's body (the function itself is generated from call.VARLEN)."""
+    """The full path: flash_attn_varlen_func's body for every call the quick path declines."""
     q = call.q
     if not isinstance(q, torch.Tensor):
         raise FlashAttnTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -198,7 +227,7 @@ def _dispatch(call: VarlenCall):
         v_shape = v.shape if isinstance(v, torch.Tensor) else None
         head_size_v = v_shape[-1] if v_shape else None
     # The kernel features the call needs (_NEEDS): part of the key, as the selector's answer
-    # and the quick check's verdict depend on them.
+    # and whether the quick path may take such calls depend on them.
     needs = 1 if call.block_table is not None else 0
     if (window[0] >= 0 or window[1] >= 0) and _is_local(window, causal):
         needs |= 4
@@ -210,8 +239,9 @@ def _dispatch(call: VarlenCall):
     except (TypeError, RuntimeError):  # not numbers: validation says so
         pass
     alibi, sinks = call.alibi_slopes is not None, call.s_aux is not None
-    key = _new(ResolutionKey, (fa_version, device, env.getenv(ENV_VAR) if fa_version is None else None, alibi,
-                               sinks, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+    env_version = _version_lookup(_version_key) if fa_version is None else None
+    key = ResolutionKey._make((fa_version, device, env_version, alibi, sinks, dtype, num_heads, head_size,
+                              num_heads_k, head_size_v, needs))
     resolved = _resolved.get(key) or _resolve(key, q)
     if resolved.capture_guard:
         _refuse_capture(resolved, q)
@@ -223,25 +253,189 @@ def _dispatch(call: VarlenCall):
         call = dataclasses.replace(call, q=maybe_contiguous(q), k=maybe_contiguous(k) if isinstance(k, torch.Tensor) else k,
                              v=maybe_contiguous(v) if isinstance(v, torch.Tensor) else v)
         q = call.q
-    # The common call shapes take the quick check (validation.py); the others, and every
-    # call it does not accept, the full one, which raises with the precise message.
     family, comp = resolved.family, resolved.comp
-    if resolved.static and quick_check_varlen_call(family, comp, device, q_shape, v_shape, dtype, call, window,
-                                                   True, k_shape):
-        # It accepts exact ints only (and cp_world_size 1, cp_rank 0): nothing to convert.
-        fp8 = dtype is _E4M3
-    else:
-        fp8 = check_varlen_call(family, comp, env.device_type, call, window).fp8
-        # Integral scalars as the plain ints the kernels' schemas take (a rare path).
-        call = dataclasses.replace(call, max_seqlen_q=int(call.max_seqlen_q), max_seqlen_k=int(call.max_seqlen_k),
-                             num_splits=int(call.num_splits), cp_world_size=int(call.cp_world_size),
-                             cp_rank=int(call.cp_rank))
+    fp8 = check_varlen_call(family, comp, env.device_type, call, window).fp8
+    # Integral scalars as the plain ints the kernels' schemas take.
+    call = dataclasses.replace(call, max_seqlen_q=int(call.max_seqlen_q), max_seqlen_k=int(call.max_seqlen_k),
+                               num_splits=int(call.num_splits), cp_world_size=int(call.cp_world_size),
+                               cp_rank=int(call.cp_rank))
     if resolved.debug:
         run_debug_checks(q=q, k=call.k, cu_seqlens_q=call.cu_seqlens_q, cu_seqlens_k=call.cu_seqlens_k,
                          seqused_k=call.seqused_k, block_table=call.block_table,
                          max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k)
     out, softmax_lse = resolved.forward(resolved, call, window, fp8)
     return (out, softmax_lse) if call.return_softmax_lse else out
+
+
+# --- the quick path ------------------------------------------------------------------------
+#
+# What a call reads of the environment, kept here and refreshed when it is swapped (asking
+# current_environment() for it costs a call and attribute reads per call). The version
+# override as Environment.getenv_lookup reads it: ResolutionKey.env_version on both paths.
+_version_lookup, _version_key = current_environment().getenv_lookup(ENV_VAR)
+_cuda_runtime = current_environment().device_type == "cuda"
+_cpu_runtime = current_environment().device_type == "cpu"  # a described machine's (tests)
+
+
+def _environment_swapped() -> None:
+    global _version_lookup, _version_key, _cuda_runtime, _cpu_runtime
+    env = current_environment()
+    _version_lookup, _version_key = env.getenv_lookup(ENV_VAR)
+    _cuda_runtime, _cpu_runtime = env.device_type == "cuda", env.device_type == "cpu"
+
+
+on_environment_change(_environment_swapped)
+_get_device, _is_cpu = torch.Tensor.get_device, operator.attrgetter("is_cpu")
+
+
+def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p,
+           softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, return_softmax_lse, out,
+           scheduler_metadata, q_descale, k_descale, v_descale, num_splits, fa_version, s_aux, cp_world_size,
+           cp_rank, cp_tot_seqused_k):
+    """The quick path: the result of a common call, or None to decline it (the full path,
+    _dispatch, then takes it, and refuses it if it is wrong). call.VARLEN's generated
+    function hands it these arguments as they came.
+
+    A conservative subset of the shared checks (validation.check_varlen_call), on flat
+    metadata reads, each tensor's read once: the two call shapes serving engines make on
+    every layer (packed varlen, paged KV) of a kind of call the full path has resolved and
+    found static_verdict-clean, with the arguments of what only some families take unset,
+    exact ints and floats as the kernels take them, every tensor on q's device. It never
+    refuses (a call it does not accept goes to the full path, whose messages and verdicts
+    stay the only ones) and never accepts what the full path refuses
+    (tests/unit/test_quick_check.py holds it to that on a corpus of broken calls). What it
+    does not ask per call: the stream's capture state and the debug checks (a kind of call
+    that needs either is not quick: Resolved.quick).
+
+    Nothing is left to the compiled ops' own argument checks: their messages name C++
+    internals, and a module linked with a private static libstdc++ died on a failing
+    STD_TORCH_CHECK (SIGSEGV) instead of raising - found by tests/gpu/test_bad_input.py when
+    the quick check once relied on them; cmake/CxxRuntime.cmake now refuses such a compiler.
+    The one check left to an op is scheduler_metadata's size for a tensor
+    get_scheduler_metadata did not return (scheduler_metadata.op_error), which Python cannot
+    know."""
+    # The scalars: what only unusual calls set at their defaults, the rest of exact types
+    # (nothing to convert, and no tensor whose comparison would read the device).
+    if (type(q) is not _Tensor or q_v is not None or alibi_slopes is not None or s_aux is not None
+            or cp_tot_seqused_k is not None or type(cp_world_size) is not int or cp_world_size != 1
+            or type(cp_rank) is not int or cp_rank != 0 or type(dropout_p) is not float or dropout_p != 0.0
+            or type(max_seqlen_q) is not int or max_seqlen_q < 0 or type(max_seqlen_k) is not int
+            or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
+            or (causal is not True and causal is not False)
+            or (return_softmax_lse is not True and return_softmax_lse is not False)
+            or (softmax_scale is not None and type(softmax_scale) is not float)
+            or (fa_version is not None and type(fa_version) is not int)):
+        return None
+    if type(softcap) is not float:
+        if type(softcap) is not int:
+            return None
+        softcap = float(softcap)  # vLLM passes 0 for "off"; the ops take a float
+    if softcap < 0:
+        return None
+    if window_size is None:
+        left = right = -1
+    elif (type(window_size) is tuple or type(window_size) is list) and len(window_size) == 2:
+        left, right = window_size
+        if type(left) is not int or type(right) is not int:
+            return None
+    else:
+        return None
+    try:
+        q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+        total_q, num_heads, head_size = q_shape  # ValueError unless 3-D
+        num_heads_k, head_size_v = k_shape[-2], v_shape[-1]
+        device = q.get_device()  # -1 unless a CUDA tensor
+        dtype = q.dtype
+        # The kind of call (ResolutionKey, as a plain tuple); what it needs of the kernels:
+        # bits of _NEEDS.
+        needs = 0 if block_table is None else 1
+        if softcap > 0:
+            needs |= 2
+        if (left >= 0 or right >= 0) and _is_local((left, right), causal):
+            needs |= 4
+        if num_splits > 1:
+            needs |= 8
+        resolved = _resolved.get((fa_version, device, None if fa_version is not None else _version_lookup(_version_key),
+                                  False, False, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+        if resolved is None or not resolved.quick:
+            return None  # the full path resolves it (the next such call is quick) or refuses it
+        if k.dtype is not dtype or v.dtype is not dtype:
+            return None
+        # Every tensor on q's device, q on the runtime's device type: one read per tensor.
+        if device >= 0:  # a CUDA tensor: compare device indexes
+            if not _cuda_runtime:
+                return None
+            where, here = _get_device, device
+        elif _cpu_runtime and q.is_cpu:  # a described CPU machine (the tests): get_device() is
+            where, here = _is_cpu, True  # -1 for cpu and meta tensors alike
+        else:
+            return None
+        if (where(k) != here or where(v) != here or where(cu_seqlens_q) != here
+                or (cu_seqlens_k is not None and where(cu_seqlens_k) != here)
+                or (seqused_k is not None and where(seqused_k) != here)
+                or (block_table is not None and where(block_table) != here)
+                or (out is not None and where(out) != here)
+                or (scheduler_metadata is not None and where(scheduler_metadata) != here)
+                or (q_descale is not None and where(q_descale) != here)
+                or (k_descale is not None and where(k_descale) != here)
+                or (v_descale is not None and where(v_descale) != here)):
+            return None
+        (batch_plus_1,) = cu_seqlens_q.shape  # ValueError unless 1-D
+        batch = batch_plus_1 - 1
+        if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
+            return None
+        # k and v agree in all but the last dimension (one comparison when the head sizes
+        # match, the common case).
+        if k_shape != v_shape and (len(k_shape) != len(v_shape) or k_shape[:-1] != v_shape[:-1]):
+            return None
+        if block_table is not None:  # paged
+            if cu_seqlens_k is not None or seqused_k is None:
+                return None
+            _, block_size, _, head_size_k = k_shape  # ValueError unless 4-D
+            (used,) = seqused_k.shape
+            rows, _ = block_table.shape
+            if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
+                    or block_table.dtype is not _INT32 or rows != batch
+                    or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
+                    or block_size % resolved.page_size_multiple):
+                return None
+        else:  # packed
+            if cu_seqlens_k is None or seqused_k is not None:
+                return None
+            _, _, head_size_k = k_shape  # ValueError unless 3-D
+            (k_offsets,) = cu_seqlens_k.shape
+            if (k_offsets != batch_plus_1 or cu_seqlens_k.dtype is not _INT32
+                    or not cu_seqlens_k.is_contiguous()):
+                return None
+        if head_size_k != head_size:
+            return None
+        fp8 = dtype is _E4M3
+        if out is not None and (out.dtype is not (_BF16 if fp8 else dtype)
+                                or out.shape != (total_q, num_heads, head_size_v)
+                                or (not out.is_contiguous() and out.stride(-1) != 1)):
+            return None
+        if fp8 and (q_descale is not None or k_descale is not None or v_descale is not None):
+            for d in (q_descale, k_descale, v_descale):
+                if d is not None and (d.dtype is not _FLOAT32 or d.shape != (batch, num_heads_k)):
+                    return None
+        if num_splits > 1 and resolved.max_num_splits and num_splits > resolved.max_num_splits:
+            return None
+        if scheduler_metadata is not None and (
+                not resolved.takes_scheduler_metadata or scheduler_metadata.dtype is not _INT32
+                or scheduler_metadata.dim() != 1 or not scheduler_metadata.is_contiguous()):
+            return None
+        # A q/k/v whose last dim is strided: the full path copies it, as upstream does.
+        if ((not q.is_contiguous() and q.stride(-1) != 1) or (not k.is_contiguous() and k.stride(-1) != 1)
+                or (not v.is_contiguous() and v.stride(-1) != 1)):
+            return None
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
+        return None  # not tensors, odd types or shapes: the full path explains
+    result = resolved.launch(
+        resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
+        scheduler_metadata, q_descale, k_descale, v_descale,
+        head_size ** -0.5 if softmax_scale is None else softmax_scale, causal, left, right, softcap, num_splits,
+        return_softmax_lse, fp8, None, None, None, 1, 0, None)
+    return (result[0], result[1]) if return_softmax_lse else result[0]
 
 
 flash_attn_varlen_func = VARLEN.function(_dispatch, __name__, """\
@@ -254,4 +448,4 @@ seqused_k. GQA/MQA when num_heads is a multiple of num_heads_k. Returns out, or
 choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
 (num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
 ``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
-""")
+""", quick=_quick)

@@ -5,7 +5,8 @@ allocations, sometimes after a kernel), reads worse, and some mistakes it does n
 catch at all (FA3 silently ignores several arguments). Everything here reads tensor
 metadata only: no ``.item()``, no reductions, no device sync. The expensive checks
 (index ranges, monotonic offsets) run only when ``VFA_DEBUG_CHECKS=1``
-(see ``debug_checks``).
+(see ``debug_checks``). The interface's quick path (interface._quick) accepts the common
+calls on a subset of these rules without refusing any; everything else comes here.
 
 One set of checks for every family: what differs between families is read off their
 declaration (families.py: dtypes, features, ``call``) and their build record, never off
@@ -21,10 +22,12 @@ import torch
 
 from .build_info import ComponentInfo
 from .call import VarlenCall
-from .environment import on_environment_change
 from .errors import FlashAttnInputError, FlashAttnTypeError
 from .families import Family, registry, titles_text, versions_text
 from .kernels import dtype_name, dtype_problem, feature_problem, head_size_problem
+
+
+_E4M3 = torch.float8_e4m3fn
 
 
 class CallShape(NamedTuple):
@@ -358,176 +361,25 @@ def _is_local(window, causal) -> bool:
     return (left >= 0 or right >= 0) and not is_causal
 
 
-# --- the hot path ---------------------------------------------------------------------
+# --- what the quick path may take, decided once per kind of call ---------------------------
 #
-# check_varlen_call reads every argument through small helpers that build messages;
-# that costs ~15 us per call in Python, more than the op itself on a decode step. The
-# two call shapes serving engines make on every layer (packed varlen prefill, paged KV)
-# are checked here with flat metadata reads instead. What does not depend on the step
-# (dtype, head sizes, features against this wheel) is decided once per signature by
-# check_varlen_call's own rules and cached. Anything unusual, and every failure, goes to
-# check_varlen_call, so the messages and the verdicts stay its own: this is a
-# conservative shortcut, never a second set of rules.
-#
-# Nothing is left to the compiled ops' own argument checks: their messages name C++
-# internals, and a module linked with a private static libstdc++ died on a failing
-# STD_TORCH_CHECK (SIGSEGV) instead of raising - found by tests/gpu/test_bad_input.py when
-# this path once relied on them; cmake/CxxRuntime.cmake now refuses such a compiler. The
-# one check left to an op is scheduler_metadata's size for a tensor get_scheduler_metadata
-# did not return (scheduler_metadata.op_error), which Python cannot know.
-
-# id(comp) -> (comp, signatures accepted for it). The entry holds comp: while it is
-# alive its id cannot be reused by another ComponentInfo (a verdict keyed on a bare
-# id(comp) was once handed to a later build's ComponentInfo at the same address).
-# Keyed on the id rather than on comp itself because hashing the frozen dataclass
-# costs ~0.4 us per call.
-_ACCEPTED: dict = {}
-on_environment_change(_ACCEPTED.clear)  # another build info, other verdicts
-
-
-def _static_ok(signature, family, comp) -> bool:
-    (_, dtype, head_size, head_size_v, num_heads, num_heads_k, paged, softcap_on, local,
-     split) = signature
-    name = dtype_name(dtype)
-    needed = [f for f, on in (("paged", paged), ("softcap", softcap_on), ("local", local),
-                              ("split", split)) if on]
-    ok = (
-        name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
-        and dtype_problem(family, comp, name, shown=str(dtype)) is None
-        and head_size_problem(family, comp, head_size, head_size_v, name) is None
-        and not family.features_missing(comp.features if comp is not None else (), needed)
-    )
-    if ok:
-        entry = _ACCEPTED.get(id(comp))
-        if entry is None or entry[0] is not comp:
-            entry = _ACCEPTED[id(comp)] = (comp, set())
-        entry[1].add(signature)
-    return ok
-
-
-_INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn
+# The interface's quick path (interface._quick) checks the common calls with flat metadata
+# reads; what does not depend on the step (dtype, heads, head sizes, the kernel features a
+# call needs, against this wheel) it does not check per call: the interface asks
+# static_verdict when it resolves a kind of call and keeps the answer with the resolution
+# (cleared with it when the environment, and so the build record, changes).
 
 
 def static_verdict(family, comp, dtype, num_heads: int, head_size: int, num_heads_k: int,
                    head_size_v: int, paged: bool, softcap_on: bool, local: bool, split: bool) -> bool:
     """Whether calls of this static signature (dtype, heads, head sizes, the features they
-    need) can take the quick check at all: check_varlen_call's own rules, decided once. The
-    interface asks this when it resolves a kind of call and keeps the answer with the
-    resolution (one dictionary lookup per call instead of a second one here)."""
-    return _static_ok((family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
-                       softcap_on, local, split), family, comp)
-
-
-def quick_check_varlen_call(family, comp, device: int, q_shape, v_shape, dtype, call: VarlenCall,
-                            window: tuple[int, int], static=None, k_shape=None) -> bool:
-    """True: the call is one of the common shapes and valid; False: ask check_varlen_call
-    (which raises with the precise message, or accepts a rarer call). ``device``,
-    ``q_shape``, ``v_shape``, ``dtype``: q.get_device(), q.shape, v.shape, q.dtype, which
-    the caller has read already; it has also checked that q is on the runtime's device
-    type. ``window``: window_tuple(call.window_size). ``static``: the static_verdict of the
-    call's signature where the caller has it (None: decided here, from the verdicts cached
-    per build record); ``k_shape``: k.shape where the caller read it. Only exact ints pass as
-    max_seqlen_q/k and num_splits, and only the plain cp_world_size=1, cp_rank=0: a call this
-    accepts needs no conversion."""
-    try:
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k = (call.q, call.k, call.v, call.cu_seqlens_q,
-                                                           call.cu_seqlens_k, call.seqused_k)
-        max_seqlen_q, max_seqlen_k, num_splits, softcap = (call.max_seqlen_q, call.max_seqlen_k, call.num_splits,
-                                                           call.softcap)
-        block_table, out, scheduler_metadata = call.block_table, call.out, call.scheduler_metadata
-        q_descale, k_descale, v_descale = call.q_descale, call.k_descale, call.v_descale
-        cp_world_size, cp_rank = call.cp_world_size, call.cp_rank
-        if (type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or max_seqlen_q < 0
-                or max_seqlen_k < 0 or type(num_splits) is not int or num_splits < 0
-                or call.dropout_p != 0 or softcap < 0
-                # what only some families take, and their arguments: the full check's
-                or call.q_v is not None or call.alibi_slopes is not None or call.s_aux is not None
-                or call.cp_tot_seqused_k is not None or type(cp_world_size) is not int or cp_world_size != 1
-                or type(cp_rank) is not int or cp_rank != 0):
-            return False
-        total_q, num_heads, head_size = q_shape  # ValueError unless 3-D
-        fp8 = dtype is _E4M3
-        if k.dtype is not dtype or v.dtype is not dtype:
-            return False
-        # Every tensor on q's device. get_device() is -1 for cpu and meta alike (the CPU
-        # test machine), so whole devices are compared there.
-        if device < 0:
-            q_device = q.device
-            for x in (k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out,
-                      scheduler_metadata, q_descale, k_descale, v_descale):
-                if x is not None and x.device != q_device:
-                    return False
-        elif (k.get_device() != device or v.get_device() != device
-              or cu_seqlens_q.get_device() != device
-              or (cu_seqlens_k is not None and cu_seqlens_k.get_device() != device)
-              or (seqused_k is not None and seqused_k.get_device() != device)
-              or (block_table is not None and block_table.get_device() != device)
-              or (out is not None and out.get_device() != device)
-              or (scheduler_metadata is not None and scheduler_metadata.get_device() != device)
-              or (q_descale is not None and q_descale.get_device() != device)
-              or (k_descale is not None and k_descale.get_device() != device)
-              or (v_descale is not None and v_descale.get_device() != device)):
-            return False
-        (batch_plus_1,) = cu_seqlens_q.shape  # ValueError unless 1-D
-        batch = batch_plus_1 - 1
-        if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
-            return False
-        paged = block_table is not None
-        if k_shape is None:
-            k_shape = k.shape
-        head_size_v = v_shape[-1]
-        # k and v agree in all but the last dimension (one compare when the head sizes
-        # match, the common case).
-        if k_shape != v_shape and (len(k_shape) != len(v_shape) or k_shape[:-1] != v_shape[:-1]):
-            return False
-        if paged:
-            if cu_seqlens_k is not None or seqused_k is None:
-                return False
-            _, block_size, num_heads_k, head_size_k = k_shape  # ValueError unless 4-D
-            (used,) = seqused_k.shape
-            rows, _ = block_table.shape
-            if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
-                    or block_table.dtype is not _INT32 or rows != batch
-                    or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
-                    or block_size % family.call.page_size_multiple):
-                return False
-        else:
-            if cu_seqlens_k is None or seqused_k is not None:
-                return False
-            _, num_heads_k, head_size_k = k_shape  # ValueError unless 3-D
-            (k_offsets,) = cu_seqlens_k.shape
-            if (k_offsets != batch_plus_1 or cu_seqlens_k.dtype is not _INT32
-                    or not cu_seqlens_k.is_contiguous()):
-                return False
-        if head_size_k != head_size:
-            return False
-        if out is not None and (
-                out.dtype is not (_BF16 if fp8 else dtype)
-                or out.shape != (total_q, num_heads, head_size_v)
-                or (not out.is_contiguous() and out.stride(-1) != 1)):
-            return False
-        if fp8 and (q_descale is not None or k_descale is not None or v_descale is not None):
-            for d in (q_descale, k_descale, v_descale):
-                if d is not None and (d.dtype is not _FLOAT32 or d.shape != (batch, num_heads_k)):
-                    return False
-        split = num_splits > 1
-        features = family.features
-        if split and ("split" not in features or (family.call.max_num_splits is not None
-                                                  and num_splits > family.call.max_num_splits)):
-            return False
-        if scheduler_metadata is not None and (
-                "scheduler_metadata" not in features or scheduler_metadata.dtype is not _INT32
-                or scheduler_metadata.dim() != 1 or not scheduler_metadata.is_contiguous()):
-            return False
-        if static is not None:
-            # The caller's verdict was made for this very signature (its resolution key holds
-            # dtype, heads, head sizes and the features the call needs).
-            return static
-        local = (window[0] >= 0 or window[1] >= 0) and _is_local(window, call.causal)
-        signature = (family.version, dtype, head_size, head_size_v, num_heads, num_heads_k, paged,
-                     softcap > 0, local, split)
-        accepted = _ACCEPTED.get(id(comp))
-        return ((accepted is not None and accepted[0] is comp and signature in accepted[1])
-                or _static_ok(signature, family, comp))
-    except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
-        return False  # not tensors, odd types or shapes: the full check explains
+    need) can take the quick path at all: check_varlen_call's own rules (dtype_problem,
+    head_size_problem, the GQA ratio, the build's features), decided once."""
+    name = dtype_name(dtype)
+    needed = [f for f, on in (("paged", paged), ("softcap", softcap_on), ("local", local), ("split", split)) if on]
+    return (
+        name is not None and num_heads_k > 0 and num_heads % num_heads_k == 0
+        and dtype_problem(family, comp, name, shown=str(dtype)) is None
+        and head_size_problem(family, comp, head_size, head_size_v, name) is None
+        and not family.features_missing(comp.features if comp is not None else (), needed)
+    )

@@ -3,7 +3,7 @@
 process. The interface never relies on those checks (see validation.py); this probe
 shows why, and tells whether that still holds after a pin or torch bump.
 
-Each case runs in a subprocess with the interface's checks switched off (the quick
+Each case runs in a subprocess with the interface's checks switched off (the shared
 check patched to accept, so the bad call reaches the op with the arguments the
 interface builds). One line per case: how the process ended and the op's error.
 
@@ -19,9 +19,12 @@ import subprocess
 import sys
 
 CHILD = r"""
-import sys, torch
+import sys, types, torch
 from vendored_flash_attn import interface
-interface.quick_check_varlen_call = lambda *a, **k: True   # hand the call to the op as it is
+# hand the call to the op as it is: the shared checks accept it (the quick path declines such a
+# call, so the full path takes it, with these checks)
+interface.check_varlen_call = lambda family, comp, device_type, call, window: types.SimpleNamespace(
+    fp8=call.q.dtype == torch.float8_e4m3fn)
 version, case = int(sys.argv[1]), sys.argv[2]
 dev, bf16 = "cuda", torch.bfloat16
 q = torch.randn(2, 8, 128, device=dev, dtype=bf16)

@@ -43,7 +43,7 @@ def selector_defaults(real_machine, monkeypatch):
 # --- schemas --------------------------------------------------------------------------
 
 def test_op_schemas_are_the_compiled_modules(real_machine):
-    """interface.py calls the ops positionally in the order of op_schemas.py (the CPU
+    """The adapters (fa2.launch, fa3.launch) call the ops positionally in the order of op_schemas.py (the CPU
     tests check every argument by name against it); here, that copy against the modules."""
     from vendored_flash_attn.op_schemas import FA2_NAMESPACE, OP_SCHEMAS
 

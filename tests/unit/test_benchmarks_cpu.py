@@ -360,6 +360,9 @@ def test_isolated_overhead_replays_the_interfaces_own_op_call(describe, fake_ops
     result = overhead.isolated(inp.q, inp.k, inp.v, overhead.call_kwargs(inp), [3, None, 2],
                                rounds=2, calls=3, raw_args=overhead.raw_op_args(inp))
     assert result["args_match"] == {2: True, 3: True}
+    assert result["full_path_calls"] == 0  # the timed calls took the quick path
+    assert "all took the quick path" in overhead.quick_path_note(0)
+    assert "3 of this package's timed calls took the FULL path" in overhead.quick_path_note(3)
     assert set(result["rows"]) == {"a_interface_fa3", "b_interface_selector", "a2_interface_fa2",
                                    "c_raw_fa3", "c2_raw_fa2"}
     assert all(r["samples"] == 2 and r["median_us"] > 0 for r in result["rows"].values())

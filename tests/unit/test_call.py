@@ -160,3 +160,60 @@ def test_a_parameter_added_to_a_table_reaches_the_function_and_its_call_object()
 def test_a_malformed_table_is_refused(parameters, message):
     with pytest.raises(ValueError, match=message):
         declared.Declared("f", parameters, "FCall", "doc")
+
+
+def test_the_quick_path_gets_the_arguments_it_names_and_its_answer_stands():
+    """With a quick path, the generated function first hands it the arguments it names (in its
+    order, whatever the table's); its result is returned, and only None (declined) builds the
+    call object for the dispatcher."""
+    seen, dispatched = [], []
+    answer = []
+
+    def quick(v, fa_version, q):
+        seen.append((v, fa_version, q))
+        return answer[0]
+
+    function = declared.VARLEN.function(dispatched.append, __name__, "doc", quick=quick)
+    answer.append("quick's result")
+    assert function(1, 2, 3, 4, 5, 6, fa_version=9) == "quick's result"
+    assert seen == [(3, 9, 1)] and dispatched == []
+    answer[0] = None
+    function(1, 2, 3, 4, 5, 6, fa_version=9)
+    assert seen[-1] == (3, 9, 1) and [(c.q, c.v, c.fa_version) for c in dispatched] == [(1, 3, 9)]
+    assert inspect.signature(function) == declared.VARLEN.signature()
+
+
+@pytest.mark.parametrize("quick, wrong", [
+    (lambda q, not_a_parameter: None, "not_a_parameter"),
+    (lambda q, k=None: None, "k"),
+    (lambda q, *, k: None, "k"),
+    (lambda q, **rest: None, "rest"),
+])
+def test_a_quick_path_of_other_parameters_is_refused(quick, wrong):
+    with pytest.raises(ValueError, match=rf"quick path's parameters must be declared parameters.*'{wrong}'"):
+        declared.VARLEN.function(print, __name__, "doc", quick=quick)
+
+
+def test_every_adapters_launch_takes_the_launch_contract():
+    """What the interface's quick path calls: every declared family's adapter has a launch whose
+    parameters are call.LAUNCH, after ``resolved``, in order."""
+    from vendored_flash_attn.families import registry
+
+    for family in registry():
+        launch = family.adapter_function().launch
+        assert list(inspect.signature(launch).parameters) == ["resolved", *declared.LAUNCH], family.name
+
+
+def test_launch_arguments_are_the_calls_in_the_contracts_order():
+    values = {p.name: object() for p in declared.VARLEN.parameters}
+    numbers = dict(max_seqlen_q=11, max_seqlen_k=12, softmax_scale=0.5, causal=1, softcap=3, num_splits=4,
+                   return_softmax_lse=0, cp_world_size=5, cp_rank=6)
+    call = declared.VarlenCall(**{**values, **numbers})
+    got = dict(zip(declared.LAUNCH, declared.launch_arguments(call, (7, 8), "fp8?")))
+    assert len(got) == len(declared.LAUNCH) == len(declared.launch_arguments(call, (7, 8), "fp8?"))
+    # typed as the kernels take them
+    assert (got["causal"], got["softcap"], got["return_softmax_lse"]) == (True, 3.0, False)
+    assert type(got["softcap"]) is float and type(got["softmax_scale"]) is float
+    assert (got["window_left"], got["window_right"], got["fp8"]) == (7, 8, "fp8?")
+    for name in set(declared.LAUNCH) & set(values):
+        assert got[name] == numbers.get(name, values[name]), name

@@ -137,6 +137,10 @@ def test_debug_checks_are_refused_under_capture(describe, fake_ops, monkeypatch)
     capturing[0] = False
     flash_attn_varlen_func(**call, fa_version=3)
     assert [n for n, _ in fake_ops.calls] == ["fwd"]
+    capturing[0] = True  # the kind is resolved now: still asked, still refused
+    with pytest.raises(FlashAttnCaptureError, match=r"VFA_DEBUG_CHECKS=1 reads index tensors on the host"):
+        flash_attn_varlen_func(**call, fa_version=3)
+    assert len(fake_ops.calls) == 1
 
 
 @pytest.fixture
@@ -164,8 +168,13 @@ def test_a_family_declared_not_capturable_is_refused_under_capture(describe, fak
         flash_attn_varlen_func(**call, fa_version=fa_version)
     assert fake_ops.calls == []
     capturing[0] = False
-    flash_attn_varlen_func(**call, fa_version=fa_version)
-    assert [n for n, _ in fake_ops.calls] == ["varlen_fwd"]
+    for _ in range(2):
+        flash_attn_varlen_func(**call, fa_version=fa_version)
+    assert [n for n, _ in fake_ops.calls] == ["varlen_fwd"] * 2
+    capturing[0] = True  # after calls of its kind ran eagerly: still asked, still refused
+    with pytest.raises(FlashAttnCaptureError, match=r"FA2 cannot be captured in a CUDA graph"):
+        flash_attn_varlen_func(**call, fa_version=fa_version)
+    assert len(fake_ops.calls) == 2
 
 
 def test_the_common_path_does_not_ask_about_capture(describe, fake_ops, monkeypatch):

@@ -306,3 +306,87 @@ class _nothing:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
+
+
+# --- the quick path (interface._quick) hands the op what the full path does ------------------
+
+def _same_call(a: dict, b: dict) -> list[str]:
+    """The names whose values differ: tensors must be the very same objects, the rest equal
+    and of the same type."""
+    assert list(a) == list(b)
+    return [name for name in a if not (
+        a[name] is b[name] if isinstance(a[name], torch.Tensor) or a[name] is None
+        else (type(a[name]), a[name]) == (type(b[name]), b[name]))]
+
+
+def _quick_calls():
+    """Common calls (the quick path's), each with something the op's arguments are made from."""
+    out = torch.empty(6, 8, 128, dtype=BF16)
+    return [
+        ("paged-vllm", dict(paged_call(), causal=True, softcap=0, window_size=(-1, -1), softmax_scale=0.125,
+                            num_splits=0, out=out, **descales())),
+        ("varlen-window", dict(varlen_call(), causal=False, window_size=[63, 5], softcap=2.5,
+                               return_softmax_lse=True)),
+        ("paged-splits", dict(paged_call(), causal=True, num_splits=3, max_seqlen_q=1)),
+        ("varlen-hdimdiff", dict(varlen_call(d=192, dv=128), causal=True)),
+        ("paged-fp8", dict(paged_call(FP8), causal=True, out=out, **descales())),
+        ("paged-mqa", dict(paged_call(kv_heads=1), causal=True, softmax_scale=0.3, return_softmax_lse=True)),
+    ]
+
+
+@pytest.mark.parametrize("caps, fa_version", [((HOPPER,), 3), ((HOPPER,), None), ((AMPERE,), 2)],
+                         ids=["fa3", "selector", "fa2"])
+def test_the_quick_path_hands_the_op_what_the_full_path_does(describe, fake_ops, monkeypatch, caps, fa_version):
+    """Each common call twice: the first resolves its kind on the full path (call object, shared
+    checks, the adapter's forward), the second takes the quick path (the full check not asked):
+    the op sees the same arguments, and the caller the same result."""
+    from vendored_flash_attn import interface
+
+    describe(caps=caps)
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a) or real(*a, **k))
+    taken = 0
+    for label, call in _quick_calls():
+        if caps == (AMPERE,) and (call["q"].dtype == FP8 or call.get("num_splits", 0) > 1
+                                  or call["q"].shape[-1] != call["v"].shape[-1]):
+            continue  # not FA2's
+        results = []
+        for _ in range(2):
+            full.clear()
+            results.append(flash_attn_varlen_func(**call, fa_version=fa_version))
+        assert full == [], f"{label}: the second call took the full path"
+        (op_a, first), (op_b, second) = fake_ops.calls[-2:]
+        assert op_a == op_b and _same_call(first, second) == [], label
+        assert type(results[0]) is type(results[1]), label
+        taken += 1
+    assert taken >= 3
+
+
+def test_the_quick_path_reads_the_version_override_on_every_call(describe, fake_ops):
+    """VLLM_FLASH_ATTN_VERSION is part of the kind of a fa_version=None call: set after calls
+    that took the quick path, the next call goes to the family it names."""
+    machine = describe(caps=(HOPPER,))
+    for _ in range(3):
+        flash_attn_varlen_func(**paged_call())
+    machine.env["VLLM_FLASH_ATTN_VERSION"] = "2"
+    for _ in range(2):
+        flash_attn_varlen_func(**paged_call())
+    assert [name for name, _ in fake_ops.calls] == ["fwd"] * 3 + ["varlen_fwd"] * 2
+
+
+def test_the_machines_lookup_of_the_override_follows_os_environ(monkeypatch):
+    """What the kinds of fa_version=None calls are keyed on, on the real machine
+    (Environment.getenv_lookup): equal answers exactly when the variable's values are."""
+    from vendored_flash_attn.environment import SystemEnvironment
+
+    lookup, key = SystemEnvironment().getenv_lookup("VLLM_FLASH_ATTN_VERSION")
+    monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION", raising=False)
+    assert lookup(key) is None
+    answers = []
+    for value in ("2", "3", "2"):
+        monkeypatch.setenv("VLLM_FLASH_ATTN_VERSION", value)
+        answers.append(lookup(key))
+    assert answers[0] != answers[1] and answers[0] == answers[2] and None not in answers
+    monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION")
+    assert lookup(key) is None

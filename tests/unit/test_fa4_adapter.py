@@ -482,17 +482,44 @@ def test_the_adapter_checks_hold_under_python_O():
 
 # --- what FA4's calls cost: decided once per kind of call, never at the price of a check -----------
 
-def test_common_fa4_calls_take_the_quick_check(fake, monkeypatch):
-    """FA4's common calls are checked by the quick check with the static verdict of their kind,
-    as every family's: the full check is not asked (spied on), and an unusual call still is."""
+def test_common_fa4_calls_take_the_quick_path(fake, monkeypatch):
+    """FA4's common calls take the interface's quick path once their kind is resolved, as every
+    family's: the full check is not asked (spied on) after the first call of each kind, and an
+    unusual call still is, every time."""
     full = []
     real = interface.check_varlen_call
     monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a[3]) or real(*a, **k))
-    for call in (_paged(), _packed(), {**_paged(), "out": torch.empty(SEQS, HEADS, D, dtype=BF16)}):
+    calls = (_paged(), _packed(), {**_paged(), "out": torch.empty(SEQS, HEADS, D, dtype=BF16)})
+    for call in calls:  # the first of each kind: resolved on the full path
         fa4_call(**call, causal=True)
-    assert full == [] and len(fake.calls) == 3
-    fa4_call(**_paged(), s_aux=torch.zeros(HEADS, dtype=BF16))
-    assert len(full) == 1 and len(fake.calls) == 4
+    assert len(full) == 2 and len(fake.calls) == 3  # out= is no other kind
+    for call in calls:
+        fa4_call(**call, causal=True)
+    assert len(full) == 2 and len(fake.calls) == 6
+    for _ in range(2):
+        fa4_call(**_paged(), s_aux=torch.zeros(HEADS, dtype=BF16))
+    assert len(full) == 4 and len(fake.calls) == 8
+
+
+def test_the_quick_path_hands_fa4_what_the_full_path_does(fake, monkeypatch):
+    """A vLLM-shaped call twice: the first on the full path (call object, shared checks,
+    fa4.forward), the second on the quick path (fa4.launch with the call's own arguments): the
+    kernels get the same arguments, of the same types (softcap=0 comes as an int from vLLM)."""
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a) or real(*a, **k))
+    for call in (dict(_paged(), causal=True, softcap=0, window_size=(-1, -1), softmax_scale=0.125, num_splits=0,
+                      out=torch.empty(SEQS, HEADS, D, dtype=BF16), **_descales()),
+                 dict(_packed(), causal=False, window_size=[3, 2], softcap=1, return_softmax_lse=True)):
+        for _ in range(2):
+            full.clear()
+            fa4_call(**call)
+        assert full == []  # the second call was quick
+        (args_a, kw_a), (args_b, kw_b) = fake.calls[-2:]
+        assert all(a is b for a, b in zip(args_a, args_b)) and list(kw_a) == list(kw_b)
+        differ = [n for n in kw_a if not (kw_a[n] is kw_b[n] if isinstance(kw_a[n], torch.Tensor) or kw_a[n] is None
+                                          else (type(kw_a[n]), kw_a[n]) == (type(kw_b[n]), kw_b[n]))]
+        assert differ == []
 
 
 def _verdict(arch, call, window=(-1, -1)):
@@ -500,7 +527,9 @@ def _verdict(arch, call, window=(-1, -1)):
     from vendored_flash_attn.call import VarlenCall
 
     try:
-        return ("ok", fa4.check_call(fa4.FAMILY, arch, VarlenCall(**call), window))
+        c = VarlenCall(**call)
+        return ("ok", fa4.check_call(fa4.FAMILY, arch, c.q, c.k, c.v, c.block_table, c.seqused_k, c.softcap,
+                                     c.num_splits, c.s_aux, c.causal, window))
     except (FlashAttnInputError, FlashAttnTypeError) as exc:
         return (type(exc).__name__, str(exc))
 

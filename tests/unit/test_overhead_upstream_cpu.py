@@ -164,3 +164,4 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
     assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)", "FA2", "FA4"]
     assert "not the pinned file, not run" in section["upstream_error"]
     assert "stand-in" in section["cpu"] and "stalled" not in section
+    assert section["full_path_calls"] == 0  # what is timed is the quick path, FA4's included
