@@ -62,13 +62,14 @@ def read_bounds(build_dir: str) -> dict:
 
 
 def expected_seconds(bounds: dict, unit: str) -> float:
-    """The unit's reference compile time: its declared kind's ("TARGET|KIND|SECONDS|PATH TEXT"),
+    """The unit's reference compile time: its declared kind's ("TARGET|KIND|SECONDS|PATH TEXT[|CACHED]",
+    build_monitor.add_unit_kind's spec),
     else C++ or CUDA. CMake puts a target's objects in CMakeFiles/<target>.dir/."""
     path = unit.replace("\\", "/")
     if not path.endswith(".cu.o"):
         return DEFAULT_SECONDS["C++"]
     for spec in bounds.get("kinds", []):
-        target, _kind, seconds, contains = spec.split("|")
+        target, _kind, seconds, contains, *_cached = spec.split("|")
         if f"/{target}.dir/" in f"/{path}" and contains in path:
             return float(seconds)
     return DEFAULT_SECONDS["CUDA"]

@@ -704,7 +704,9 @@ def test_the_bound_and_the_log_reading_of_dist_bound(tmp_path):
     import dist_bound
 
     (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps(
-        {"timeout": 0, "kinds": ["_vendored_fa3_C|FA3 CUDA|153|/instantiations/", "_vendored_fa2_C|FA2 CUDA|189|"]}))
+        # the specs cmake/BuildProgress.cmake writes (build_monitor.add_unit_kind's), the cached
+        # seconds optional
+        {"timeout": 0, "kinds": ["_vendored_fa3_C|FA3 CUDA|153|/instantiations/|11.5", "_vendored_fa2_C|FA2 CUDA|189|"]}))
     fa3 = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/instantiations/flash_fwd_hdim128_bf16_sm90.cu.o"
     assert dist_bound.bound_seconds(str(tmp_path), fa3) == (612.0, 153.0)
     assert dist_bound.bound_seconds(str(tmp_path), "CMakeFiles/_vendored_fa2_C.dir/src/x.cu.o") == (756.0, 189.0)
