@@ -106,6 +106,13 @@ def kernel_dir(root: Path, flavour: str, fingerprint: str, kind: str) -> Path:
     return Path(root) / flavour / fingerprint / kind
 
 
+def kernel_files(root: Path) -> dict[str, int]:
+    """Every kernel file under a cache root (``*.o``, at any depth), by its path relative to
+    the root, with its size; {} when the root is not a folder. The build's precompile and
+    the installed wheel's check compare two of these to see what a call compiled."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.o")} if root.is_dir() else {}
+
+
 def parse_aliases(text: str | bytes) -> tuple[str, dict[str, dict[str, str]]]:
     """An index as the build writes it (aliases_text): ``(the fingerprint whose files it names,
     {kind: {this Python's key hash: that file's key hash}})``. ValueError for anything else:

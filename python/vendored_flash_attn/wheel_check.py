@@ -8,6 +8,7 @@
     python -m vendored_flash_attn.wheel_check build-info WHEEL [--pin PIN] [--cuda-major N] [--arch-list L]
                                                                [--preset P] [--require declared|fa2,fa3,fa4]
     python -m vendored_flash_attn.wheel_check installed [--pin PIN] ...   (cibuildwheel's test-command)
+    python -m vendored_flash_attn.wheel_check fa4-kernels [--report FILE]  (on a GPU: wheel_check_fa4)
 
 * size: the wheel file is at most the limit (``--max-mb``, else ``VFA_WHEEL_MAX_MB``,
   else 400 MB), and its sha256 (wheels are reproducible); on failure it lists the
@@ -32,9 +33,11 @@
   as off and which runs on an arch of the build info's arch list.
 * installed: the same for the installed package (its distribution's version and files),
   and every module the build info says was built imports.
+* fa4-kernels (a GPU, torch and the fa4 extra): every FA4 kernel the installed wheel
+  precompiled for this Python and GPU runs with no compile (wheel_check_fa4.py).
 
 Each check prints one PASS/FAIL line (details below a failure); the exit status
-is 1 when any failed. Nothing here needs a GPU. Standard library + packaging only,
+is 1 when any failed. Nothing here but fa4-kernels needs a GPU. Standard library + packaging only,
 plus abi3audit for the abi3 check and pyelftools for the cxx-runtime check.
 """
 
@@ -655,7 +658,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             _add_expectations(p)
     installed = sub.add_parser("installed", help="check the installed package (build info, modules load)")
     _add_expectations(installed)
+    fa4_kernels = sub.add_parser("fa4-kernels", help="on a GPU: the installed wheel's precompiled FA4 kernels "
+                                 "run with no compile (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR: an empty folder)")
+    fa4_kernels.add_argument("--report", type=Path, help="write the result as JSON here")
     args = parser.parse_args(argv)
+    if args.command == "fa4-kernels":  # needs torch, the fa4 extra and a GPU (wheel_check_fa4)
+        from .wheel_check_fa4 import check_installed as check_fa4_kernels
+
+        return check_fa4_kernels(args.report)
 
     results: list[CheckResult] = []
     if args.command == "installed":
