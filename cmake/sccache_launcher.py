@@ -65,8 +65,8 @@ from dist_trust import verify_unit  # noqa: E402  (objects from the cluster: a s
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
                         silent_fallback)                                      # time per unit)
 
-# compiler_cache_probe.py's FALLBACKS and DIST_OFF (that module is not imported here: it
-# runs once per unit and stays small).
+# sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
+# one runs once per unit and stays small).
 FALLBACKS = "vfa-dist-fallbacks.tsv"
 DIST_OFF = "vfa-dist-off"
 # sccache's HttpClientError, a 4xx from the scheduler or a server: "http error status: Error 401:
@@ -300,12 +300,12 @@ def started_servers(settings: dict) -> list[dict]:
 
 def stop_servers(settings: dict) -> None:
     """Stops the build dir's own servers and those the build restarted, their counts kept for
-    the end-of-build report (compiler_cache_probe.py's COUNTS); quietly: `--stop-server`
+    the end-of-build report (sccache_stats.py's COUNTS); quietly: `--stop-server`
     prints the statistics."""
-    import compiler_cache_probe  # not at the top: this module runs once per unit and stays small
+    import sccache_stats  # not at the top: this module runs once per unit and stays small
     for overrides in own_servers(settings) + started_servers(settings):
         role = "local" if overrides == settings.get("local") else "server"
-        compiler_cache_probe.save_counts(settings["sccache"], dict(os.environ, **overrides),
+        sccache_stats.save_counts(settings["sccache"], dict(os.environ, **overrides),
                                          Path(settings["build_dir"]), role)
         try:
             subprocess.run([settings["sccache"], "--stop-server"], env=dict(os.environ, **overrides),
