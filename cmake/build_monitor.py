@@ -70,7 +70,7 @@ def cache_counts(settings_path: str) -> dict[str, tuple[int, int]] | None:
     try:
         with open(settings_path, encoding="utf-8") as f:
             settings = json.load(f)
-        from sccache_launcher import claim_servers, server_env  # the server as the compiles reach it
+        from sccache_servers import claim_servers, server_env  # the server as the compiles reach it
         build = this_build()
         claim_servers(settings, settings_path, build)
         out = subprocess.run([settings["sccache"], "--show-stats", "--stats-format=json"],

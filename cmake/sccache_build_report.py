@@ -111,7 +111,7 @@ def stats(args) -> int:
     if settings is not None:
         # A server this asks for is started like the compiles' (no idle timeout) and stopped
         # when the build ends, as theirs are (cmake/sccache_launcher.py).
-        from sccache_launcher import claim_servers, server_env
+        from sccache_servers import claim_servers, server_env
         from compile_unit import this_build
         build = this_build()
         claim_servers(settings, args.settings, build)
