@@ -164,7 +164,7 @@ def user_cache_root(environ=None) -> Path:
         return Path(environ[USER_CACHE_DIR_ENV])
     xdg = environ.get("XDG_CACHE_HOME") or ""
     base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "vendored-flash-attn" / "fa4"
+    return Path(base) / "vendored-flash-attn" / "fa4"  # a folder's name (README, docs): this is FA4's cache
 
 
 def _bool_knob(name: str, default: bool, environ=None) -> bool:
@@ -195,6 +195,8 @@ def shipped_kernels_disabled(environ=None) -> bool:
 def shipped_root() -> Path | None:
     """The wheel's precompiled kernels, or None when it ships none."""
     try:
+        # FA4's subpackage (families.fa4.subpackage): this module is FA4's kernel cache, as
+        # fa4.py is its adapter; the family's own modules name it.
         root = Path(str(resources.files("vendored_flash_attn._fa4").joinpath(SHIPPED_DIR)))
     except ModuleNotFoundError:
         return None

@@ -24,7 +24,7 @@ from .families import registry
 
 def check_installed(report_path: Path | None = None) -> int:
     """On a GPU, with the wheel installed: every kernel the wheel precompiled for this Python
-    and this GPU, called through the public ``flash_attn_varlen_func(..., fa_version=4)`` on
+    and this GPU, called through the public ``flash_attn_varlen_func`` with FA4's version on
     real data, must load from the shipped kernels — nothing may compile (a kernel written to
     the user cache, which must start empty, means it did). Prints one line per call; exit
     status 1 when any call compiled, failed or returned non-finite values."""
@@ -38,8 +38,8 @@ def check_installed(report_path: Path | None = None) -> int:
     user = fa4_cache.user_cache_root()
     if fa4_cache.kernel_files(user):
         raise SystemExit(f"the user cache {user} is not empty: point FLASH_ATTENTION_CUTE_DSL_CACHE_DIR at an empty folder")
-    record = json.loads(resources.files(vendored_flash_attn).joinpath(*registry().by_name(FAMILY).record.split("/"))
-                        .read_text())
+    family = registry().by_name(FAMILY)
+    record = json.loads(resources.files(vendored_flash_attn).joinpath(*family.record.split("/")).read_text())
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a"
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -64,7 +64,7 @@ def check_installed(report_path: Path | None = None) -> int:
         start = time.perf_counter()
         error = None
         try:
-            out = vendored_flash_attn.flash_attn_varlen_func(*args, fa_version=4, **kwargs)
+            out = vendored_flash_attn.flash_attn_varlen_func(*args, fa_version=family.version, **kwargs)
             torch.cuda.synchronize()
             first = time.perf_counter() - start
             tensors = out if isinstance(out, tuple) else (out,)
