@@ -49,6 +49,9 @@ asserts it on the same cases.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment's data, quantizers, cases, tables and
+# comparison, all over the shapes and bars declared at its top.
+
 # Why this file names FA3 ("fa3" build-record keys, VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION): it
 # measures the two-level FP8 accumulation, a define of FA3's build; the family it calls is the
 # one declaring FP8 q/k/v (fp8_version).

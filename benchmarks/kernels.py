@@ -34,6 +34,9 @@ first_call_s in the JSON). --budget-s stops starting new rows once spent.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one benchmark's cases, calls, rows, table and plot, all
+# over the rows and cases declared at its top.
+
 # Why this file names families (its rows fa2, fa3, fa3_fp8, fa4, sdpa): a row is a family
 # measured by name, with the expected figures of earlier runs per row; the row names are the
 # keys of the JSON it writes, which measured.json and the docs cite.

@@ -69,6 +69,11 @@ the plan without a GPU. Writes DIR/serving.json and prints the tables.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment (its plan, calls, timing, analysis, tables
+# and record) whose parts all work on the rows and records defined here (Variant, Row,
+# PhaseTime); the schedule, which tests and dist_model use alone, is serving_schedule.py, and
+# what every benchmark shares is common.py.
+
 # Why this file names families: its rows (VARIANTS) are families measured by name, and its
 # recorded figures (measured.json) are keyed by them; what a row's calls do differently
 # (scheduler metadata, a CuTe DSL family's load) is read from the family's declaration.
