@@ -1,4 +1,5 @@
-"""README.md and docs/*.md name the repository's files, knobs and modules as they are.
+"""README.md, docs/*.md and every other Markdown file of the repository name its files,
+knobs and modules as they are.
 
 Every repository path the docs name in code (a `span` or a code block) is a file or folder of
 the repository, and every relative link's target too; every `VFA_*` setting is a knob that
@@ -23,19 +24,20 @@ from typing import Iterator
 
 PROJECT = Path(__file__).resolve().parents[2]
 PACKAGE = PROJECT / "python" / "vendored_flash_attn"
-DOCS = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
+DOCS = [PROJECT / name for name in subprocess.run(["git", "ls-files", "*.md"], cwd=PROJECT, capture_output=True,
+                                                 text=True, check=True).stdout.split()]
 
 # Repository-looking paths the docs name that are not files of this repository.
 NOT_OURS_PATHS = {
     "tests/test_vllm_flash_attn.py": "upstream's test file at the pin (tests/upstream runs it)",
     "tests/cute/test_flash_attn_fp8_kv_cache.py": "upstream's FA4 FP8 KV test at the pin",
+    "tests/kernels/test_flash_attn.py": "vLLM's test file, of which upstream's is a copy (tests/upstream/README.md)",
     "python/vendored_flash_attn/fa5.py": "the example family of docs/runtime.md's \"Adding a family\"",
 }
 # `VFA_*` words that are not knobs.
 NOT_KNOBS = {
     "VFA_PRESTE": "README's example of a typo'd knob that stops the configure",
-    "VFA_DIST_SCHEDULER_URL_x86_64": "a per-arch VFA_DIST_SCHEDULER_URL of the pipeline (.buildkite/scripts/common.sh)",
-    "VFA_DIST_SCHEDULER_URL_aarch64": "a per-arch VFA_DIST_SCHEDULER_URL of the pipeline (.buildkite/scripts/common.sh)",
+    "VFA_DIST_SERVER_KEY_CREATED": "a line of the cluster's secrets file (dist-compile/cluster.py secrets), no setting",
 }
 # `vendored_flash_attn.<name>` the docs name that no module or family declares.
 NOT_OUR_MODULES = {
@@ -237,7 +239,9 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
 
     from vendored_flash_attn.families import CallRules
 
-    modules = {p.stem: p for p in (*PACKAGE.glob("*.py"), *(PROJECT / "cmake").glob("*.py"))}
+    modules: dict[str, list[Path]] = {}
+    for path in (*PACKAGE.glob("*.py"), *(PROJECT / "cmake").glob("*.py")):
+        modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and cmake/'s
     call_fields = {f.name for f in dataclasses.fields(CallRules)}
     wrong = []
     for doc in DOCS:
@@ -247,10 +251,10 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
                     if re.search(r"\.(json|jsonl|txt|tsv|log|py|md|sh|toml|cmake)\b", word):
                         continue  # a file's name (build_info.wheel.json, kernels.jsonl)
                     for module, name in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)", word):
-                        if module not in modules or name in defined_names(modules[module]):
+                        if module not in modules or any(name in defined_names(m) for m in modules[module]):
                             continue
                         if module == "call" and name in call_fields:
                             continue
-                        wrong.append(f"{doc.relative_to(PROJECT)}:{number}: `{module}.{name}`: "
-                                     f"{modules[module].relative_to(PROJECT)} defines no {name}")
+                        where = " or ".join(str(m.relative_to(PROJECT)) for m in modules[module])
+                        wrong.append(f"{doc.relative_to(PROJECT)}:{number}: `{module}.{name}`: {where} defines no {name}")
     assert wrong == []
