@@ -56,6 +56,14 @@ scheduled on its own job count vs the measured ninja span.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment (two builds, and their ninja log, sccache
+# statistics and build info read back into one JSON); its readers serve only it and its tests.
+
+# Why this file names families ("fa2"/"fa3" unit classes, _vendored_fa2_C/_vendored_fa3_C in
+# object paths): it classifies the units of a real build by the module folder and source layout
+# CMake gives each compiled family (FA3's hopper/instantiations/, FA2's generated stubs), and its
+# class names are the keys of the JSON it writes and of the figures docs cite from it.
+
 import argparse
 import heapq
 import json

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 sys.path.insert(0, str(common.ROOT / "cmake"))
-import build_monitor  # noqa: E402
+import progress_estimate  # noqa: E402  (the estimate build_monitor.py prints)
+from compile_unit import EVENTS  # noqa: E402  (the units' events the monitor follows)
 
 LINE = re.compile(r"\[vfa (?P<clock>\d+(?::\d\d){1,2})\] (?P<text>.*)")
 ABOUT = re.compile(r"about (\d+) (min|s)\b")
@@ -50,7 +51,7 @@ def seconds_of(clock: str) -> float:
 
 def from_log(path: Path) -> dict:
     """The estimates a monitor printed, and the build's length from its last line."""
-    record = build_monitor.EstimateRecord()
+    record = progress_estimate.EstimateRecord()
     seconds = None
     for line in path.read_text(errors="replace").splitlines():
         m = LINE.search(line)
@@ -85,18 +86,18 @@ def from_replay(build_dir: Path) -> dict:
     args = monitor_args(build_dir)
     jobs = int(args[args.index("--jobs") + 1])
     kinds = monitor_args(KINDS_FROM[0]) if KINDS_FROM else args
-    build_monitor.UNIT_KINDS.clear()
+    progress_estimate.UNIT_KINDS.clear()
     for i, word in enumerate(kinds):
         if word == "--unit-kind":
-            build_monitor.add_unit_kind(kinds[i + 1])
-    for name in (build_monitor.EVENTS, build_monitor.EVENTS + ".1"):
+            progress_estimate.add_unit_kind(kinds[i + 1])
+    for name in (EVENTS, EVENTS + ".1"):
         events = [line.split("\t") for line in (build_dir / name).read_text(errors="replace").splitlines()
                   if line.startswith(("start\t", "end\t", "load\t", "cache\t"))] if (build_dir / name).exists() else []
         if events:
             break
     else:
-        raise SystemExit(f"{build_dir}: no events of a build ({build_monitor.EVENTS})")
-    state, record, seconds = build_monitor.replay(events, jobs)
+        raise SystemExit(f"{build_dir}: no events of a build ({EVENTS})")
+    state, record, seconds = progress_estimate.replay(events, jobs)
     ok = [d for d in state.done.values() if d.rc == 0]
     return {"how": "replay", "seconds": round(seconds, 1), "units": state.total, "jobs": jobs,
             "cached_units": sum(d.cached for d in ok), "compiled_units": sum(not d.cached for d in ok),
@@ -104,7 +105,7 @@ def from_replay(build_dir: Path) -> dict:
 
 
 def from_record(build_dir: Path) -> dict:
-    return json.loads((build_dir / build_monitor.ESTIMATE).read_text())
+    return json.loads((build_dir / progress_estimate.ESTIMATE).read_text())
 
 
 def load(source: str) -> tuple[str, dict]:
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
     if args.kinds_from:
         KINDS_FROM.append(args.kinds_from)
     builds = dict(load(source) for source in args.sources)
-    shares = build_monitor.RECORD_AT
+    shares = progress_estimate.RECORD_AT
     rows = []
     for label, build in builds.items():
         errors = {point["at"]: point["error"] for point in build["points"]}

@@ -8,6 +8,9 @@ functions that use it, so ``python benchmarks/X.py --help`` and the CPU unit tes
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: what every benchmark script shares (timing, ceilings,
+# FLOP and byte counts, the machine, JSON, tables); each script imports it whole.
+
 import datetime as _dt
 import json
 import math

@@ -46,6 +46,10 @@ KIND_S_16_CORE), plus the build's steps outside ninja (--fixed-s: pip, configure
 
 from __future__ import annotations
 
+# Why this file names families ("fa2"/"fa3" modules and unit kinds): its inputs are measured
+# per-unit compile times of the two compiled families' real units (FA3's instantiations, FA2's
+# forward files, each module's fixed .cpp units), and its kinds are keys of those measurements.
+
 import argparse
 import heapq
 import json

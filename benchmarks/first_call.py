@@ -69,6 +69,10 @@ res = {"times": T, "env_version": os.environ.get("VLLM_FLASH_ATTN_VERSION")}
 res["cutlass_after_import"] = "cutlass" in sys.modules
 forced = os.environ.get("VFA_FIRST_CALL_FA_VERSION") or None
 forced = int(forced) if forced else None
+# The forced family's kernels are CuTe DSL Python (FA4's): loaded, and their user cache
+# counted, around the first call. Read from its declaration, not its version.
+from vendored_flash_attn.families import CUTE_DSL, registry
+cute_dsl = registry().get(forced) is not None and registry().get(forced).made == CUTE_DSL
 kernels_seen = {}
 
 class Absent(Exception):
@@ -76,7 +80,7 @@ class Absent(Exception):
 
 def user_cache_kernels(step):
     # FA4: kernels (.o) in the user cache after ``step``; a step that adds one compiled it.
-    if forced != 4:
+    if not cute_dsl:
         return
     from vendored_flash_attn import fa4_cache
     root = fa4_cache.user_cache_root()
@@ -105,7 +109,7 @@ try:
     cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
     T["cuda_init_s"] = time.perf_counter() - t
-    if forced == 4:
+    if cute_dsl:
         user_cache_kernels("before")
         t = time.perf_counter()
         from vendored_flash_attn import fa4
@@ -170,10 +174,14 @@ def child_env(env_version, jit_cache: Path, split: bool, extra_env=None, base=No
 
 def fa4_plan(root: Path) -> list[dict]:
     """FA4's child runs, in order: the cache state and the environment each one gets.
-    Every run calls fa_version=4 explicitly (VFA_FIRST_CALL_FA_VERSION=4)."""
+    Every run calls FA4's version explicitly (VFA_FIRST_CALL_FA_VERSION: the one CuTe DSL family's,
+    from the declaration)."""
     from vendored_flash_attn.fa4_cache import SHIPPED_KERNELS_ENV  # the knob's one definition
+    from vendored_flash_attn.families import CUTE_DSL, registry
+
     shipped_user, jit_user = str(root / "user-cache-shipped"), str(root / "user-cache-jit")
-    common_env = {"VFA_FIRST_CALL_FA_VERSION": "4"}
+    (cute,) = [f for f in registry() if f.made == CUTE_DSL]
+    common_env = {"VFA_FIRST_CALL_FA_VERSION": str(cute.version)}
     env = {
         "shipped": {USER_CACHE_ENV: shipped_user, SHIPPED_KERNELS_ENV: None},
         "jit": {USER_CACHE_ENV: jit_user, SHIPPED_KERNELS_ENV: "off"},

@@ -49,6 +49,13 @@ asserts it on the same cases.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment's data, quantizers, cases, tables and
+# comparison, all over the shapes and bars declared at its top.
+
+# Why this file names FA3 ("fa3" build-record keys, VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION): it
+# measures the two-level FP8 accumulation, a define of FA3's build; the family it calls is the
+# one declaring FP8 q/k/v (fp8_version).
+
 import argparse
 import json
 import math
@@ -60,6 +67,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 from common import LLAMA_8B  # noqa: E402
+
+def fp8_version() -> int:
+    """The version of the family with FP8 q, k and v (its declared feature ``fp8``, cmake/knobs.json
+    families): the family whose FP8 path and two-level accumulation this benchmark measures."""
+    from vendored_flash_attn.families import registry
+
+    return registry().having("fp8")[0].version
+
+
+def takes_fp8_qkv(version: int) -> bool:
+    """Whether the family of ``version`` takes an FP8 q (``fp8``); else its FP8 path is FP8 KV
+    with a 16-bit q (``fp8_kv``, FA4's on sm90)."""
+    from vendored_flash_attn.families import registry
+
+    return "fp8" in registry()[version].features
+
 
 DISTRIBUTIONS = ("gaussian", "heavy_tail", "outliers", "head_scales", "llama_like")
 SHAPES = {
@@ -232,7 +255,7 @@ def accuracy(args) -> list[dict]:
             q, k, v = make_qkv(dist, q_lens, k_lens, seed=args.seed + 17 * i)
             cu_q, cu_k = cu_seqlens(q_lens), cu_seqlens(k_lens)
             kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=cu_q, max_seqlen_k=max(k_lens),
-                      cu_seqlens_k=cu_k, causal=True, fa_version=3)
+                      cu_seqlens_k=cu_k, causal=True, fa_version=fp8_version())
             ref = reference(q, k, v, q_lens, k_lens)
             bf16_out = flash_attn_varlen_func(q, k, v, **kw)
             base = errors(bf16_out, ref)
@@ -267,7 +290,7 @@ def speed(args) -> list[dict]:
         q, k, v = make_qkv("gaussian", q_lens, k_lens, seed=args.seed)
         cu_q, cu_k = cu_seqlens(q_lens), cu_seqlens(k_lens)
         kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=cu_q, max_seqlen_k=max(k_lens),
-                  cu_seqlens_k=cu_k, causal=causal, fa_version=3)
+                  cu_seqlens_k=cu_k, causal=causal, fa_version=fp8_version())
         q8, qd, _ = quantize(q, q_lens, LLAMA_8B.heads_kv, "per_seq_head")
         k8, kd, _ = quantize(k, k_lens, LLAMA_8B.heads_kv, "per_seq_head")
         v8, vd, _ = quantize(v, k_lens, LLAMA_8B.heads_kv, "per_seq_head")
@@ -395,11 +418,11 @@ def fa4_fp8_page(head_dim: int, causal: bool) -> int:
 
 
 def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAMA_8B.head_dim,
-                      version: int = 3) -> dict:
+                      version: int | None = None) -> dict:
     """One long-context case: FP8 and bf16 kernels on the same values vs float64 (Llama-3.1-8B's
-    heads; another head dim for a wheel without 128, such as a slice of `full`). ``version`` 3:
-    FA3 with FP8 q, k and v (page 16); 4: FA4's FP8 KV path (bf16 q, pages of FA4's tile; the
-    same FP8 values, exact in bf16)."""
+    heads; another head dim for a wheel without 128, such as a slice of `full`). ``version``
+    (default: fp8_version(), FA3): a family with FP8 q, k and v (page 16), or FA4's FP8 KV path
+    (bf16 q, pages of FA4's tile; the same FP8 values, exact in bf16)."""
     import dataclasses
 
     import torch
@@ -407,14 +430,16 @@ def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAM
     from vendored_flash_attn import flash_attn_varlen_func
 
     q_lens, k_lens, causal = LONG_CONTEXT_SHAPES[shape]
-    page = LONG_CONTEXT_PAGE if version == 3 else fa4_fp8_page(head_dim, causal)
+    version = fp8_version() if version is None else version
+    fp8_q = takes_fp8_qkv(version)
+    page = LONG_CONTEXT_PAGE if fp8_q else fa4_fp8_page(head_dim, causal)
     x = long_context_inputs(dist, q_lens, k_lens, seed, model=dataclasses.replace(LLAMA_8B, head_dim=head_dim),
                             page=page)
     kw = dict(max_seqlen_q=max(q_lens), cu_seqlens_q=x["cu_seqlens_q"], max_seqlen_k=max(k_lens),
               seqused_k=x["seqused_k"], block_table=x["block_table"], causal=causal, fa_version=version)
     ref = reference64(x["q"], x["k"], x["v"], q_lens, k_lens, causal=causal)
     bf16 = torch.bfloat16
-    q8 = x["q"] if version == 3 else x["q"].to(bf16)  # e4m3 values are exact in bf16
+    q8 = x["q"] if fp8_q else x["q"].to(bf16)  # e4m3 values are exact in bf16
     out8 = flash_attn_varlen_func(q8, x["k_cache"], x["v_cache"], q_descale=x["descale"],
                                   k_descale=x["descale"], v_descale=x["descale"], **kw)
     out16 = flash_attn_varlen_func(x["q"].to(bf16), x["k_cache"].to(bf16), x["v_cache"].to(bf16), **kw)
@@ -431,13 +456,19 @@ def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAM
 
 
 def long_context(args) -> list[dict]:
+    from vendored_flash_attn.families import registry
+
+    version = args.long_fa_version or fp8_version()
+    family = registry()[version]  # ValueError naming the declared versions
+    if not {"fp8", "fp8_kv"} & set(family.features):
+        raise SystemExit(f"--long-fa-version {version}: {family.title} declares no FP8 path (fp8, fp8_kv)")
     rows = []
     for shape in args.long_shapes:
         for i, dist in enumerate(args.v_distributions):
             row = long_context_case(shape, dist, seed=args.seed + 31 * i, head_dim=args.long_head_dim,
-                                    version=args.long_fa_version)
+                                    version=version)
             rows.append(row)
-            print(f"[fp8] FA{args.long_fa_version} {shape:20s} {dist:16s} hd{args.long_head_dim} fp8 {row['fp8_kernel']:.2e} "
+            print(f"[fp8] {family.title} {shape:20s} {dist:16s} hd{args.long_head_dim} fp8 {row['fp8_kernel']:.2e} "
                   f"bf16 {row['bf16_same_inputs']:.2e}", file=sys.stderr)
     return rows
 
@@ -516,8 +547,9 @@ def parse_args(argv=None):
                    help="value distributions of the long-context cases")
     p.add_argument("--long-head-dim", type=int, default=LLAMA_8B.head_dim,
                    help="head dim of the long-context cases (default 128; e.g. 96 for a wheel without 128)")
-    p.add_argument("--long-fa-version", type=int, choices=(3, 4), default=3,
-                   help="family of the long-context cases: 3 (FP8 q/k/v) or 4 (FA4's FP8 KV with a bf16 q, sm90)")
+    p.add_argument("--long-fa-version", type=int, default=None,
+                   help="family of the long-context cases, by version: one with FP8 q/k/v (default: the family "
+                        "declaring fp8, FA3) or with FP8 KV and a bf16 q (fp8_kv: FA4, sm90)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timer", choices=("auto", "triton", "events"), default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -540,7 +572,7 @@ def main(argv=None) -> int:
     import vendored_flash_attn as vfa
 
     if not vfa.flash_attn_supports_fp8():
-        print(f"FP8 is not available: {vfa.fa_version_unsupported_reason(3) or 'this wheel has no e4m3 kernels'}",
+        print(f"FP8 is not available: {vfa.fa_version_unsupported_reason(fp8_version()) or 'this wheel has no e4m3 kernels'}",
               file=sys.stderr)
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -69,6 +69,15 @@ the plan without a GPU. Writes DIR/serving.json and prints the tables.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment (its plan, calls, timing, analysis, tables
+# and record) whose parts all work on the rows and records defined here (Variant, Row,
+# PhaseTime); the schedule, which tests and dist_model use alone, is serving_schedule.py, and
+# what every benchmark shares is common.py.
+
+# Why this file names families: its rows (VARIANTS) are families measured by name, and its
+# recorded figures (measured.json) are keyed by them; what a row's calls do differently
+# (scheduler metadata, a CuTe DSL family's load) is read from the family's declaration.
+
 import argparse
 import math
 import statistics
@@ -100,6 +109,27 @@ class Variant:
     version: int
     kv: str                      # "bf16" or "fp8": the cache (and q) dtype of the calls
     schedule_kv: str             # the KV cache the schedule was made for
+
+    # A row is a family by its version (the rows and the figures recorded from them are per
+    # family by design); what a row's calls do differently is read from the family's declaration.
+    @property
+    def family(self):
+        from vendored_flash_attn.families import registry
+
+        return registry()[self.version]
+
+    @property
+    def scheduler_metadata(self) -> bool:
+        """Its calls pass scheduler metadata, as vLLM's do for the family that declares it (FA3)."""
+        return "scheduler_metadata" in self.family.features
+
+    @property
+    def compiles_at_first_use(self) -> bool:
+        """Its kernels are upstream's CuTe DSL Python (FA4): loaded (and their cache set up)
+        before anything is timed."""
+        from vendored_flash_attn.families import CUTE_DSL
+
+        return self.family.made == CUTE_DSL
 
 
 VARIANTS = (
@@ -301,7 +331,7 @@ def eager_call(variant: Variant, schedule: sched.Schedule, step: sched.Step, poo
                   k_descale=pools.scales.expand(expand), v_descale=pools.scales.expand(expand),
                   num_splits=0, s_aux=None)
     metadata = None
-    if variant.version == 3:
+    if variant.scheduler_metadata:
         def metadata():
             kwargs["scheduler_metadata"] = get_scheduler_metadata(
                 batch_size=batch, max_seqlen_q=step.max_query_len, max_seqlen_k=step.max_seq_len,
@@ -365,15 +395,15 @@ class GraphBuffers:
     def call(self, size: int) -> dict:
         """The kwargs of the captured call for capture size ``size`` (views of the buffers)."""
         expand = (size, LLAMA_8B.heads_kv)
-        fa3 = self.variant.version == 3
+        with_metadata = self.variant.scheduler_metadata  # FA3's graph calls: metadata, vLLM's max_num_splits
         return dict(q=self.q[:size], k=self.k, v=self.v, out=self.out[:size], cu_seqlens_q=self.cu[:size + 1],
                     max_seqlen_q=1, seqused_k=self.used[:size], max_seqlen_k=self.max_model_len,
                     softmax_scale=LLAMA_8B.head_dim ** -0.5, causal=True, alibi_slopes=None,
                     window_size=(-1, -1), block_table=self.table[:size], softcap=0,
-                    scheduler_metadata=self.metadata[:self.metadata_size[size]] if fa3 else None,
+                    scheduler_metadata=self.metadata[:self.metadata_size[size]] if with_metadata else None,
                     fa_version=self.variant.version, q_descale=self.scales.expand(expand),
                     k_descale=self.scales.expand(expand), v_descale=self.scales.expand(expand),
-                    num_splits=GRAPH_NUM_SPLITS if fa3 else 0, s_aux=None)
+                    num_splits=GRAPH_NUM_SPLITS if with_metadata else 0, s_aux=None)
 
 
 def _gather(cache, ids):
@@ -563,7 +593,7 @@ def run_graphs(variant, schedule, pools, args, decode_steps, row: Row, sampled: 
         first_of.setdefault(size, step)
     for size in sizes:
         buffers.write(first_of[size], size)
-        if variant.version == 3:
+        if variant.scheduler_metadata:
             buffers.refresh_metadata(size)
         call = buffers.call(size)
         stream = torch.cuda.Stream()
@@ -582,7 +612,7 @@ def run_graphs(variant, schedule, pools, args, decode_steps, row: Row, sampled: 
     for step, size in decode_steps:
         buffers.write(step, size)
         meta_s = 0.0
-        if variant.version == 3:
+        if variant.scheduler_metadata:
             meta_s, _, _ = _timed(lambda: buffers.refresh_metadata(size), 1, spin)
         gpu_s, host_s, held = _timed(graphs[size].replay, args.reps, spin)
         row.phases["decode_graph"].add(meta_s + gpu_s * scale, host_s * scale, step.num_tokens, meta_s, held)
@@ -896,9 +926,9 @@ def availability(variant: Variant) -> Optional[str]:
 
         if "e4m3" not in current_environment().build_info().component(variant.version).dtypes:
             return f"this wheel's FA{variant.version} has no e4m3 kernels"
-    if variant.version == 4:
+    if variant.compiles_at_first_use:
         try:
-            from vendored_flash_attn import fa4
+            from vendored_flash_attn import fa4  # the CuTe DSL family's adapter
 
             fa4.load()
         except Exception as exc:  # noqa: BLE001
@@ -922,8 +952,8 @@ def run(args) -> dict:
         else:
             variants.append(BY_NAME[name])
     fa4_interface = None
-    if any(v.version == 4 for v in variants):
-        from vendored_flash_attn import fa4
+    if any(v.compiles_at_first_use for v in variants):
+        from vendored_flash_attn import fa4  # the CuTe DSL family's adapter: its tile sets the paged layout
 
         fa4_interface = fa4.load().interface
     tile, tile_note = tile_page_size(fa4_interface)

@@ -23,6 +23,10 @@ rewritten), so it needs no loading here.
 
 from __future__ import annotations
 
+# Why this file names families: upstream's own wrapper (its flash_attn_interface.py) knows
+# two op namespaces, _vllm_fa2_C and _vllm_fa3_C, and fa_version 2 and 3; NAMESPACES maps
+# upstream's names onto this package's modules, facts of upstream's file at the pin.
+
 import contextlib
 import hashlib
 import importlib

@@ -20,7 +20,12 @@ import json
 import shutil
 from pathlib import Path
 
-MODULES = {"fa2": "_vendored_fa2_C", "fa3": "_vendored_fa3_C"}
+
+def modules() -> dict[str, str]:
+    """Each compiled family's module, by family name (cmake/knobs.json families)."""
+    from vendored_flash_attn.families import registry
+
+    return {f.name: f.module for f in registry() if f.module}
 
 
 def installed_package() -> Path:
@@ -31,7 +36,7 @@ def installed_package() -> Path:
 
 
 def assemble(component: str, build_dir: Path, dest: Path, label: str) -> Path:
-    module = MODULES[component]
+    module = modules()[component]
     built = sorted(build_dir.glob(f"{module}*.so"))
     if not built:
         raise SystemExit(f"{build_dir} holds no {module}*.so")
@@ -56,13 +61,13 @@ def assemble(component: str, build_dir: Path, dest: Path, label: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--component", choices=sorted(MODULES), required=True)
+    parser.add_argument("--component", choices=sorted(modules()), required=True)
     parser.add_argument("--build-dir", type=Path, required=True, help="CMake build dir of the variant")
     parser.add_argument("--dest", type=Path, required=True, help="folder to put on PYTHONPATH")
     parser.add_argument("--label", default="variant", help="name recorded in the build info")
     args = parser.parse_args()
     package = assemble(args.component, args.build_dir, args.dest, args.label)
-    print(f"{package}: {MODULES[args.component]} from {args.build_dir} ({args.label})")
+    print(f"{package}: {modules()[args.component]} from {args.build_dir} ({args.label})")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ default wheel's figure as the release wheel.
 
 from __future__ import annotations
 
+# Why this file names the compiled modules (_vendored_fa2_C, _vendored_fa3_C): it reads the
+# sizes of those modules as the slices' builds recorded them (sizes.txt, objects.txt), by name.
+
 import argparse
 import json
 import re

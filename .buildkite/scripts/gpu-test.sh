@@ -5,7 +5,7 @@
 # Every family the wheel holds that runs on the agent's GPU is tested, with no skip: the
 # wheel is installed with its [fa4] extra (the pin's versions, from the wheel's metadata)
 # when it holds FA4, FA4's shipped kernels must all run with no compile
-# (cmake/fa4_precompile.py check-installed), and a GPU test skipped "FAn not usable" for a
+# (python -m vendored_flash_attn.wheel_check fa4-kernels), and a GPU test skipped "FAn not usable" for a
 # family the wheel holds fails the step (check_gpu_junit.py --forbid-held-skips).
 #
 #   .buildkite/scripts/gpu-test.sh fa2|fa3 CUDA
@@ -111,7 +111,7 @@ from vendored_flash_attn.families import registry
 print(int(registry().by_name("fa4").capability_problem(*torch.cuda.get_device_capability(0), 0) is None))')
 if [ "$holds_fa4" = 1 ] && [ "$fa4_runs_here" = 1 ]; then
   echo "--- FA4's shipped kernels: each runs with no compile (user cache empty)"
-  "$py" "$ROOT/cmake/fa4_precompile.py" check-installed --report "$ROOT/fa4-check-installed-$PART.json" \
+  "$py" -m vendored_flash_attn.wheel_check fa4-kernels --report "$ROOT/fa4-check-installed-$PART.json" \
     || fa4_check=$?
   rm -rf "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 fi

@@ -92,6 +92,9 @@ class BuildInfo:
             records=records,
         )
 
+    # Named accessors for the tests and GPU scripts (tests/gpu, tests/upstream) that mean a
+    # family by name; the package reads a family's record by its declaration instead
+    # (component(version), components[family.name]).
     @property
     def fa2(self) -> ComponentInfo:
         return self.components["fa2"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from .errors import FlashAttnUnavailableError
 
 DISTRIBUTION = "vendored-flash-attn"
-EXTRA = "fa4"
+EXTRA = "fa4"  # pyproject.toml's [project.optional-dependencies] name: a packaging name, not a family decision
 INSTALL_COMMAND = f'pip install "{DISTRIBUTION}[{EXTRA}]"'
 
 # How the extra differs from the dependencies upstream's flash_attn/cute/pyproject.toml

@@ -19,6 +19,9 @@ Example: ``torch._C.parse_schema(f"{FA3_NAMESPACE}::{FA3_FWD}")`` equals
 
 from __future__ import annotations
 
+# The op namespaces the families declare (cmake/knobs.json ``op_namespace``), written out here
+# because cmake/op_schemas.py loads this file by path, before the package can be imported;
+# tests/unit/test_op_schemas.py holds them to the declaration.
 FA2_NAMESPACE = "_vendored_fa2_C"
 FA3_NAMESPACE = "_vendored_fa3_C"
 #: namespace -> upstream's source (in the flash-attention checkout) that registers its ops.

@@ -404,6 +404,10 @@ def flash_attn_supports_sinks(device=None) -> bool:
     return select_flash_attn_version(has_sinks=True, device=device).version is not None
 
 
+# The family vLLM's FlashAttention MLA backend calls: its calls pass fa_version=3 themselves
+# (VLLM_FLASH_ATTN_VERSION and the selector do not enter), so the number is vLLM's, and what
+# it may do is read from the declaration of the family with that version.
+MLA_FA_VERSION = 3
 # The shapes vLLM's FlashAttention MLA backend hands to FA3 (head size, V head size):
 # prefill with Q/K = nope 128 + rope 64 and V 128; decode with Q/K = the rope part (64),
 # V = the latent (512), q_v = the nope query, over a paged cache.
@@ -412,23 +416,24 @@ MLA_SHAPES = ((192, 128), (64, 512))
 
 def flash_attn_mla_unsupported_reason(device=None) -> Optional[str]:
     """Why this wheel cannot run vLLM's MLA calls on ``device``; None when it can. MLA
-    calls pass fa_version=3, so VLLM_FLASH_ATTN_VERSION does not enter."""
+    calls pass fa_version=3 (MLA_FA_VERSION), so VLLM_FLASH_ATTN_VERSION does not enter."""
     index, problem = resolve_device_index(device)
     if problem is not None:
         return problem
-    problem = version_problem(3, index)
+    family = registry()[MLA_FA_VERSION]
+    problem = version_problem(MLA_FA_VERSION, index)
     if problem is not None:
-        return f"MLA needs FA3: {problem}"
-    family, fa3 = registry()[3], current_environment().build_info().fa3
-    if "paged" not in fa3.features:
-        return ("MLA decode reads a paged KV cache; this wheel's FA3 was built without the "
+        return f"MLA needs {family.title}: {problem}"
+    built = current_environment().build_info().component(MLA_FA_VERSION)
+    if "paged" not in built.features:
+        return (f"MLA decode reads a paged KV cache; this wheel's {family.title} was built without the "
                 "'paged' kernels")
     for dtype in ("bf16", "fp16"):
-        if dtype in fa3.dtypes and not any(head_size_problem(family, fa3, d, dv, dtype)
-                                           for d, dv in MLA_SHAPES):
+        if dtype in built.dtypes and not any(head_size_problem(family, built, d, dv, dtype)
+                                             for d, dv in MLA_SHAPES):
             return None
-    problems = [head_size_problem(family, fa3, d, dv, "bf16") for d, dv in MLA_SHAPES]
-    return "MLA needs FA3 head sizes 192/128 and 64/512: " + "; ".join(p for p in problems if p)
+    problems = [head_size_problem(family, built, d, dv, "bf16") for d, dv in MLA_SHAPES]
+    return f"MLA needs {family.title} head sizes 192/128 and 64/512: " + "; ".join(p for p in problems if p)
 
 
 def flash_attn_supports_mla(device=None) -> bool:

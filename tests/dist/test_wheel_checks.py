@@ -17,8 +17,8 @@ import pytest
 
 from support.cmake_runner import PROJECT, clean_env, run
 from vendored_flash_attn.wheel_check import (Expectations, check_abi3, check_build_info,
-                                             check_cxx_runtime, check_size, check_symbols,
-                                             compare_build_info)
+                                             check_cxx_runtime, check_size, check_symbols)
+from vendored_flash_attn.wheel_check_build_info import compare_build_info
 
 PIN = json.loads((PROJECT / "vendor/flash-attention/pin.json").read_text())
 FA = PIN["flash_attention"]["commit"]
@@ -324,7 +324,7 @@ def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwa
     ("12.0", {}, ("fa2",)),  # FA4 is declared not to run on sm120 at the pin
 ])
 def test_the_families_a_build_asked_for_come_from_the_declaration(arch_list, knobs, expected):
-    from vendored_flash_attn.wheel_check import declared_families
+    from vendored_flash_attn.wheel_check_build_info import declared_families
 
     options = {knob: {"value": value, "origin": "env:" + knob} for knob, value in knobs.items()}
     assert declared_families(build_info(cuda_arch_list=arch_list, options=options)) == expected

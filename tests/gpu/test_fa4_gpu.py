@@ -173,7 +173,7 @@ def test_fa4_fp8_kv_is_refused_at_a_head_dim_it_computes_wrong():
 def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
     """Every FA4 kernel the wheel precompiled for this Python and this GPU, called through
     the public function on real data in a fresh process whose user cache starts empty:
-    nothing may compile (cmake/fa4_precompile.py check-installed). Skipped, with the build
+    nothing may compile (python -m vendored_flash_attn.wheel_check fa4-kernels). Skipped, with the build
     record's words, for a wheel built without precompiled kernels for them."""
     import json
     import os
@@ -193,10 +193,9 @@ def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
     if not shipped:
         pytest.skip(f"this wheel ships no FA4 kernels for sm_{major}{minor}a and Python {python} "
                     f"(precompile {precompile.get('state')}: {precompile.get('reason') or 'other Pythons/archs'})")
-    script = Path(__file__).resolve().parents[2] / "cmake" / "fa4_precompile.py"
     env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(tmp_path / "user-cache")}
     report = tmp_path / "check.json"
-    result = subprocess.run([sys.executable, str(script), "check-installed", "--report", str(report)],
+    result = subprocess.run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "fa4-kernels", "--report", str(report)],
                             env=env, capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     checked = json.loads(report.read_text())

@@ -404,3 +404,14 @@ def test_build_estimate_reads_the_estimates_a_monitor_printed(tmp_path):
     assert points[0.25] == {"at": 0.25, "t": 150, "estimated_left": 1200, "actual_left": 450,
                             "error": round(1200 / 450 - 1, 3)}
     assert points[0.5]["estimated_left"] == 90 and points[0.5]["actual_left"] == 300
+
+
+def test_the_fp8_benchmark_measures_the_family_declaring_fp8():
+    """fp8_accuracy.py's FA3 calls and its FA4 FP8 KV cases come from the declaration: the
+    family with FP8 q/k/v (``fp8``) is measured by default; one with FP8 KV only gets a 16-bit q."""
+    from vendored_flash_attn.families import registry
+
+    fp8 = load("fp8_accuracy")
+    assert fp8.fp8_version() == registry().having("fp8")[0].version
+    assert [f.version for f in registry() if fp8.takes_fp8_qkv(f.version)] == [fp8.fp8_version()]
+    assert not fp8.takes_fp8_qkv(registry().having("fp8_kv")[0].version)

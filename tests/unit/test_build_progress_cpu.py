@@ -1,5 +1,5 @@
 """CPU checks of the build-progress scripts (cmake/compiler_output.py, cmake/compile_unit.py,
-cmake/build_monitor.py): which compiler output is upstream noise, the launcher's events
+cmake/build_monitor.py, progress_estimate.py, ninja_processes.py): which compiler output is upstream noise, the launcher's events
 and exit status, and the estimate of what is left of a build.
 The same scripts run end to end in tests/build/test_build_monitor.py."""
 
@@ -26,6 +26,8 @@ def load(name: str):
 
 compiler_output = load("compiler_output")
 compile_unit = load("compile_unit")
+progress_estimate = load("progress_estimate")
+ninja_processes = load("ninja_processes")
 build_monitor = load("build_monitor")
 
 CUTLASS = "/cache/src/cutlass-62750a2b75c8"
@@ -165,37 +167,37 @@ UNIT_KINDS = ["_vendored_fa2_C|FA2 CUDA, split-KV|311|flash_fwd_split_|5.9", "_v
 
 @pytest.fixture(autouse=True)
 def unit_kinds(monkeypatch):
-    monkeypatch.setattr(build_monitor, "UNIT_KINDS", [])
-    monkeypatch.setattr(build_monitor, "REFERENCE_SECONDS", dict(build_monitor.REFERENCE_SECONDS))
-    monkeypatch.setattr(build_monitor, "CACHED_SECONDS", dict(build_monitor.CACHED_SECONDS))
+    monkeypatch.setattr(progress_estimate, "UNIT_KINDS", [])
+    monkeypatch.setattr(progress_estimate, "REFERENCE_SECONDS", dict(progress_estimate.REFERENCE_SECONDS))
+    monkeypatch.setattr(progress_estimate, "CACHED_SECONDS", dict(progress_estimate.CACHED_SECONDS))
     for spec in UNIT_KINDS:
-        build_monitor.add_unit_kind(spec)
+        progress_estimate.add_unit_kind(spec)
 
 
 def test_units_are_classified_by_module_and_language():
-    assert build_monitor.unit_kind(FA2_SPLIT.format("causal")) == "FA2 CUDA, split-KV"
-    assert build_monitor.unit_kind(FA3.format("paged")) == "FA3 CUDA"
-    assert build_monitor.unit_kind(FA2.format("causal")) == "FA2 CUDA"
-    assert build_monitor.unit_kind(CPP.format("")) == "C++"
-    assert build_monitor.unit_kind(FA3_OTHER.format("prepare_scheduler")) == "FA3 CUDA, other"
-    assert build_monitor.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
+    assert progress_estimate.unit_kind(FA2_SPLIT.format("causal")) == "FA2 CUDA, split-KV"
+    assert progress_estimate.unit_kind(FA3.format("paged")) == "FA3 CUDA"
+    assert progress_estimate.unit_kind(FA2.format("causal")) == "FA2 CUDA"
+    assert progress_estimate.unit_kind(CPP.format("")) == "C++"
+    assert progress_estimate.unit_kind(FA3_OTHER.format("prepare_scheduler")) == "FA3 CUDA, other"
+    assert progress_estimate.unit_name(FA3.format("paged")) == "flash_fwd_hdim128_bf16_paged_sm90.cu"
 
 
 def test_the_monitor_knows_no_family_but_the_kinds_it_is_given(monkeypatch):
     """The kinds of CUDA units come from each family's target file (--unit-kind); without
     them a module's CUDA units are plain "CUDA", whatever the module is called."""
-    monkeypatch.setattr(build_monitor, "UNIT_KINDS", [])
-    assert build_monitor.unit_kind(FA3.format("paged")) == "CUDA"
-    assert build_monitor.unit_kind(FA2.format("causal")) == "CUDA"
-    build_monitor.add_unit_kind("_vendored_fa9_C|FA9 CUDA|42|")
-    assert build_monitor.unit_kind("CMakeFiles/_vendored_fa9_C.dir/src/k.cu.o") == "FA9 CUDA"
-    assert build_monitor.REFERENCE_SECONDS["FA9 CUDA"] == 42.0
+    monkeypatch.setattr(progress_estimate, "UNIT_KINDS", [])
+    assert progress_estimate.unit_kind(FA3.format("paged")) == "CUDA"
+    assert progress_estimate.unit_kind(FA2.format("causal")) == "CUDA"
+    progress_estimate.add_unit_kind("_vendored_fa9_C|FA9 CUDA|42|")
+    assert progress_estimate.unit_kind("CMakeFiles/_vendored_fa9_C.dir/src/k.cu.o") == "FA9 CUDA"
+    assert progress_estimate.REFERENCE_SECONDS["FA9 CUDA"] == 42.0
     # A module whose name holds another's is not taken for it.
-    assert build_monitor.unit_kind("CMakeFiles/x_vendored_fa9_C.dir/src/k.cu.o") == "CUDA"
+    assert progress_estimate.unit_kind("CMakeFiles/x_vendored_fa9_C.dir/src/k.cu.o") == "CUDA"
 
 
 def state(jobs=2, **kw):
-    s = build_monitor.BuildState(t0=1000.0, jobs=jobs)
+    s = progress_estimate.BuildState(t0=1000.0, jobs=jobs)
     for k, v in kw.items():
         setattr(s, k, v)
     return s
@@ -209,7 +211,7 @@ def finish(s, unit, start, seconds, rc=0):
 def test_before_any_unit_finishes_the_estimate_uses_reference_times():
     units = {FA3.format(v) for v in ("a", "b", "c", "d")}
     s = state(jobs=2, planned=units)
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     assert s.seconds_left(1000.0) == pytest.approx(2 * ref["FA3 CUDA"])
     assert s.basis(1000.0) == "at reference times"
 
@@ -218,7 +220,7 @@ def test_finished_units_replace_the_reference_for_their_kind():
     units = {FA3.format(v) for v in ("a", "b", "c", "d", "e")} | {CPP.format(""), CPP.format("_2")}
     s = state(jobs=2, planned=units)
     for cpp in (CPP.format(""), CPP.format("_2")):
-        finish(s, cpp, 1000, build_monitor.REFERENCE_SECONDS["C++"])
+        finish(s, cpp, 1000, progress_estimate.REFERENCE_SECONDS["C++"])
     finish(s, FA3.format("a"), 1000, 300)
     # 4 FA3 units left at 300 s each (this build's own time for FA3, not 153) on 2 jobs
     assert s.seconds_left(1300.0) == pytest.approx(600)
@@ -230,15 +232,15 @@ def test_a_quick_fa3_helper_unit_does_not_set_the_instantiations_cost():
     estimate took it for all eight FA3 instantiations ("about 2 min left" with 9 min to go)."""
     units = {FA3.format(v) for v in ("a", "b", "c", "d")} | {FA3_OTHER.format("prepare_scheduler")}
     s = state(jobs=2, planned=units)
-    finish(s, FA3_OTHER.format("prepare_scheduler"), 1000, build_monitor.REFERENCE_SECONDS["FA3 CUDA, other"])
+    finish(s, FA3_OTHER.format("prepare_scheduler"), 1000, progress_estimate.REFERENCE_SECONDS["FA3 CUDA, other"])
     # speed 1 from the finished unit: 4 instantiations at the reference time on 2 jobs
-    assert s.seconds_left(1100.0) == pytest.approx(2 * build_monitor.REFERENCE_SECONDS["FA3 CUDA"])
+    assert s.seconds_left(1100.0) == pytest.approx(2 * progress_estimate.REFERENCE_SECONDS["FA3 CUDA"])
 
 
 def test_kinds_not_seen_yet_scale_with_the_pace_of_the_cuda_units_compiled_here():
     """Issue 29: "85-101 min" after three small C++ units that took longer than their
     reference: C++ units say nothing of how long a CUDA unit takes here."""
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     s = state(jobs=1, planned={CPP.format(""), FA2.format("a"), FA3.format("a")})
     finish(s, CPP.format(""), 1000, 3 * ref["C++"])  # three times as slow
     assert s.seconds_left(1020.0) == pytest.approx(ref["FA2 CUDA"] + ref["FA3 CUDA"])
@@ -263,9 +265,9 @@ FA2_SPLIT = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_sp
 def test_a_running_unit_is_expected_to_take_its_own_kinds_time():
     """Issue 16: on the H200 "about 10 s left" stood for the last 2.5 minutes while an FA2
     split-KV unit ran 6:17: the other FA2 units' mean had set its expected time."""
-    assert build_monitor.unit_kind(FA2_SPLIT.format("")) == "FA2 CUDA, split-KV"
+    assert progress_estimate.unit_kind(FA2_SPLIT.format("")) == "FA2 CUDA, split-KV"
     s = state(jobs=2, planned={FA2.format("a"), FA2.format("b"), FA2_SPLIT.format("")})
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     finish(s, FA2.format("a"), 1000, ref["FA2 CUDA"])
     finish(s, FA2.format("b"), 1000, ref["FA2 CUDA"])
     s.apply(["start", "1000.0", FA2_SPLIT.format("")])
@@ -276,7 +278,7 @@ def test_a_running_unit_is_expected_to_take_its_own_kinds_time():
 def test_the_pace_of_this_machine_counts_once_units_run_past_the_reference():
     """Issue 19, 2-core machine: "15 min left" at 3:08 with 30.8 min to go. Only .cpp units
     had finished (at their reference time); the FA3 units running had taken twice theirs."""
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     fa3 = [FA3.format(v) for v in "abcdefgh"]
     s = state(jobs=2, planned=set(fa3) | {CPP.format("")})
     finish(s, CPP.format(""), 1000, ref["C++"])
@@ -290,7 +292,7 @@ def test_the_pace_of_this_machine_counts_once_units_run_past_the_reference():
 
 def test_the_pace_weighs_units_by_their_reference_time():
     """Quick .cpp units finishing fast must not make the CUDA units look fast."""
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     s = state(jobs=1, planned={CPP.format(""), CPP.format("_2"), FA3.format("a"), FA2.format("a"),
                                FA2_SPLIT.format("")})
     finish(s, CPP.format(""), 1000, 1)
@@ -306,7 +308,7 @@ def test_the_pace_weighs_units_by_their_reference_time():
 
 
 def test_a_warm_build_says_so_within_its_first_minute():
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     fa3 = [FA3.format(v) for v in "abcdefghij"]
     s = state(jobs=2, planned=set(fa3))
     cold = s.seconds_left(1000.0)
@@ -322,7 +324,7 @@ def test_cached_units_of_a_kind_not_seen_yet_take_their_kinds_time_at_this_build
     """Each kind's time when the cache answers is its own reference (the host-side steps sccache
     still runs differ by kind), at the pace of this build's cached units: a busy machine takes
     longer for them all."""
-    cached = build_monitor.CACHED_SECONDS
+    cached = progress_estimate.CACHED_SECONDS
     s = state(jobs=1, planned={FA2.format("a"), FA2.format("b"), FA3.format("a")})
     finish(s, FA2.format("a"), 1000, 2 * cached["FA2 CUDA"])  # twice the reference: a busy machine
     assert s.cost("FA3 CUDA", 1010.0) == pytest.approx(2 * cached["FA3 CUDA"])
@@ -332,10 +334,10 @@ def test_cached_units_of_a_kind_not_seen_yet_take_their_kinds_time_at_this_build
 def test_fp8_paged_units_are_expected_to_take_longer_than_the_other_fa3_units():
     """Issue 29, 2-core machine: the FP8 paged units took 5.5-6.5 min against 2-3.5 for the
     other FA3 units, and the estimate did not expect it."""
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     fp8_paged = FA3.format("paged").replace("bf16", "e4m3")
-    assert build_monitor.unit_kind(fp8_paged) == "FA3 CUDA, FP8 paged"
-    assert build_monitor.unit_kind(FA3.format("paged_split").replace("bf16", "e4m3")) == "FA3 CUDA, FP8 paged"
+    assert progress_estimate.unit_kind(fp8_paged) == "FA3 CUDA, FP8 paged"
+    assert progress_estimate.unit_kind(FA3.format("paged_split").replace("bf16", "e4m3")) == "FA3 CUDA, FP8 paged"
     s = state(jobs=1, planned={FA3.format("a"), fp8_paged, FA3.format("b")})
     finish(s, FA3.format("a"), 1000, 150)
     # not one FP8 paged unit yet: its reference at the pace of the FA3 unit compiled here
@@ -346,13 +348,13 @@ def test_fp8_paged_units_are_expected_to_take_longer_than_the_other_fa3_units():
 def test_a_unit_running_past_a_cached_units_time_compiles():
     """A cold build is known as one in its first minute too: the units running are past
     the time a cached unit takes."""
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     fa3 = [FA3.format(v) for v in "abcd"]
     s = state(jobs=2, planned=set(fa3))
     finish(s, fa3[0], 1000, 12)  # one from the cache
     s.apply(["start", "1012.0", fa3[1]])
     s.apply(["start", "1012.0", fa3[2]])
-    now = 1012.0 + build_monitor.cached_limit("FA3 CUDA") + 1
+    now = 1012.0 + progress_estimate.cached_limit("FA3 CUDA") + 1
     assert s.cache_share(now) == (1, 3)
     # the running ones compile (reference time, less what they ran); the last one waits at a
     # third cached, two thirds compiled
@@ -364,14 +366,14 @@ def test_a_unit_running_past_a_cached_units_time_compiles():
 def test_the_estimate_is_never_less_than_a_running_unit_still_needs():
     import random
     rng = random.Random(29)
-    ref = build_monitor.REFERENCE_SECONDS
+    ref = progress_estimate.REFERENCE_SECONDS
     kinds = [FA3, FA2, FA2_SPLIT, FA3_OTHER, CPP]
     for trial in range(200):
         units = [k.format(f"u{trial}_{i}") for i, k in enumerate(rng.choices(kinds, k=12))]
         s = state(jobs=rng.choice([1, 2, 4]), planned=set(units))
         now = 1000.0
         for unit in units[:rng.randrange(0, 8)]:
-            seconds = rng.uniform(1, 3 * ref[build_monitor.unit_kind(unit)])
+            seconds = rng.uniform(1, 3 * ref[progress_estimate.unit_kind(unit)])
             finish(s, unit, now, seconds)
             now += seconds
         for unit in units[8:8 + rng.randrange(0, 4)]:
@@ -381,7 +383,7 @@ def test_the_estimate_is_never_less_than_a_running_unit_still_needs():
 
 
 def test_the_record_compares_the_estimates_with_the_time_left():
-    record = build_monitor.EstimateRecord()
+    record = progress_estimate.EstimateRecord()
     for t, left in ((0, 900), (50, 800), (120, 700), (260, 400), (500, 260), (700, 100), (950, 40)):
         record.add(t, left)
     points = {p["at"]: p for p in record.table(1000.0)}
@@ -394,12 +396,12 @@ def test_the_record_compares_the_estimates_with_the_time_left():
 def test_a_replay_of_a_builds_events_gives_its_record():
     """The estimate over recorded events (`build_monitor.py --replay`): two jobs, FA3 units of
     the reference time, so the estimate is exact once one has compiled."""
-    ref = build_monitor.REFERENCE_SECONDS["FA3 CUDA"]
+    ref = progress_estimate.REFERENCE_SECONDS["FA3 CUDA"]
     events = []
     for i, (start, job) in enumerate([(0, 0), (0, 1), (ref, 0), (ref, 1)]):
         unit = FA3.format(f"r{i}")
         events += [["start", str(1000 + start), unit], ["end", str(1000 + start + ref), unit, "0", str(ref), "0"]]
-    state_, record, seconds = build_monitor.replay(events, jobs=2, step=10)
+    state_, record, seconds = progress_estimate.replay(events, jobs=2, step=10)
     assert seconds == pytest.approx(2 * ref) and len(state_.done) == 4
     for point in record.table(seconds):
         assert point["error"] == pytest.approx(0, abs=0.01), point
@@ -413,12 +415,12 @@ def test_events_of_an_earlier_build_are_ignored():
 
 
 def test_the_job_limit_is_read_from_ninjas_command_line():
-    assert build_monitor.job_limit(["ninja", "-j", "7", "all"], cores=2) == 7
-    assert build_monitor.job_limit(["ninja", "-j12"], cores=2) == 12
-    assert build_monitor.job_limit(["ninja", "-j0"], cores=2) == 1 << 30
+    assert ninja_processes.job_limit(["ninja", "-j", "7", "all"], cores=2) == 7
+    assert ninja_processes.job_limit(["ninja", "-j12"], cores=2) == 12
+    assert ninja_processes.job_limit(["ninja", "-j0"], cores=2) == 1 << 30
     # ninja's own default: 3 on 2 cores, cores + 2 above
-    assert build_monitor.job_limit(["ninja"], cores=2) == 3
-    assert build_monitor.job_limit(["ninja", "-C", "build"], cores=16) == 18
+    assert ninja_processes.job_limit(["ninja"], cores=2) == 3
+    assert ninja_processes.job_limit(["ninja", "-C", "build"], cores=16) == 18
 
 
 def test_the_dry_run_plans_every_unit_of_the_targets(tmp_path):
@@ -432,8 +434,8 @@ def test_the_dry_run_plans_every_unit_of_the_targets(tmp_path):
         "rule monitor\n  command = sleep 1\n  pool = console\n  description = progress\n"
         + "".join(f"build {o}: cc\n" for o in objects)
         + f"build m: phony {' '.join(objects)}\nbuild progress: monitor\nbuild all: phony progress m\ndefault all\n")
-    assert build_monitor.planned_units(tool("ninja"), str(tmp_path), ["m"]) == set(objects)
-    assert build_monitor.planned_units(tool("ninja"), str(tmp_path / "missing"), ["m"]) is None
+    assert ninja_processes.planned_units(tool("ninja"), str(tmp_path), ["m"]) == set(objects)
+    assert ninja_processes.planned_units(tool("ninja"), str(tmp_path / "missing"), ["m"]) is None
 
 
 # --- the launcher --------------------------------------------------------------------------------
@@ -660,7 +662,7 @@ def test_the_servers_count_decides_which_units_were_cached_not_a_fixed_time():
     assert [d.cached for d in s.done.values()] == [False, False, False]  # by time alone
     s.cache_counts = (2, 1)  # the server: two hits, one miss
     s.classify()
-    cached = {build_monitor.unit_name(u) for u, d in s.done.items() if d.cached}
+    cached = {progress_estimate.unit_name(u) for u, d in s.done.items() if d.cached}
     assert cached == {"flash_combine.cu", "flash_sched.cu"}
     assert s.cache_share(1200.0) == (2, 3)
 
@@ -669,13 +671,13 @@ def test_the_machines_load_scales_what_is_left_and_what_units_took():
     """A shared machine: a unit that took twice its reference while the machine ran at half
     speed for this build (twice as many runnable processes as cores) did its reference's work;
     the units left are expected at the slowdown of now, not of then."""
-    ref = build_monitor.REFERENCE_SECONDS["FA3 CUDA"]
+    ref = progress_estimate.REFERENCE_SECONDS["FA3 CUDA"]
     s = state(jobs=1, planned={FA3.format(v) for v in "abc"})
     for t in range(1000, 1000 + int(2 * ref), 5):
         s.apply(["load", str(t), "", "2.00"])
     finish(s, FA3.format("a"), 1000, 2 * ref)
     assert s.done[FA3.format("a")].work == pytest.approx(ref)
-    later = 1000 + 2 * ref + build_monitor.LOAD_WINDOW_S
+    later = 1000 + 2 * ref + progress_estimate.LOAD_WINDOW_S
     for t in range(int(1000 + 2 * ref), int(later), 5):
         s.apply(["load", str(t), "", "1.00"])  # the other work ended
     assert s.seconds_left(later) == pytest.approx(2 * ref)  # two units at the reference time
@@ -691,7 +693,7 @@ def test_the_monitor_writes_the_machines_slowdown_into_the_events(tmp_path, monk
     monkeypatch.setattr(build_monitor, "runnable_now", lambda: next(counts))
     for t in (1000.0, 1001.0, 1002.0):
         monitor.sample_load(t)
-    monitor.sample_load(1000.0 + build_monitor.LOAD_EVERY_S)
+    monitor.sample_load(1000.0 + progress_estimate.LOAD_EVERY_S)
     kinds = [line.split("\t") for line in (tmp_path / "vfa-progress.tsv").read_text().splitlines()]
     # the first poll writes at once (7 / 2); then the mean of the polls since: (9 + 8 + 1) / 3 / 2
     assert kinds == [["load", "1000.000", "", "3.50"], ["load", "1005.000", "", "3.00"]]
@@ -703,5 +705,5 @@ def test_a_replay_takes_the_cache_servers_counts_from_the_events():
     events = [["start", "1000", FA3_OTHER.format("combine")], ["cache", "1001", "", "1", "0"],
               ["end", "1022", FA3_OTHER.format("combine"), "0", "22", "0"],
               ["start", "1022", FA3.format("a")], ["end", "1172", FA3.format("a"), "0", "150", "0"]]
-    state_, _, _ = build_monitor.replay(events, jobs=1)
+    state_, _, _ = progress_estimate.replay(events, jobs=1)
     assert [d.cached for d in state_.done.values()] == [True, False]  # 22 s: by time alone, compiled

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from vendored_flash_attn import fa4_cache
+from vendored_flash_attn import fa4_cache, fa4_user_cache
 
 OBJECT_HEAD, OBJECT_TAIL = b"\x7fELF stand-in object: ", b" :end of object"
 NOT_AN_OBJECT = "BinaryExecutionEngine: Failed to add object file: The file was not recognized as a valid object file"
@@ -376,7 +376,7 @@ def test_a_folder_or_file_of_another_user_is_not_loaded_from(tmp_path, where):
 def test_files_seen_as_another_users_are_refused(tmp_path, monkeypatch):
     # Whoever runs the tests: the files are this user's, the process acts as another.
     _fill(tmp_path)
-    monkeypatch.setattr(fa4_cache, "_current_uid", lambda: os.geteuid() + 1)
+    monkeypatch.setattr(fa4_user_cache, "_current_uid", lambda: os.geteuid() + 1)
     cache, layout = _install(tmp_path)
     assert f"owned by uid {os.geteuid()}, not by this process's user (uid {os.geteuid() + 1})" in layout["user_problem"]
     with pytest.warns(RuntimeWarning, match="is not used"):

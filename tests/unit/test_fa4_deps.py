@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vendored_flash_attn import fa4_deps
+from vendored_flash_attn import fa4_deps, fa4_plan
 from vendored_flash_attn.errors import FlashAttnUnavailableError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_importing_the_package_and_checking_never_import_cutlass(tmp_path):
     assert result.stdout.strip() == "[]"
 
 
-# --- cmake/fa4_precompile.py: staging and planning (standard library only) ---------------
+# --- cmake/fa4_stage.py and fa4_plan: staging and planning (standard library only) -------
 
 def _fake_cute(root: Path, dependencies: list[str]) -> Path:
     cute = root / "flash_attn" / "cute"
@@ -176,7 +176,7 @@ def _fake_cute(root: Path, dependencies: list[str]) -> Path:
 
 def test_stage_rewrites_absolute_imports(tmp_path):
     cute = _fake_cute(tmp_path / "src", _pin_dependencies_of_the_extra())
-    summary = precompile.stage(cute, tmp_path / "stage")
+    summary = precompile.fa4_stage.stage(cute, tmp_path / "stage")
     staged = tmp_path / "stage" / "vendored_flash_attn" / "_fa4" / "cute"
     text = (staged / "interface.py").read_text()
     assert "import vendored_flash_attn._fa4.cute.utils as utils" in text
@@ -184,7 +184,7 @@ def test_stage_rewrites_absolute_imports(tmp_path):
     assert "from vendored_flash_attn._fa4.cute.cache_utils import (" in text
     assert "import vendored_flash_attn.cute_helpers" in text
     assert "def flash_attn_func():" in text
-    assert precompile.remaining_upstream_references(text) == []
+    assert precompile.fa4_stage.remaining_upstream_references(text) == []
     assert summary["rewritten"] == ["interface.py"]
     assert sorted(p.name for p in staged.iterdir()) == ["LICENSE", "__init__.py", "interface.py"]
     assert (tmp_path / "stage" / "vendored_flash_attn" / "_fa4" / "__init__.py").is_file()
@@ -195,13 +195,13 @@ def test_stage_refuses_a_pin_whose_dependencies_drifted(tmp_path):
               for d in _pin_dependencies_of_the_extra()]
     cute = _fake_cute(tmp_path / "src", pinned)
     with pytest.raises(SystemExit, match="nvidia-cutlass-dsl==4.6.2"):
-        precompile.stage(cute, tmp_path / "stage")
+        precompile.fa4_stage.stage(cute, tmp_path / "stage")
 
 
 def test_plan_enumerates_each_kernel_once():
-    selection = precompile.Selection(head_dims=(64, 128), dtypes=("bf16",), features=("paged",),
+    selection = fa4_plan.Selection(head_dims=(64, 128), dtypes=("bf16",), features=("paged",),
                                      gqa_ratios=(1, 4), return_lse=(False,))
-    names = [c.name for c in precompile.plan(selection)]
+    names = [c.name for c in fa4_plan.plan(selection)]
     # 3 layouts (varlen, paged with the kernel's tile as page, paged with another page size)
     # x 2 head dims x 2 masks (no `local` feature) x 2 ratios; no split without `split`.
     assert len(names) == len(set(names)) == 3 * 2 * 2 * 2
@@ -212,35 +212,35 @@ def test_plan_enumerates_each_kernel_once():
 
 def test_the_wheel_features_widen_the_plan_the_way_calls_reach_kernels():
     base = dict(head_dims=(128,), dtypes=("bf16",), gqa_ratios=(4,), return_lse=(False, True))
-    varlen_only = precompile.plan(precompile.Selection(features=(), **base))
+    varlen_only = fa4_plan.plan(fa4_plan.Selection(features=(), **base))
     assert [c.name for c in varlen_only] == ["varlen-hd128-bf16-full-gqa4", "varlen-hd128-bf16-full-gqa4-lse",
                                              "varlen-hd128-bf16-causal-gqa4", "varlen-hd128-bf16-causal-gqa4-lse"]
-    every = precompile.plan(precompile.Selection(features=("paged", "split", "local"), **base))
+    every = fa4_plan.plan(fa4_plan.Selection(features=("paged", "split", "local"), **base))
     assert len(every) == 3 * 3 * 2 * 2  # layouts x masks x split x lse
     # softcap's value is in the key: not precompiled, whatever the features say
-    with_softcap = precompile.plan(precompile.Selection(features=("paged", "split", "local", "softcap"), **base))
+    with_softcap = fa4_plan.plan(fa4_plan.Selection(features=("paged", "split", "local", "softcap"), **base))
     assert with_softcap == every
 
 
 def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
-    selection = precompile.Selection(head_dims=(128, 512), dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,),
+    selection = fa4_plan.Selection(head_dims=(128, 512), dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,),
                                      return_lse=(False,))
     # sm90: FP8 KV with a 16-bit q, paged with the kernel's tile as page only, at the head dims
     # FA4's declaration takes it at (fa4.check_call): 512, not 128
-    assert {(c.layout, c.head_dim) for c in precompile.plan(selection, "sm_90a")} == {("paged", 512)}
-    assert {c.layout for c in precompile.plan(selection, "sm_100a")} == {"varlen", "paged", "paged_cpasync"}
-    assert precompile.plan(selection, "sm_120a") == []
-    bf16 = precompile.Selection(dtypes=("bf16",), features=("paged", "split"), gqa_ratios=(1,), return_lse=(False,))
+    assert {(c.layout, c.head_dim) for c in fa4_plan.plan(selection, "sm_90a")} == {("paged", 512)}
+    assert {c.layout for c in fa4_plan.plan(selection, "sm_100a")} == {"varlen", "paged", "paged_cpasync"}
+    assert fa4_plan.plan(selection, "sm_120a") == []
+    bf16 = fa4_plan.Selection(dtypes=("bf16",), features=("paged", "split"), gqa_ratios=(1,), return_lse=(False,))
     # sm120 is excluded by FA4's declaration (its kernel does not compile at the pin)
-    assert precompile.plan(bf16, "sm_120a") == [] and precompile.plan(bf16, "sm_100a")
+    assert fa4_plan.plan(bf16, "sm_120a") == [] and fa4_plan.plan(bf16, "sm_100a")
 
 
 def test_plan_refuses_what_upstream_cannot_take():
     with pytest.raises(ValueError, match="GQA ratios"):
-        precompile.Selection(gqa_ratios=(0,))
+        fa4_plan.Selection(gqa_ratios=(0,))
     with pytest.raises(ValueError, match="e5m2"):
-        precompile.Selection(dtypes=("e5m2",))
+        fa4_plan.Selection(dtypes=("e5m2",))
     with pytest.raises(ValueError, match="sparse"):
-        precompile.Selection(features=("sparse",))
+        fa4_plan.Selection(features=("sparse",))
     with pytest.raises(SystemExit, match="sm_90a"):
-        precompile.plan(precompile.Selection(), "hopper")
+        fa4_plan.plan(fa4_plan.Selection(), "hopper")

@@ -1,6 +1,8 @@
-"""The build steps of cmake/fa4_precompile.py that FA4Package.cmake runs, on a CPU with no
-cutlass: the probe, FA4's build record, and a precompile that must not fail a build that
-did not ask for it (VFA_FA4_PRECOMPILE=auto)."""
+"""The build steps of cmake/fa4_precompile.py that FA4Package.cmake runs (its command line and
+the concern modules beside it: fa4_probe, fa4_stage, fa4_compile, fa4_workers, fa4_share), on a
+CPU with no cutlass: the probe, FA4's build record, a precompile that must not fail a build that
+did not ask for it (VFA_FA4_PRECOMPILE=auto), one kernel set for every Python, and the workers'
+supervision."""
 
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ def staged(precompile, tmp_path, monkeypatch):
         path.write_text(text)
     dest = tmp_path / "stage"
     configure = {"sources": {"commit": "c" * 40, "verified": True}, "precompile": {"mode": "auto", "runs": []}}
-    summary = precompile.stage(src / "flash_attn/cute", dest)
-    return dest, precompile.write_record(dest, configure, summary)
+    summary = precompile.fa4_stage.stage(src / "flash_attn/cute", dest)
+    return dest, precompile.fa4_stage.write_record(dest, configure, summary)
 
 
 def test_the_record_holds_configure_facts_and_what_was_staged(staged):
@@ -55,7 +57,7 @@ def test_the_record_holds_configure_facts_and_what_was_staged(staged):
 
 
 def test_probe_says_why_kernels_cannot_be_precompiled_here(precompile):
-    found = precompile.probe()
+    found = precompile.fa4_probe.probe()
     assert found["stage"] == ""
     assert found["precompile"].startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl")
 
@@ -89,7 +91,7 @@ def test_a_failed_best_effort_run_removes_its_own_kernels_only(precompile, stage
         partial.write_bytes(b"half")
         raise RuntimeError("the DSL died")
 
-    monkeypatch.setattr(precompile, "compile_selection", half_done)
+    monkeypatch.setattr(precompile.fa4_compile, "compile_selection", half_done)
     assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", "sm_90a",
                             "--record", str(record), "--best-effort"]) == 0
     assert [p.name for p in out.rglob("*.o")] == ["earlier.o"]
@@ -109,7 +111,7 @@ def test_a_run_in_workers_counts_each_kernel_once(precompile):
               "jobs": 2, "calls": [{**call, "call": "a", "objects": {"fwd/a.o": 10, "fwd_combine/c.o": 5}},
                                    {**call, "call": "b", "objects": {"fwd/b.o": 20, "fwd_combine/c.o": 5}},
                                    {**call, "call": "c", "objects": {"fwd/b.o": 20}}]}
-    summary = precompile._run_summary("sm_90a", report, [], precompile.Selection())
+    summary = precompile._run_summary("sm_90a", report, [], precompile.fa4_plan.Selection())
     assert (summary["kernels"], summary["bytes"], summary["calls"], summary["jobs"]) == (3, 35, 3, 2)
 
 
@@ -155,7 +157,7 @@ class FakeDSL:
 
 
 def _compile_as(precompile, monkeypatch, dsl, dest, record, *extra):
-    monkeypatch.setattr(precompile, "compile_selection", dsl)
+    monkeypatch.setattr(precompile.fa4_compile, "compile_selection", dsl)
     out = dest / "vendored_flash_attn/_fa4/kernels"
     share = dest / "share/sm_90a.json"
     # varlen, full/causal, with and without split-KV: 4 calls, 5 kernels
@@ -244,7 +246,7 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
     dest, record = staged
     for arch in ("sm_90a", "sm_100a"):
         for python in ("3.12", "3.14"):
-            monkeypatch.setattr(precompile, "compile_selection", FakeDSL(python, arch_salt=arch))
+            monkeypatch.setattr(precompile.fa4_compile, "compile_selection", FakeDSL(python, arch_salt=arch))
             out = dest / "vendored_flash_attn/_fa4/kernels"
             assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", arch,
                                     "--features", "split", "--gqa-ratios", "4", "--lse", "no",
@@ -396,7 +398,7 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
         return real_version(name)
 
     monkeypatch.setattr(fa4_deps.metadata, "version", version)
-    reason = precompile.probe()["precompile"]
+    reason = precompile.fa4_probe.probe()["precompile"]
     assert reason.startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl, ")
     assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
     assert len(reason) < 160, reason

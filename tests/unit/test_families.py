@@ -19,7 +19,7 @@ import torch
 import vendored_flash_attn as vfa
 from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, FA4_RECORD, HOPPER, make_build
 from test_fa4_adapter import _paged, fake  # noqa: F401  (fake: the FA4 sources stand-in fixture)
-from vendored_flash_attn import cli, declaration, families, fa4, selector, wheel_check
+from vendored_flash_attn import cli, declaration, families, fa4, selector, wheel_check, wheel_check_build_info
 from vendored_flash_attn.environment import set_environment
 from vendored_flash_attn.errors import FlashAttnInputError
 
@@ -126,7 +126,7 @@ def test_a_family_added_to_the_declaration_is_picked_up_everywhere(fa5):
     assert "fa5" in report["build"] and "FA5" in cli.render(report)
     assert "fa5" in wheel_check.components()
     # wheel_check expects its declared artefacts once its record is in a wheel.
-    lacking = wheel_check.packaged_families(["vendored_flash_attn/_fa5/build_info.json"])
+    lacking = wheel_check_build_info.packaged_families(["vendored_flash_attn/_fa5/build_info.json"])
     assert lacking == {"fa5": ["vendored_flash_attn/_fa5/kernels/__init__.py"]}
     # A call goes to its adapter.
     q = torch.zeros(3, 8, 128, dtype=torch.bfloat16)

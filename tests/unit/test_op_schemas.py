@@ -119,3 +119,15 @@ def test_the_check_names_what_upstream_changed(tmp_path, old, new, message):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert "Update op_schemas.py to upstream's schemas" in result.stderr
+
+
+def test_the_namespaces_are_the_declared_ones():
+    """op_schemas.py writes the op namespaces out (cmake/op_schemas.py loads it by path): they
+    must be the compiled families' declared ``op_namespace``s, each with its ``forward_op``."""
+    from vendored_flash_attn.families import registry
+
+    declared = {f.op_namespace: f.forward_op for f in registry() if f.op_namespace}
+    assert set(op_schemas.REGISTRATION_SOURCES) == set(declared)
+    assert {ns for ns, _ in op_schemas.OP_SCHEMAS} == set(declared)
+    for namespace, forward_op in declared.items():
+        assert (namespace, forward_op) in op_schemas.OP_SCHEMAS

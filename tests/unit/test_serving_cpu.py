@@ -425,3 +425,11 @@ def test_the_markdown_table_for_the_docs(tmp_path, capsys):
     assert "| 16 | FA3 bf16 / FA2 | 2.000× | 1.500× | 1.667× | 1.750× | 1.857× |" in out
     assert "| 16 | FA3 FP8 KV / FA3 bf16, bf16 steps | 2.000× | 1.333× | 1.000× |" in out
     assert "FA4 / FA2" not in out
+
+
+def test_what_a_row_does_differently_is_read_from_its_familys_declaration():
+    """A row's calls pass scheduler metadata when its family declares it, and are loaded before
+    timing when its kernels are CuTe DSL Python: the benchmark names no family version."""
+    rows = {v.name: (v.scheduler_metadata, v.compiles_at_first_use) for v in serving.VARIANTS}
+    assert rows == {"fa2": (False, False), "fa3": (True, False), "fa3_fp8": (True, False),
+                    "fa3_fp8_same": (True, False), "fa4": (False, True)}
