@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from progress_estimate import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
+
 BOUNDS_FILE = "vfa-dist-bounds.json"  # written at configure (cmake/DistBounds.cmake)
 DIST_LOG = "vfa-sccache-dist.log"     # the cluster's sccache server's log (warnings)
 POLL_S = 0.5  # how often a running compile's log is read for sccache's fallback
@@ -62,16 +64,15 @@ def read_bounds(build_dir: str) -> dict:
 
 
 def expected_seconds(bounds: dict, unit: str) -> float:
-    """The unit's reference compile time: its declared kind's ("TARGET|KIND|SECONDS|PATH TEXT[|CACHED]",
-    build_monitor.add_unit_kind's spec),
-    else C++ or CUDA. CMake puts a target's objects in CMakeFiles/<target>.dir/."""
+    """The unit's reference compile time: its declared kind's (progress_estimate.parse_unit_kind's
+    spec), else C++ or CUDA. CMake puts a target's objects in CMakeFiles/<target>.dir/."""
     path = unit.replace("\\", "/")
     if not path.endswith(".cu.o"):
         return DEFAULT_SECONDS["C++"]
     for spec in bounds.get("kinds", []):
-        target, _kind, seconds, contains, *_cached = spec.split("|")
-        if f"/{target}.dir/" in f"/{path}" and contains in path:
-            return float(seconds)
+        kind = parse_unit_kind(spec)
+        if f"/{kind.target}.dir/" in f"/{path}" and kind.contains in path:
+            return kind.seconds
     return DEFAULT_SECONDS["CUDA"]
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 ESTIMATE = "vfa-estimate.json"  # the estimate against the actual time left, at RECORD_AT of the build
 RECORD_AT = (0.10, 0.25, 0.50, 0.75, 0.90)
@@ -37,15 +38,31 @@ UNIT_KINDS: list[tuple[str, str, str]] = []
 CACHED_SECONDS = {"C++": 1.0, "CUDA": 10.0}
 
 
-def add_unit_kind(spec: str) -> None:
-    """Declare a kind of CUDA unit: "TARGET|KIND|SECONDS|PATH TEXT[|CACHED SECONDS]" (what
-    --unit-kind takes): the units of TARGET whose path holds PATH TEXT (any, when empty), at
-    SECONDS compiled and CACHED SECONDS answered by the compiler cache, for reference.
-      add_unit_kind("_vendored_fa3_C|FA3 CUDA|153|/instantiations/|11.5")"""
+class UnitKindSpec(NamedTuple):
+    target: str
+    kind: str
+    seconds: float
+    contains: str
+    cached_seconds: Optional[float]
+
+
+def parse_unit_kind(spec: str) -> UnitKindSpec:
+    """A kind of CUDA unit as cmake/BuildProgress.cmake writes it (--unit-kind, and the cluster's
+    bounds file dist_bound.py reads): "TARGET|KIND|SECONDS|PATH TEXT[|CACHED SECONDS]", the units
+    of TARGET whose path holds PATH TEXT (any, when empty), at SECONDS compiled and CACHED
+    SECONDS answered by the compiler cache, for reference.
+      parse_unit_kind("_vendored_fa3_C|FA3 CUDA|153|/instantiations/|11.5")"""
     target, kind, seconds, contains, *cached = spec.split("|")
-    UNIT_KINDS.append((f"{target}.dir", kind, contains))
-    REFERENCE_SECONDS[kind] = float(seconds)
-    CACHED_SECONDS[kind] = float(cached[0]) if cached and cached[0] else CACHED_SECONDS["CUDA"]
+    return UnitKindSpec(target, kind, float(seconds), contains,
+                        float(cached[0]) if cached and cached[0] else None)
+
+
+def add_unit_kind(spec: str) -> None:
+    """Declare a kind of CUDA unit (parse_unit_kind's spec) for the estimate."""
+    unit = parse_unit_kind(spec)
+    UNIT_KINDS.append((f"{unit.target}.dir", unit.kind, unit.contains))
+    REFERENCE_SECONDS[unit.kind] = unit.seconds
+    CACHED_SECONDS[unit.kind] = unit.cached_seconds if unit.cached_seconds is not None else CACHED_SECONDS["CUDA"]
 
 
 def unit_kind(unit: str) -> str:
