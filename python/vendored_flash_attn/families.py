@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import declaration
+from . import cuda_archs, declaration
 
 EXTENSION, CUTE_DSL = "extension", "cute_dsl"
 MADE = (EXTENSION, CUTE_DSL)
@@ -102,6 +102,28 @@ def _call_rules(call: dict) -> CallRules:
 
 
 @dataclass(frozen=True)
+class Archs:
+    """What a family's code is compiled for (the declaration's ``archs``), as compute
+    capabilities of the arch table (``cuda_archs``): cmake/CudaArchs.cmake turns them into
+    -gencode flags for the GPUs of TORCH_CUDA_ARCH_LIST, cmake/FA4Package.cmake into DSL targets."""
+
+    sass: tuple[str, ...] = ()          # SASS at each, when a listed GPU runs it
+    sass_knobs: dict[str, str] = field(default_factory=dict)  # more SASS, each when its bool knob is ON
+    a: tuple[str, ...] = ()             # arch-specific (sm_XYa) code at each, when that GPU is listed
+    ptx: str = ""                       # PTX at this capability, when ptx_knob is ON (or there is none)
+    ptx_knob: str = ""
+    nvcc: str = ""                      # the lowest nvcc the family's sources need, above the table's
+    dsl: str = ""                       # cute_dsl: "a": its kernels compile for each listed GPU's a target
+
+    def capabilities(self) -> tuple[str, ...]:
+        """Every capability its code names."""
+        return (*self.sass, *self.sass_knobs, *self.a, *((self.ptx,) if self.ptx else ()))
+
+
+_ARCHS_FIELDS = {"sass", "sass_knobs", "a", "ptx", "ptx_knob", "nvcc", "dsl"}
+
+
+@dataclass(frozen=True)
 class Family:
     """One kernel family as declared (see the ``about`` of the declaration's section)."""
 
@@ -137,6 +159,7 @@ class Family:
     pythons: tuple[str, ...] = ()
     # The features its build selects (the choices of features_knob): present only when built.
     selectable_features: tuple[str, ...] = ()
+    archs: Archs = Archs()
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -200,10 +223,10 @@ class Family:
 _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
-           "install", "head_size_rule", "call", "pythons"}
+           "install", "head_size_rule", "call", "pythons", "archs"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
-_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op"},
+_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs"},
                      CUTE_DSL: {"subpackage", "probe", "deps_check", "install"}}
 _SECTION_FIELDS = ("about", "default_order")
 _CAPABILITY = re.compile(r"[1-9][0-9]*\.[0-9]")
@@ -239,6 +262,12 @@ def problems(data: Any) -> list[str]:
     records: dict[str, str] = {}
     for name in names:
         found += _entry_problems(name, section[name], knobs, names, versions, modules, records)
+    table_problems = cuda_archs.problems(data)
+    found += table_problems
+    table = None if table_problems else cuda_archs.parse(data)
+    for name in names:
+        if isinstance(section[name], dict) and "archs" in section[name]:
+            found += _archs_problems(f"families.{name}", section[name], knobs, table)
     order = section.get("default_order")
     where = "families.default_order"
     if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
@@ -349,6 +378,97 @@ def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versio
     return found
 
 
+def _runs_on_text(archs: Archs, table: cuda_archs.Table) -> str:
+    """"9.0", "8.x, and 8.0 and newer through PTX": where code of these archs runs (messages)."""
+    words = list(archs.a)
+    words += [f"{c.split('.')[0]}.x" if c.endswith(".0") else f"{c.split('.')[0]}.x from {c}" for c in archs.sass]
+    if archs.ptx:
+        words.append(f"{archs.ptx} and newer (PTX)")
+    return ", ".join(words)
+
+
+def _archs_problems(where: str, entry: dict, knobs: dict, table: Optional[cuda_archs.Table]) -> list[str]:
+    """families.<name>.archs: capabilities of the arch table, knobs that are bool build knobs,
+    and code that runs on every GPU of the table the family is declared for (its knobs at their
+    defaults), from its capabilities.min on: else the selector would send a GPU to a module
+    with no code for it."""
+    archs, made, at = entry["archs"], entry.get("made"), f"{where}.archs"
+    if not isinstance(archs, dict) or archs.keys() - _ARCHS_FIELDS:
+        return [f"{at} must be an object of {sorted(_ARCHS_FIELDS)}, got {archs!r}"]
+    found = []
+    kinds = ("sass", "sass_knobs", "a", "ptx")
+    if made == EXTENSION and ("dsl" in archs or not any(archs.get(k) for k in kinds)):
+        found.append(f"{at}: a compiled family names the capabilities its code is compiled for (sass, a, ptx), "
+                     f"not dsl")
+    if made == CUTE_DSL and (archs.keys() - {"dsl"} or archs.get("dsl") != "a"):
+        found.append(f"{at}: a cute_dsl family's kernels compile for each GPU of the list as its arch table row's "
+                     f"a target: write {{\"dsl\": \"a\"}}")
+    lists_ok = (isinstance(archs.get("sass", []), list) and isinstance(archs.get("a", []), list)
+                and isinstance(archs.get("sass_knobs", {}), dict) and isinstance(archs.get("ptx", ""), str))
+    if not lists_ok:
+        return found + [f"{at}: sass and a are lists of capabilities, sass_knobs an object of "
+                        f"{{capability: knob}}, ptx one capability, got {archs!r}"]
+    for field in ("ptx_knob", *archs.get("sass_knobs", {}).values()):
+        knob = archs.get(field) if field == "ptx_knob" else field
+        if knob is None:
+            continue
+        decl = knobs.get(knob) if isinstance(knob, str) else None
+        if not isinstance(decl, dict) or decl.get("type") != "bool" or decl.get("scope") != "build":
+            found.append(f"{at}: {knob!r} is not a bool build knob of cmake/knobs.json{_closest(knob, knobs)}: "
+                         f"name one (the code it adds is built when it is ON)")
+    if "nvcc" in archs and not (isinstance(archs["nvcc"], str) and re.fullmatch(r"[1-9][0-9]*\.[0-9]+", archs["nvcc"])):
+        found.append(f"{at}.nvcc must be an nvcc version such as \"12.3\", got {archs['nvcc']!r}")
+    if found or table is None or made not in MADE:
+        return found
+    family = Archs(sass=tuple(archs.get("sass", ())), sass_knobs=dict(archs.get("sass_knobs", {})),
+                   a=tuple(archs.get("a", ())), ptx=archs.get("ptx", ""), ptx_knob=archs.get("ptx_knob", ""))
+    unknown = [c for c in family.capabilities() if c not in table.rows]
+    no_a = [c for c in family.a if c in table.rows and not table.rows[c].a]
+    if unknown or no_a:
+        return [f"{at} names {', '.join(map(str, unknown + no_a))}, which the arch table (cuda_archs.table) has "
+                f"{'no row' if unknown else 'no a target'} for: add it there, or name a capability it has"]
+    caps = entry.get("capabilities")
+    if not isinstance(caps, dict) or not isinstance(caps.get("min"), str) or not _CAPABILITY.fullmatch(caps["min"]):
+        return found  # _capability_problems names it
+    declared = [row for key, row in table.rows.items() if _declared_for(caps, row.capability)]
+    if made == CUTE_DSL:
+        missing = [row.text for row in declared if not row.a]
+        if missing:
+            found.append(f"{at}: its kernels compile for each GPU's a target, but the arch table has none for "
+                         f"{', '.join(missing)}, where {where}.capabilities says it runs: add them, or exclude")
+        return found
+    if not family.capabilities():
+        return found
+    # The code the default knobs build, and where it runs.
+    default_on = lambda knob: str(knobs.get(knob, {}).get("default", "")).upper() == "ON"  # noqa: E731
+    built = Archs(sass=family.sass + tuple(c for c, k in family.sass_knobs.items() if default_on(k)), a=family.a,
+                  ptx=family.ptx if not family.ptx_knob or default_on(family.ptx_knob) else "")
+    targets = ([table.rows[c].sass for c in built.sass] + [table.rows[c].a for c in built.a]
+               + ([table.rows[built.ptx].ptx] if built.ptx else []))
+    lowest = min(family.capabilities(), key=cuda_archs.capability)
+    bare = [row.text for row in declared if not table.runs_on(targets, *row.capability)]
+    title = where.rsplit(".", 1)[1].upper()
+    if bare:
+        generations = caps.get("generations", {})
+        on = f"generations [{', '.join(map(str, generations))}]" if generations else "every generation from it"
+        found.append(f"{where}.capabilities declares {title} from {caps['min']} on {on}, but its code ({at}: "
+                     f"{' + '.join(targets)}) runs on {_runs_on_text(built, table)}, not on {', '.join(bare)}: the "
+                     f"selector would send those GPUs to a module with no code for them. Set {where}.capabilities.min "
+                     f"to \"{lowest}\" and its generations to those its code runs on, or change {at}")
+    elif cuda_archs.capability(caps["min"]) != cuda_archs.capability(lowest):
+        found.append(f"{where}.capabilities.min is {caps['min']}, but its code starts at {lowest} ({at}): they must "
+                     f"agree (the selector sends GPUs from min on to its module; the build compiles from the code's "
+                     f"lowest capability): set min to \"{lowest}\", or change {at}")
+    return found
+
+
+def _declared_for(caps: dict, cap: tuple[int, int]) -> bool:
+    """Whether capabilities (min, generations, excluded) declare a GPU of ``cap``."""
+    generations = {str(k) for k in caps.get("generations", {})}
+    return (cap >= cuda_archs.capability(caps["min"]) and str(cap[0]) not in {str(k) for k in caps.get("excluded", {})}
+            and (not generations or str(cap[0]) in generations))
+
+
 def _capability_problems(where: str, entry: dict) -> list[str]:
     caps = entry.get("capabilities")
     if "capabilities" not in entry:
@@ -434,7 +554,14 @@ def _family(name: str, entry: dict, knobs: dict) -> Family:
         install=entry.get("install", ""), pythons=tuple(entry.get("pythons", [])),
         selectable_features=tuple(knobs[entry["features_knob"]].get("choices", ()))
         if entry.get("features_knob") else (),
+        archs=_archs(entry.get("archs", {})),
         raw=entry)
+
+
+def _archs(archs: dict) -> Archs:
+    return Archs(sass=tuple(archs.get("sass", ())), sass_knobs=dict(archs.get("sass_knobs", {})),
+                 a=tuple(archs.get("a", ())), ptx=archs.get("ptx", ""), ptx_knob=archs.get("ptx_knob", ""),
+                 nvcc=archs.get("nvcc", ""), dsl=archs.get("dsl", ""))
 
 
 @dataclass(frozen=True)
@@ -443,6 +570,9 @@ class Registry:
 
     families: tuple[Family, ...]
     default_order: tuple[str, ...]
+    # The arch table (cuda_archs): which GPUs a compiled family's code (its build record's
+    # gencode) runs on.
+    cuda_archs: cuda_archs.Table = cuda_archs.Table({}, {})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_version", {f.version: f for f in self.families})
@@ -509,7 +639,7 @@ def parse(data: dict) -> Registry:
         raise FamilyDeclarationError("cmake/knobs.json, families section:\n  " + "\n  ".join(found))
     section, knobs = data["families"], data.get("knobs", {})
     families = tuple(_family(name, entry, knobs) for name, entry in section.items() if name not in _SECTION_FIELDS)
-    return Registry(families, tuple(section["default_order"]))
+    return Registry(families, tuple(section["default_order"]), cuda_archs.parse(data))
 
 
 _registry: Optional[Registry] = None
