@@ -8,141 +8,32 @@
 #   a: [caps]                arch-specific code at each, when that capability is listed
 #   ptx: cap, ptx_knob       PTX at cap, when the knob is ON (newer GPUs run it through the JIT)
 #   nvcc                     the lowest nvcc the family's sources need, above the table's
-# The declaration of today gives: FA2 sm_80 SASS + compute_80 PTX when the list has an arch >=
-# 8.0, plus sm_90 SASS when it has a 9.x GPU and VFA_FA2_SM90_SASS is on; FA3 exactly sm_90a
-# when the list has 9.0 and nvcc >= 12.3. The families' validator (families.py, run at
+# (What today's declaration gives is in README's TORCH_CUDA_ARCH_LIST row: sm_80 SASS and
+# compute_80 PTX for one family, exactly sm_90a with nvcc >= 12.3 for another; the examples
+# below name families by <name>, as this file does.) The families' validator (families.py, run at
 # configure) has checked that each family's code runs on every GPU it is declared for.
 # An arch its family is not declared for (below min, excluded, of a generation it does not
 # list) is not counted as one it serves.
-# +PTX is honoured where a family embeds PTX of that arch (8.0+PTX: FA2's, with VFA_FA2_PTX=ON);
+# +PTX is honoured where a family embeds PTX of that arch (8.0+PTX, with its ptx_knob ON);
 # any other (9.0+PTX) stops the configure, as does a list that names no architecture (";"),
 # before torch's CMake reads it.
 # Every listed arch from the arch table's lowest GPU on must get code that runs there.
 # Where none does, the configure stops naming the knobs that would add code there (a PTX or
-# more SASS of a family that has such knobs: 10.0 with VFA_FA2_PTX=OFF); only when each family
-# with such knobs is turned off (VFA_BUILD_FA2=off) is a GPU left without code, with a warning.
+# more SASS of a family that has such knobs: 10.0 with that family's PTX knob OFF); only when each
+# family with such knobs is turned off (its build knob off) is a GPU left without code, with a warning.
 # pip shows a build's output only when it fails, so a warning would reach nobody who did not
-# pass -v. (The packaged families, FA4, are not counted: their kernels compile at first use.)
+# pass -v. (The packaged families are not counted: their kernels compile at first use.)
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
-
-# The <field> (sass, a, ptx, nvcc, a_nvcc) of compute capability <cap>'s row of the arch table
-# (cmake/knobs.json "cuda_archs"); "" when the table has no such row or field.
-#   vfa_arch_table_row(target 10.3 a)  ->  sm_103a
-function(vfa_arch_table_row out_var cap field)
-  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
-  string(JSON value ERROR_VARIABLE err GET "${json}" cuda_archs table "${cap}" ${field})
-  if(err)
-    set(value "")
-  endif()
-  if(field STREQUAL "a_nvcc" AND value STREQUAL "")
-    vfa_arch_table_row(value "${cap}" nvcc)
-  endif()
-  set(${out_var} "${value}" PARENT_SCOPE)
-endfunction()
-
-# The row of a target name: <out_var> = its capability, <out_var>_KIND = sass, a or ptx; both
-# "" when no row of the arch table has it.
-#   vfa_arch_table_target(row sm_90a)  ->  row=9.0, row_KIND=a
-function(vfa_arch_table_target out_var target)
-  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
-  string(JSON count LENGTH "${json}" cuda_archs table)
-  math(EXPR last "${count} - 1")
-  foreach(i RANGE ${last})
-    string(JSON cap MEMBER "${json}" cuda_archs table ${i})
-    foreach(kind sass a ptx)
-      string(JSON value ERROR_VARIABLE err GET "${json}" cuda_archs table "${cap}" ${kind})
-      if(NOT err AND value STREQUAL target)
-        set(${out_var} "${cap}" PARENT_SCOPE)
-        set(${out_var}_KIND ${kind} PARENT_SCOPE)
-        return()
-      endif()
-    endforeach()
-  endforeach()
-  set(${out_var} "" PARENT_SCOPE)
-  set(${out_var}_KIND "" PARENT_SCOPE)
-endfunction()
-
-# The lowest compute capability of the arch table (CMake's JSON lists an object's members in
-# the order of their names, "10.0" before "8.0": compared here as versions).
-function(vfa_arch_table_lowest out_var)
-  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
-  string(JSON count LENGTH "${json}" cuda_archs table)
-  math(EXPR last "${count} - 1")
-  set(lowest "")
-  foreach(i RANGE ${last})
-    string(JSON cap MEMBER "${json}" cuda_archs table ${i})
-    if(lowest STREQUAL "" OR cap VERSION_LESS lowest)
-      set(lowest "${cap}")
-    endif()
-  endforeach()
-  set(${out_var} "${lowest}" PARENT_SCOPE)
-endfunction()
-
-# Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), and the
-# archs written with +PTX into <out_var>_PTX ("8.0"). A name (Ampere, Hopper, ...) is the
-# arch table's list for it. A list that names no architecture (empty, or separators only:
-# ";") stops here, before torch's CMake reads it.
-function(vfa_parse_arch_list out_var text)
-  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
-  string(JSON count LENGTH "${json}" cuda_archs names)
-  set(known_names "")
-  if(count GREATER 0)
-    math(EXPR last "${count} - 1")
-    foreach(i RANGE ${last})
-      string(JSON name MEMBER "${json}" cuda_archs names ${i})
-      list(APPEND known_names "${name}")
-    endforeach()
-  endif()
-  string(REGEX REPLACE "[ ,;]+" ";" tokens "${text}")
-  set(archs "")
-  set(ptx "")
-  foreach(token IN LISTS tokens)
-    if(token STREQUAL "")
-      continue()
-    endif()
-    string(TOLOWER "${token}" lower)
-    set(named "")
-    foreach(name IN LISTS known_names)
-      string(TOLOWER "${name}" lower_name)
-      if(lower STREQUAL lower_name)
-        vfa_knob_field(named "${json}" "cuda_archs;names;${name}" "")
-      endif()
-    endforeach()
-    if(named)
-      list(APPEND archs ${named})
-    elseif(lower MATCHES "^([0-9]+)\\.([0-9]+)[af]?(\\+ptx)?$")
-      list(APPEND archs "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      if(CMAKE_MATCH_3)
-        list(APPEND ptx "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      endif()
-    else()
-      string(REPLACE ";" "/" names_text "${known_names}")
-      message(FATAL_ERROR
-        "TORCH_CUDA_ARCH_LIST: '${token}' is not an architecture. Use compute capabilities "
-        "such as \"8.0;9.0\" (also 9.0a, 8.0+PTX) or ${names_text}.")
-    endif()
-  endforeach()
-  if(NOT archs)
-    string(REPLACE ";" "/" names_text "${known_names}")
-    message(FATAL_ERROR
-      "TORCH_CUDA_ARCH_LIST='${text}' names no architecture. Give the GPUs to build for as compute "
-      "capabilities separated by ';' (such as \"8.0;9.0\", the default when it is not set), or "
-      "${names_text}.")
-  endif()
-  list(REMOVE_DUPLICATES archs)
-  list(REMOVE_DUPLICATES ptx)
-  set(${out_var} "${archs}" PARENT_SCOPE)
-  set(${out_var}_PTX "${ptx}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/CudaArchTable.cmake)
 
 # What the declaration (cmake/knobs.json "families") says about where <family> runs:
 # whether a GPU of compute capability <arch> is one (at or above its capabilities.min, of
 # a generation it runs on, not excluded). The runtime selector (families.py) applies the
 # same fields to the GPU it finds; the build follows them for the archs it is given.
-#   vfa_family_declared_for(ok fa2 8.6)   ->  TRUE
-#   vfa_family_declared_for(ok fa3 10.0)  ->  FALSE (generations: 9 only)
+#   vfa_family_declared_for(ok <name> 8.6)   ->  TRUE  (capabilities {"min": "8.0"})
+#   vfa_family_declared_for(ok <name> 10.0)  ->  FALSE (capabilities {"min": "9.0", "generations": {"9": ...}})
 function(vfa_family_declared_for out_var family arch)
   vfa_family_field(lowest ${family} "capabilities;min" "")
   string(REGEX MATCH "^[0-9]+" major "${arch}")
@@ -158,7 +49,7 @@ function(vfa_family_declared_for out_var family arch)
 endfunction()
 
 # <family>'s archs declaration (families.<name>.archs), read into <prefix>_SASS, _A, _PTX,
-# _PTX_KNOB, _NVCC (lists of capabilities, or one), <prefix>_SASS_KNOBS ("9.0=VFA_FA2_SM90_SASS"
+# _PTX_KNOB, _NVCC (lists of capabilities, or one), <prefix>_SASS_KNOBS ("9.0=<knob>"
 # records), <prefix>_ALL (every capability it names) and <prefix>_LOWEST (the lowest of them).
 macro(vfa_family_archs prefix family)
   vfa_family_field(${prefix}_SASS ${family} "archs;sass" "")
@@ -205,8 +96,10 @@ endfunction()
 # <prefix>_ARCH_REASON and <prefix>_RUNS_ON (the listed archs of <archs> its code runs on and
 # it is declared for) in the caller: the code <family> compiles for the arch list, by its
 # archs declaration and the arch table.
-#   vfa_family_code(FA2 fa2 13.0 8.0 9.0)   ->  FA2_GENCODE=sm_80;compute_80, FA2_RUNS_ON=8.0;9.0
-#   vfa_family_code(FA3 fa3 12.2 9.0)       ->  FA3_ARCH_OK=FALSE, "nvcc 12.2 is older than 12.3, ..."
+#   vfa_family_code(P <name> 13.0 8.0 9.0)  ->  P_GENCODE=sm_80;compute_80, P_RUNS_ON=8.0;9.0
+#                                               (archs {"sass": ["8.0"], "ptx": "8.0"})
+#   vfa_family_code(P <name> 12.2 9.0)      ->  P_ARCH_OK=FALSE, "nvcc 12.2 is older than 12.3, ..."
+#                                               (archs {"a": ["9.0"], "nvcc": "12.3"})
 function(vfa_family_code prefix family nvcc_version)
   set(archs ${ARGN})
   string(TOUPPER "${family}" title)
@@ -310,18 +203,6 @@ function(vfa_family_code prefix family nvcc_version)
   set(${prefix}_ARCH_OK ${ok} PARENT_SCOPE)
   set(${prefix}_ARCH_REASON "${reason}" PARENT_SCOPE)
   set(${prefix}_RUNS_ON "${runs_on}" PARENT_SCOPE)
-endfunction()
-
-# Whether a GPU of one of the listed archs runs code compiled for <target>.
-function(vfa_any_listed_runs out_var target)
-  set(any FALSE)
-  foreach(arch IN LISTS ARGN)
-    vfa_code_runs_on(runs "${arch}" "${target}")
-    if(runs)
-      set(any TRUE)
-    endif()
-  endforeach()
-  set(${out_var} ${any} PARENT_SCOPE)
 endfunction()
 
 # Sets VFA_CUDA_ARCHS and, for each compiled family (cmake/knobs.json, "made": "extension"),
@@ -472,8 +353,8 @@ endfunction()
 # embeds is that of the families declaring one (archs.ptx, when its ptx_knob is ON).
 # torch's convention would put PTX of that arch in every module; dropping the +PTX silently
 # would ship a wheel without what was asked for.
-#   vfa_check_ptx_requests("9.0" fa2 fa3)  ->  FATAL_ERROR "... asks for 9.0+PTX, which this build cannot make ..."
-#   vfa_check_ptx_requests("8.0" fa2 fa3)  ->  (FA2's compute_80: honoured)
+#   vfa_check_ptx_requests("9.0" <names>)  ->  FATAL_ERROR "... asks for 9.0+PTX, which this build cannot make ..."
+#   vfa_check_ptx_requests("8.0" <names>)  ->  (a family's compute_80, its ptx_knob ON: honoured)
 function(vfa_check_ptx_requests requested)
   foreach(arch IN LISTS requested)
     set(honoured FALSE)
@@ -548,52 +429,10 @@ function(vfa_check_ptx_requests requested)
   endforeach()
 endfunction()
 
-# "sm_80;compute_80" -> -gencode flags, one SHELL: group each so CMake does not
-# de-duplicate the repeated "-gencode" word.
-function(vfa_gencode_flags out_var)
-  set(flags "")
-  foreach(code IN LISTS ARGN)
-    if(code MATCHES "^(sm|compute)_([0-9]+[af]?)$")
-      set(flag "SHELL:-gencode arch=compute_${CMAKE_MATCH_2},code=${code}")
-      list(APPEND flags "${flag}")
-    endif()
-  endforeach()
-  set(${out_var} "${flags}" PARENT_SCOPE)
-endfunction()
-
-# Whether code compiled for <codes> (sm_80, compute_80, sm_90a: targets of the arch table)
-# runs on a GPU of compute capability <arch>: SASS (sm_XY) on major X with minor >= Y,
-# arch-specific code (sm_XYa) on X.Y only, PTX (compute_XY) on every GPU >= X.Y (the driver
-# compiles it at load time). The package's runs_on (cuda_archs.py) is the same rule.
-#   vfa_code_runs_on(runs 10.0 sm_80 compute_80)  ->  TRUE
-#   vfa_code_runs_on(runs 10.0 sm_80)             ->  FALSE
-#   vfa_code_runs_on(runs 10.3 sm_100a)           ->  FALSE
-function(vfa_code_runs_on out_var arch)
-  set(runs FALSE)
-  string(REGEX MATCH "^([0-9]+)\\.([0-9]+)$" _ "${arch}")
-  set(major "${CMAKE_MATCH_1}")
-  set(minor "${CMAKE_MATCH_2}")
-  foreach(code IN LISTS ARGN)
-    vfa_arch_table_target(row "${code}")
-    if(row STREQUAL "")
-      continue()
-    endif()
-    string(REGEX MATCH "^([0-9]+)\\.([0-9]+)$" _ "${row}")
-    if(row_KIND STREQUAL "a" AND arch VERSION_EQUAL row)
-      set(runs TRUE)
-    elseif(row_KIND STREQUAL "sass" AND major EQUAL CMAKE_MATCH_1 AND NOT minor LESS CMAKE_MATCH_2)
-      set(runs TRUE)
-    elseif(row_KIND STREQUAL "ptx" AND arch VERSION_GREATER_EQUAL row)
-      set(runs TRUE)
-    endif()
-  endforeach()
-  set(${out_var} ${runs} PARENT_SCOPE)
-endfunction()
-
 # What <family>'s SASS is and the knobs that would make its code run on more GPUs, for
 # messages about a family with such knobs (vfa_family_has_code_knobs):
-#   "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer
-#    GPUs run, is left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON, or VFA_FA2_SM90_SASS=ON for 9.0)"
+#   "<NAME> is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer
+#    GPUs run, is left out by <ptx knob>=OFF (set <ptx knob>=ON, or <sass knob>=ON for 9.0)"
 function(vfa_family_code_words out_var family codes)
   set(archs ${ARGN})
   string(TOUPPER "${family}" title)
@@ -645,8 +484,9 @@ endfunction()
 # kernels up by (10.3 -> sm_103a: sm_100a code does not load on a 10.3 GPU). The listed GPUs
 # it runs on that the table has no such target for go to <out_var>_UNKNOWN (the caller stops
 # where it would compile for them: nothing can say which code such a GPU loads).
-#   vfa_family_dsl_targets(out fa4 8.0 9.0 10.0 10.3)  ->  out=sm_90a;sm_100a;sm_103a
-#   vfa_family_dsl_targets(out fa4 9.0 10.1)           ->  out=sm_90a, out_UNKNOWN=10.1
+#   vfa_family_dsl_targets(out <name> 8.0 9.0 10.0 10.3)  ->  out=sm_90a;sm_100a;sm_103a
+#   vfa_family_dsl_targets(out <name> 9.0 10.1)           ->  out=sm_90a, out_UNKNOWN=10.1
+#   (archs {"dsl": "a"}, capabilities {"min": "9.0", "generations": {"9": ..., "10": ...}})
 function(vfa_family_dsl_targets out_var family)
   vfa_family_field(kind ${family} "archs;dsl" "")
   set(targets "")

@@ -223,10 +223,10 @@ class Family:
 _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
-           "install", "head_size_rule", "call", "pythons", "archs"}
+           "install", "head_size_rule", "call", "pythons", "archs", "build"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
-_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs"},
+_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs", "build"},
                      CUTE_DSL: {"subpackage", "probe", "deps_check", "install"}}
 _SECTION_FIELDS = ("about", "default_order")
 _CAPABILITY = re.compile(r"[1-9][0-9]*\.[0-9]")
@@ -268,6 +268,10 @@ def problems(data: Any) -> list[str]:
     for name in names:
         if isinstance(section[name], dict) and "archs" in section[name]:
             found += _archs_problems(f"families.{name}", section[name], knobs, table)
+        if isinstance(section[name], dict) and section[name].get("made") == EXTENSION and "build" in section[name]:
+            found += _build_problems(f"families.{name}", section[name], knobs)
+        if isinstance(section[name], dict):
+            found += _presets_problems(f"families.{name}", section[name], knobs)
     order = section.get("default_order")
     where = "families.default_order"
     if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
@@ -459,6 +463,147 @@ def _archs_problems(where: str, entry: dict, knobs: dict, table: Optional[cuda_a
         found.append(f"{where}.capabilities.min is {caps['min']}, but its code starts at {lowest} ({at}): they must "
                      f"agree (the selector sends GPUs from min on to its module; the build compiles from the code's "
                      f"lowest capability): set min to \"{lowest}\", or change {at}")
+    return found
+
+
+_BUILD_FIELDS = {"sources", "include_dirs", "defines", "kernels", "memory_sixteenths", "unit_kinds", "why"}
+_KERNELS_FIELDS = {"file", "left_out", "variants", "extra_kernels", "stubs", "required_dtypes", "disable",
+                   "knob_defines"}
+_COMPONENTS = ("flash_attention", "cutlass")  # the pinned upstreams (vendor/flash-attention/pin.json)
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _words(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _relative(path: Any) -> bool:
+    return isinstance(path, str) and bool(path) and not path.startswith(("/", "..")) and "/../" not in path
+
+
+def _build_problems(where: str, entry: dict, knobs: dict) -> list[str]:
+    """families.<name>.build of a compiled family: what the one target function
+    (cmake/FamilyTarget.cmake) and the kernel rule (cmake/KernelSelection.cmake) read."""
+    build, at = entry["build"], f"{where}.build"
+    if not isinstance(build, dict) or build.keys() - _BUILD_FIELDS:
+        return [f"{at} must be an object of {sorted(_BUILD_FIELDS)}, got {sorted(build) if isinstance(build, dict) else build!r}"]
+    found = []
+    for field in ("head_dims_knob", "dtypes_knob"):
+        if not entry.get(field):
+            found.append(f"{where}.{field}: a compiled family names the knob that selects its kernels' {field[:-5]}")
+    if not (isinstance(build.get("sources"), list) and all(map(_relative, build["sources"]))):
+        found.append(f"{at}.sources must be a list of paths inside the upstream tree (compiled in every build of "
+                     f"the module), got {build.get('sources')!r}")
+    groups = build.get("include_dirs")
+    if not (isinstance(groups, list) and all(_words(g) and len(g) > 1 and g[0] in _COMPONENTS
+                                             and all(map(_relative, g[1:])) for g in groups)):
+        found.append(f"{at}.include_dirs must be a list of [component, folders...], the component one of "
+                     f"{', '.join(_COMPONENTS)}, got {groups!r}")
+    if not _words(build.get("defines", [])):
+        found.append(f"{at}.defines must be a list of words, got {build.get('defines')!r}")
+    sixteenths = build.get("memory_sixteenths", 16)
+    if isinstance(sixteenths, bool) or not isinstance(sixteenths, int) or not 1 <= sixteenths <= 16:
+        found.append(f"{at}.memory_sixteenths must be a whole number from 1 to 16 (its CUDA units' share of "
+                     f"VFA_JOB_MEMORY_MB), got {sixteenths!r}")
+    number = re.compile(r"[0-9]+(\.[0-9]+)?")
+    kinds = build.get("unit_kinds", [])
+    if not (isinstance(kinds, list) and all(_words(k) and len(k) == 4 and number.fullmatch(k[1])
+                                            and (not k[3] or number.fullmatch(k[3])) and not re.search(r"[|;]", k[0] + k[2])
+                                            for k in kinds)):
+        found.append(f"{at}.unit_kinds must be a list of [kind, seconds, path text, cached seconds] (strings; no "
+                     f"'|' or ';'), got {kinds!r}")
+    kernels = build.get("kernels")
+    if not isinstance(kernels, dict) or kernels.keys() - _KERNELS_FIELDS:
+        return found + [f"{at}.kernels must be an object of {sorted(_KERNELS_FIELDS)}"]
+    return found + _kernels_problems(f"{at}.kernels", kernels, entry, knobs)
+
+
+def _choices(knobs: dict, knob: Any) -> list[str]:
+    decl = knobs.get(knob) if isinstance(knob, str) else None
+    return list(decl.get("choices", [])) if isinstance(decl, dict) else []
+
+
+def _kernels_problems(at: str, kernels: dict, entry: dict, knobs: dict) -> list[str]:
+    """The kernel rule: its names are choices of the family's selection knobs, its placeholders
+    are filled, its stubs and knobs exist."""
+    found = []
+    head_dims, dtypes = _choices(knobs, entry.get("head_dims_knob")), _choices(knobs, entry.get("dtypes_knob"))
+    features = _choices(knobs, entry.get("features_knob"))
+    left_out = kernels.get("left_out", "disable")
+    if left_out not in ("stub", "disable"):
+        found.append(f"{at}.left_out must be stub or disable, got {left_out!r}")
+    variants = kernels.get("variants")
+    if not (isinstance(variants, list) and variants and all(isinstance(v, dict) for v in variants)):
+        return found + [f"{at}.variants must be a non-empty list of objects, got {variants!r}"]
+    template = kernels.get("file")
+    if not _relative(template):
+        found.append(f"{at}.file must be a path inside the upstream tree, got {template!r}")
+        template = ""
+    stubs = kernels.get("stubs") if isinstance(kernels.get("stubs"), dict) else {}
+    stub_kinds = stubs.get("kinds") if isinstance(stubs.get("kinds"), dict) else {}
+    for i, variant in enumerate(variants):
+        here = f"{at}.variants[{i}]"
+        strings = {k for k, v in variant.items() if isinstance(v, str)}
+        unfilled = sorted(set(_PLACEHOLDER.findall(template)) - strings - {"kernel", "head_dim", "dtype"})
+        if unfilled:
+            found.append(f"{here} leaves {', '.join('{' + u + '}' for u in unfilled)} of {at}.file unfilled: give it "
+                         f"those fields")
+        for field, allowed in (("features", features), ("head_dims", head_dims)):
+            if field in variant and not (_words(variant[field]) and set(variant[field]) <= set(allowed)):
+                found.append(f"{here}.{field} must be a list of the choices of its knob ({', '.join(allowed)}), got "
+                             f"{variant[field]!r}")
+        if not isinstance(variant.get("extra_only", False), bool):
+            found.append(f"{here}.extra_only must be true or false")
+        if "stub" in variant and (left_out != "stub" or variant["stub"] not in stub_kinds):
+            found.append(f"{here}.stub {variant['stub']!r} names no kind of {at}.stubs.kinds (and left_out must be "
+                         f"stub): declare it there, or remove it")
+    if left_out == "stub":
+        types = stubs.get("types") if isinstance(stubs.get("types"), dict) else {}
+        if not (_words(stubs.get("includes")) and isinstance(stubs.get("namespace"), str) and set(dtypes) <= set(types)
+                and all(isinstance(k, dict) and isinstance(k.get("definition"), str) and isinstance(k.get("what"), str)
+                        for k in stub_kinds.values())):
+            found.append(f"{at}.stubs must hold includes, namespace, a C++ type for each of {', '.join(dtypes)} "
+                         f"(types), and per kind its definition and what its error calls it (kinds)")
+    for extra in kernels.get("extra_kernels", []):
+        if not (isinstance(extra, dict) and isinstance(extra.get("kernel"), str) and extra.get("head_dim") in head_dims
+                and set(extra.get("features", [])) <= set(features) and set(extra.get("dtypes", [])) <= set(dtypes)):
+            found.append(f"{at}.extra_kernels: {extra!r} must name its kernel, one head dim of {head_dims}, and "
+                         f"features and dtypes of its family's choices")
+    for pair in kernels.get("required_dtypes", []):
+        if not (_words(pair) and len(pair) == 2 and pair[0] in dtypes):
+            found.append(f"{at}.required_dtypes: {pair!r} must be [a dtype of {dtypes}, why]")
+    disable = kernels.get("disable", {})
+    if not isinstance(disable, dict) or disable.keys() - {"head_dim", "dtypes", "features"}:
+        found.append(f"{at}.disable must be an object of head_dim, dtypes, features")
+    else:
+        if not _words(disable.get("head_dim", [])):
+            found.append(f"{at}.disable.head_dim must be a list of define templates ({{head_dim}})")
+        for axis, allowed in (("dtypes", dtypes), ("features", features)):
+            if not all(_words(p) and len(p) > 1 and p[0] in allowed for p in disable.get(axis, [])):
+                found.append(f"{at}.disable.{axis} must be a list of [one of {allowed}, defines...]")
+    for rule in kernels.get("knob_defines", []):
+        decl = knobs.get(rule[0]) if _words(rule) and rule else None
+        if not (isinstance(decl, dict) and decl.get("type") == "bool" and decl.get("scope") == "build"
+                and len(rule) > 2 and rule[1] in ("ON", "OFF")):
+            found.append(f"{at}.knob_defines: {rule!r} must be [a bool build knob, ON or OFF, defines...]")
+    return found
+
+
+def _presets_problems(where: str, entry: dict, knobs: dict) -> list[str]:
+    """The presets of a family's selection knobs: presets VFA_PRESET has, values among the choices."""
+    found = []
+    presets = _choices(knobs, "VFA_PRESET")
+    for field in ("head_dims_knob", "dtypes_knob", "features_knob"):
+        knob = entry.get(field)
+        decl = knobs.get(knob) if isinstance(knob, str) else None
+        if not isinstance(decl, dict) or "presets" not in decl:
+            continue
+        table = decl["presets"]
+        if not isinstance(table, dict) or not all(name in presets and _words(values)
+                                                   and set(values) <= set(decl.get("choices", []))
+                                                   for name, values in table.items()):
+            found.append(f"{knob}.presets (the {field[:-5]} {where} selects in a preset) must map presets of "
+                         f"VFA_PRESET ({', '.join(presets)}) to lists of its choices, got {table!r}")
     return found
 
 
