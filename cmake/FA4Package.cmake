@@ -210,6 +210,9 @@ function(vfa_add_fa4_package)
   # own keys without compiling, checks one kernel byte for byte and ships an index of the
   # first one's files (or compiles its own set when they differ, saying why).
   # One argument per axis, its values joined by commas (a CMake list would become words).
+  # The FA3 knobs are named here on purpose: FA4 declares no selection knobs of its own
+  # (cmake/knobs.json: its *_knob fields are null); the wheel's selection is the one its FA3
+  # knobs hold, as VFA_FA4_PRECOMPILE_GQA_RATIOS's doc says.
   set(selection "")
   foreach(axis head-dims:VFA_FA3_HEAD_DIMS dtypes:VFA_FA3_DTYPES features:VFA_FA3_FEATURES
                gqa-ratios:VFA_FA4_PRECOMPILE_GQA_RATIOS)

@@ -7,7 +7,10 @@ to), ``build_info`` (where each family's build record is), ``environment`` (what
 family means: import its compiled module, or find its staged subpackage and check its
 dependencies), the interface (the adapter a call goes to), ``info`` and ``wheel_check``
 (which families there are and what a wheel that has one must hold). Adding a family is one
-entry in the declaration plus its adapter module.
+entry in the declaration (with its knobs) plus its adapter module, and for a compiled family its
+sources under the pin's verified paths: tests/build/test_fifth_family.py builds, selects,
+validates, records and checks a fifth compiled family added so (its kernels following the
+declared kernel rule; a packaged family also needs its cmake/<NAME>Package.cmake).
 
 Standard library only, and nothing is imported here but the declaration: ``wheel_check``
 runs with no torch, and ``import vendored_flash_attn`` must import no family's code.
