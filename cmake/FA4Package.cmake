@@ -10,6 +10,10 @@
 # files, precompiled kernels). `compile` (VFA_FA4_PRECOMPILE) then fills _fa4/kernels.
 #
 # Knobs (cmake/knobs.json): VFA_BUILD_FA4, VFA_FA4_PRECOMPILE.
+#
+# This file is the fa4 family's own build side (CMakeLists.txt calls vfa_add_<name>_package for
+# each packaged family of the declaration): it names its family and its knobs on purpose; every
+# compiled family is built by the one target function instead (cmake/FamilyTarget.cmake).
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
