@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-_CAPABILITY = re.compile(r"([1-9][0-9]*)\.([0-9])")
+#: a compute capability as the declaration writes it: "9.0", "10.3" (major, one-digit minor)
+CAPABILITY = re.compile(r"([1-9][0-9]*)\.([0-9])")
 _NVCC = re.compile(r"[1-9][0-9]*\.[0-9]+")
 ROW_FIELDS = {"sass", "a", "ptx", "nvcc", "a_nvcc"}
 
@@ -92,7 +93,7 @@ def problems(data: Any) -> list[str]:
     found = []
     for key, row in section["table"].items():
         at = f"{where}.table.{key}"
-        match = _CAPABILITY.fullmatch(str(key))
+        match = CAPABILITY.fullmatch(str(key))
         if not match:
             found.append(f"{at}: the key must be a compute capability such as \"9.0\"")
             continue
@@ -111,7 +112,7 @@ def problems(data: Any) -> list[str]:
                 found.append(f"{at}.{field} must be an nvcc version such as \"12.8\", got {row[field]!r}")
         if "a_nvcc" in row and "a" not in row:
             found.append(f"{at}.a_nvcc is given without an a target: remove it, or add a")
-    keys = [cap for cap in section["table"] if _CAPABILITY.fullmatch(str(cap))]
+    keys = [cap for cap in section["table"] if CAPABILITY.fullmatch(str(cap))]
     if keys != sorted(keys, key=capability):
         found.append(f"{where}.table: list the rows in ascending order (a reader sees the table as the "
                      f"build uses it), got {', '.join(keys)}")
