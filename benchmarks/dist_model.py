@@ -75,7 +75,7 @@ UNIT_MEMORY_GB = {"fa3_inst": 8.0, "fa3_other": 8.0, "fa2_cuda": 4.5, "cxx": 1.0
 # FA2 instantiations (sm_90 SASS) mean 189 s, .cpp 2-5 s.
 KIND_S_16_CORE = {"fa3_inst": 153.0, "fa3_other": 53.5, "fa2_cuda": 189.0, "cxx": 3.5}
 # What every build of a module compiles beside its selected instantiations
-# (cmake/FA3Target.cmake, cmake/FA2Target.cmake): name -> kind.
+# (each compiled family's build.sources in cmake/knobs.json): name -> kind.
 MODULE_UNITS = {
     "fa3": {"flash_fwd_combine.cu": "fa3_other", "flash_prepare_scheduler.cu": "fa3_other",
             "flash_api.cpp (fa3)": "cxx", "flash_api_torch_lib.cpp (fa3)": "cxx"},

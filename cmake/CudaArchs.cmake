@@ -1,78 +1,39 @@
-# CUDA architectures. One knob, TORCH_CUDA_ARCH_LIST (the ecosystem's name),
-# decides what each component compiles for; the -gencode flags are set per
-# component, never as one global list:
-#   FA2: sm_80 SASS + compute_80 PTX when the list has any arch >= 8.0
-#        (FA2 only has sm80 kernels; the PTX serves newer GPUs through the
-#        driver's JIT), plus sm_90 SASS when the list has 9.x and
-#        VFA_FA2_SM90_SASS is on (no JIT on Hopper, at twice the build time).
-#   FA3: exactly sm_90a, only when the list has 9.0 and nvcc >= 12.3.
-# FA2's lowest arch is its family's declared capabilities.min (cmake/knobs.json; "8.0" ->
-# sm_80/compute_80), and an arch its family is not declared for (below min, excluded, or
-# of a generation it does not list) is not counted as one FA2 serves; FA3's declaration
-# must say 9.0 only (its code is sm_90a), else the configure stops.
-# +PTX is honoured where the build has such PTX: FA2's lowest arch (8.0+PTX, needs
-# VFA_FA2_PTX=ON); any other (9.0+PTX) stops the configure, as does a list that names no
-# architecture (";"), before torch's CMake reads it.
-# Every arch >= 8.0 of the list must get code that runs there: FA2 not built
-# (VFA_BUILD_FA2=off) is the only way to leave one without, and gets a warning;
-# otherwise a listed arch that nothing runs on (10.0 with VFA_FA2_PTX=OFF: sm_80
-# SASS runs on 8.x only) stops the configure, naming the knob. pip shows a build's
-# output only when it fails, so a warning would reach nobody who did not pass -v.
+# CUDA architectures. One knob, TORCH_CUDA_ARCH_LIST (the ecosystem's name), decides what each
+# compiled family compiles for; the -gencode flags are set per module, never as one global list.
+# This file names no family: what each capability's code is comes from the arch table of
+# cmake/knobs.json ("cuda_archs": SASS, arch-specific `a` and PTX targets, the first nvcc that
+# makes them), what each family compiles from its declaration ("families.<name>.archs"):
+#   sass: [caps]             SASS at each, when a listed GPU runs it (or no other SASS is built)
+#   sass_knobs: {cap: knob}  more SASS at cap, when the bool knob is ON and a listed GPU runs it
+#   a: [caps]                arch-specific code at each, when that capability is listed
+#   ptx: cap, ptx_knob       PTX at cap, when the knob is ON (newer GPUs run it through the JIT)
+#   nvcc                     the lowest nvcc the family's sources need, above the table's
+# (What today's declaration gives is in README's TORCH_CUDA_ARCH_LIST row: sm_80 SASS and
+# compute_80 PTX for one family, exactly sm_90a with nvcc >= 12.3 for another; the examples
+# below name families by <name>, as this file does.) The families' validator (families.py, run at
+# configure) has checked that each family's code runs on every GPU it is declared for.
+# An arch its family is not declared for (below min, excluded, of a generation it does not
+# list) is not counted as one it serves.
+# +PTX is honoured where a family embeds PTX of that arch (8.0+PTX, with its ptx_knob ON);
+# any other (9.0+PTX) stops the configure, as does a list that names no architecture (";"),
+# before torch's CMake reads it.
+# Every listed arch from the arch table's lowest GPU on must get code that runs there.
+# Where none does, the configure stops naming the knobs that would add code there (a PTX or
+# more SASS of a family that has such knobs: 10.0 with that family's PTX knob OFF); only when each
+# family with such knobs is turned off (its build knob off) is a GPU left without code, with a warning.
+# pip shows a build's output only when it fails, so a warning would reach nobody who did not
+# pass -v. (The packaged families are not counted: their kernels compile at first use.)
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
-
-set(VFA_FA3_MIN_NVCC "12.3")
-
-# Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), and the
-# archs written with +PTX into <out_var>_PTX ("8.0"). A list that names no architecture
-# (empty, or separators only: ";") stops here, before torch's CMake reads it.
-function(vfa_parse_arch_list out_var text)
-  string(REGEX REPLACE "[ ,;]+" ";" tokens "${text}")
-  set(archs "")
-  set(ptx "")
-  foreach(token IN LISTS tokens)
-    if(token STREQUAL "")
-      continue()
-    endif()
-    string(TOLOWER "${token}" lower)
-    if(lower STREQUAL "ampere")
-      list(APPEND archs 8.0 8.6)
-    elseif(lower STREQUAL "ada")
-      list(APPEND archs 8.9)
-    elseif(lower STREQUAL "hopper")
-      list(APPEND archs 9.0)
-    elseif(lower STREQUAL "blackwell")
-      list(APPEND archs 10.0 12.0)
-    elseif(lower MATCHES "^([0-9]+)\\.([0-9]+)[af]?(\\+ptx)?$")
-      list(APPEND archs "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      if(CMAKE_MATCH_3)
-        list(APPEND ptx "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      endif()
-    else()
-      message(FATAL_ERROR
-        "TORCH_CUDA_ARCH_LIST: '${token}' is not an architecture. Use compute capabilities "
-        "such as \"8.0;9.0\" (also 9.0a, 8.0+PTX) or Ampere/Ada/Hopper/Blackwell.")
-    endif()
-  endforeach()
-  if(NOT archs)
-    message(FATAL_ERROR
-      "TORCH_CUDA_ARCH_LIST='${text}' names no architecture. Give the GPUs to build for as compute "
-      "capabilities separated by ';' (such as \"8.0;9.0\", the default when it is not set), or "
-      "Ampere/Ada/Hopper/Blackwell.")
-  endif()
-  list(REMOVE_DUPLICATES archs)
-  list(REMOVE_DUPLICATES ptx)
-  set(${out_var} "${archs}" PARENT_SCOPE)
-  set(${out_var}_PTX "${ptx}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/CudaArchTable.cmake)
 
 # What the declaration (cmake/knobs.json "families") says about where <family> runs:
 # whether a GPU of compute capability <arch> is one (at or above its capabilities.min, of
 # a generation it runs on, not excluded). The runtime selector (families.py) applies the
 # same fields to the GPU it finds; the build follows them for the archs it is given.
-#   vfa_family_declared_for(ok fa2 8.6)   ->  TRUE
-#   vfa_family_declared_for(ok fa3 10.0)  ->  FALSE (generations: 9 only)
+#   vfa_family_declared_for(ok <name> 8.6)   ->  TRUE  (capabilities {"min": "8.0"})
+#   vfa_family_declared_for(ok <name> 10.0)  ->  FALSE (capabilities {"min": "9.0", "generations": {"9": ...}})
 function(vfa_family_declared_for out_var family arch)
   vfa_family_field(lowest ${family} "capabilities;min" "")
   string(REGEX MATCH "^[0-9]+" major "${arch}")
@@ -87,257 +48,463 @@ function(vfa_family_declared_for out_var family arch)
   set(${out_var} ${ok} PARENT_SCOPE)
 endfunction()
 
-# Sets VFA_CUDA_ARCHS, VFA_FA2_GENCODE / VFA_FA3_GENCODE (code names such as
-# sm_80, compute_80, sm_90a) and VFA_FA{2,3}_ARCH_OK / _ARCH_REASON.
-function(vfa_select_cuda_archs nvcc_version)
-  vfa_option(TORCH_CUDA_ARCH_LIST)
-  vfa_option(VFA_FA2_SM90_SASS)
-  vfa_option(VFA_FA2_PTX)
-  set(sm90_sass ${VFA_FA2_SM90_SASS})
-  set(ptx ${VFA_FA2_PTX})
-  vfa_parse_arch_list(archs "${TORCH_CUDA_ARCH_LIST}")
-  vfa_check_fa3_capabilities()
-  # FA2's code is for its declared lowest arch (cmake/knobs.json: families.fa2.capabilities.min):
-  # "8.0" -> sm_80 SASS + compute_80 PTX.
-  vfa_family_field(fa2_min fa2 "capabilities;min" "")
-  string(REPLACE "." "" fa2_code "${fa2_min}")
-  string(REGEX MATCH "^[0-9]+" fa2_major "${fa2_min}")
-  vfa_check_ptx_requests("${archs_PTX}" "${fa2_min}" "${fa2_code}" "${ptx}")
+# <family>'s archs declaration (families.<name>.archs), read into <prefix>_SASS, _A, _PTX,
+# _PTX_KNOB, _NVCC (lists of capabilities, or one), <prefix>_SASS_KNOBS ("9.0=<knob>"
+# records), <prefix>_ALL (every capability it names) and <prefix>_LOWEST (the lowest of them).
+macro(vfa_family_archs prefix family)
+  vfa_family_field(${prefix}_SASS ${family} "archs;sass" "")
+  vfa_family_field(${prefix}_A ${family} "archs;a" "")
+  vfa_family_field(${prefix}_PTX ${family} "archs;ptx" "")
+  vfa_family_field(${prefix}_PTX_KNOB ${family} "archs;ptx_knob" "")
+  vfa_family_field(${prefix}_NVCC ${family} "archs;nvcc" "")
+  vfa_family_field(_vfa_knobs_json ${family} "archs;sass_knobs" "{}")
+  set(${prefix}_SASS_KNOBS "")
+  string(JSON _vfa_count LENGTH "${_vfa_knobs_json}")
+  if(_vfa_count GREATER 0)
+    math(EXPR _vfa_last "${_vfa_count} - 1")
+    foreach(_vfa_i RANGE ${_vfa_last})
+      string(JSON _vfa_cap MEMBER "${_vfa_knobs_json}" ${_vfa_i})
+      string(JSON _vfa_knob GET "${_vfa_knobs_json}" "${_vfa_cap}")
+      list(APPEND ${prefix}_SASS_KNOBS "${_vfa_cap}=${_vfa_knob}")
+    endforeach()
+  endif()
+  set(${prefix}_ALL ${${prefix}_SASS} ${${prefix}_A} ${${prefix}_PTX})
+  foreach(_vfa_record IN LISTS ${prefix}_SASS_KNOBS)
+    string(REGEX REPLACE "=.*" "" _vfa_cap "${_vfa_record}")
+    list(APPEND ${prefix}_ALL "${_vfa_cap}")
+  endforeach()
+  set(${prefix}_LOWEST "")
+  foreach(_vfa_cap IN LISTS ${prefix}_ALL)
+    if(${prefix}_LOWEST STREQUAL "" OR _vfa_cap VERSION_LESS ${prefix}_LOWEST)
+      set(${prefix}_LOWEST "${_vfa_cap}")
+    endif()
+  endforeach()
+endmacro()
 
-  set(fa2 "")
-  set(has_80_plus FALSE)
-  set(has_8x FALSE)
-  set(has_9x FALSE)
-  set(has_90 FALSE)
+# Whether <family> has knobs that add code (a PTX knob, more SASS): the family that would serve
+# a listed GPU its other code misses, if they were set.
+function(vfa_family_has_code_knobs out_var family)
+  vfa_family_archs(fam ${family})
+  if(fam_PTX_KNOB OR fam_SASS_KNOBS)
+    set(${out_var} TRUE PARENT_SCOPE)
+  else()
+    set(${out_var} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Sets <prefix>_GENCODE (target names such as sm_80, compute_80, sm_90a), <prefix>_ARCH_OK,
+# <prefix>_ARCH_REASON and <prefix>_RUNS_ON (the listed archs of <archs> its code runs on and
+# it is declared for) in the caller: the code <family> compiles for the arch list, by its
+# archs declaration and the arch table.
+#   vfa_family_code(P <name> 13.0 8.0 9.0)  ->  P_GENCODE=sm_80;compute_80, P_RUNS_ON=8.0;9.0
+#                                               (archs {"sass": ["8.0"], "ptx": "8.0"})
+#   vfa_family_code(P <name> 12.2 9.0)      ->  P_ARCH_OK=FALSE, "nvcc 12.2 is older than 12.3, ..."
+#                                               (archs {"a": ["9.0"], "nvcc": "12.3"})
+function(vfa_family_code prefix family nvcc_version)
+  set(archs ${ARGN})
+  string(TOUPPER "${family}" title)
+  vfa_family_archs(fam ${family})
+  set(codes "")
+  set(ok TRUE)
+  set(reason "")
+  # Reach: a family with SASS or PTX serves GPUs from its lowest capability on; one of
+  # arch-specific code only, exactly its capabilities.
+  set(reached FALSE)
   foreach(arch IN LISTS archs)
-    if(arch VERSION_GREATER_EQUAL fa2_min)
-      set(has_80_plus TRUE)
-      if(arch MATCHES "^${fa2_major}\\.")
-        set(has_8x TRUE)
+    if((fam_SASS OR fam_PTX OR fam_SASS_KNOBS) AND arch VERSION_GREATER_EQUAL fam_LOWEST)
+      set(reached TRUE)
+    elseif(arch IN_LIST fam_A)
+      set(reached TRUE)
+    endif()
+  endforeach()
+  if(NOT reached)
+    set(ok FALSE)
+    if(fam_SASS OR fam_PTX OR fam_SASS_KNOBS)
+      set(reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no architecture >= ${fam_LOWEST}")
+    else()
+      string(REPLACE ";" " or " caps_text "${fam_A}")
+      set(reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' does not contain ${caps_text}")
+    endif()
+  else()
+    # More SASS, each when its knob is ON and a listed GPU runs it.
+    set(more "")
+    foreach(record IN LISTS fam_SASS_KNOBS)
+      string(REGEX REPLACE "=.*" "" cap "${record}")
+      string(REGEX REPLACE "^[^=]*=" "" knob "${record}")
+      vfa_option(${knob})
+      vfa_arch_table_row(target "${cap}" sass)
+      vfa_any_listed_runs(runs "${target}" ${archs})
+      if(${knob} AND runs)
+        list(APPEND more "${target}")
+      endif()
+    endforeach()
+    # Its SASS, when a listed GPU runs it or no other SASS is built: without PTX, SASS is
+    # the only machine code the module has.
+    foreach(cap IN LISTS fam_SASS)
+      vfa_arch_table_row(target "${cap}" sass)
+      vfa_any_listed_runs(runs "${target}" ${archs})
+      if(runs OR NOT more)
+        list(APPEND codes "${target}")
+      endif()
+    endforeach()
+    list(APPEND codes ${more})
+    foreach(cap IN LISTS fam_A)
+      if(cap IN_LIST archs)
+        vfa_arch_table_row(target "${cap}" a)
+        list(APPEND codes "${target}")
+      endif()
+    endforeach()
+    if(fam_PTX)
+      set(with_ptx ON)
+      if(fam_PTX_KNOB)
+        vfa_option(${fam_PTX_KNOB})
+        set(with_ptx ${${fam_PTX_KNOB}})
+      endif()
+      if(with_ptx)
+        vfa_arch_table_row(target "${fam_PTX}" ptx)
+        list(APPEND codes "${target}")
       endif()
     endif()
-    if(arch MATCHES "^9\\.")
-      set(has_9x TRUE)
+    # The lowest nvcc: the family's own, and each target's (the table's).
+    set(required "${fam_NVCC}")
+    foreach(code IN LISTS codes)
+      vfa_arch_table_target(row "${code}")
+      if(row_KIND STREQUAL "a")
+        vfa_arch_table_row(need "${row}" a_nvcc)
+      else()
+        vfa_arch_table_row(need "${row}" nvcc)
+      endif()
+      if(required STREQUAL "" OR need VERSION_GREATER required)
+        set(required "${need}")
+      endif()
+    endforeach()
+    if(NOT required STREQUAL "" AND nvcc_version VERSION_LESS required)
+      string(REPLACE ";" " + " code_text "${codes}")
+      set(ok FALSE)
+      set(reason "nvcc ${nvcc_version} is older than ${required}, which ${title} (${code_text}) needs")
+      set(codes "")
     endif()
-    if(arch STREQUAL "9.0")
-      set(has_90 TRUE)
-    endif()
-  endforeach()
-
-  if(has_80_plus)
-    # sm_80 SASS runs on every 8.x GPU; keep it whenever 8.x is asked for or
-    # nothing else would give FA2 machine code.
-    if(has_8x OR NOT (has_9x AND sm90_sass))
-      list(APPEND fa2 sm_${fa2_code})
-    endif()
-    if(has_9x AND sm90_sass)
-      list(APPEND fa2 sm_90)
-    endif()
-    if(ptx)
-      list(APPEND fa2 compute_${fa2_code})
-    endif()
-    set(fa2_ok TRUE)
-    set(fa2_reason "")
-  else()
-    set(fa2_ok FALSE)
-    set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no architecture >= ${fa2_min}")
   endif()
-
-  # FA2 is only worth building when its code runs on a listed GPU its family is declared for.
-  vfa_option(VFA_BUILD_FA2)
-  vfa_option(VFA_BUILD_FA3)
-  set(fa2_runs_on "")
+  # Only worth building when its code runs on a listed GPU its family is declared for.
+  set(runs_on "")
   foreach(arch IN LISTS archs)
-    vfa_code_runs_on(runs "${arch}" ${fa2})
-    vfa_family_declared_for(declared fa2 "${arch}")
+    vfa_code_runs_on(runs "${arch}" ${codes})
+    vfa_family_declared_for(declared ${family} "${arch}")
     if(runs AND declared)
-      list(APPEND fa2_runs_on "${arch}")
+      list(APPEND runs_on "${arch}")
     endif()
   endforeach()
-  if(has_80_plus AND NOT fa2_runs_on)
-    set(fa2_ok FALSE)
-    vfa_fa2_code_words(fa2_words "${fa2}" "${ptx}" "${has_9x}" "${sm90_sass}")
-    set(fa2_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names no GPU that FA2's code runs on: ${fa2_words}")
+  if(ok AND NOT runs_on)
+    set(ok FALSE)
+    vfa_family_code_words(words ${family} "${codes}" ${archs})
+    set(reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names no GPU that ${title}'s code runs on: ${words}")
   endif()
+  set(${prefix}_GENCODE "${codes}" PARENT_SCOPE)
+  set(${prefix}_ARCH_OK ${ok} PARENT_SCOPE)
+  set(${prefix}_ARCH_REASON "${reason}" PARENT_SCOPE)
+  set(${prefix}_RUNS_ON "${runs_on}" PARENT_SCOPE)
+endfunction()
 
-  if(NOT has_90)
-    set(fa3_ok FALSE)
-    set(fa3_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' does not contain 9.0")
-    set(fa3 "")
-  elseif(nvcc_version VERSION_LESS VFA_FA3_MIN_NVCC)
-    set(fa3_ok FALSE)
-    set(fa3_reason "nvcc ${nvcc_version} is older than ${VFA_FA3_MIN_NVCC}, which FA3 (sm_90a) needs")
-    set(fa3 "")
-  else()
-    set(fa3_ok TRUE)
-    set(fa3_reason "")
-    set(fa3 sm_90a)
-  endif()
+# Sets VFA_CUDA_ARCHS and, for each compiled family (cmake/knobs.json, "made": "extension"),
+# VFA_<NAME>_GENCODE (code names such as sm_80, compute_80, sm_90a), VFA_<NAME>_ARCH_OK and
+# VFA_<NAME>_ARCH_REASON.
+function(vfa_select_cuda_archs nvcc_version)
+  vfa_option(TORCH_CUDA_ARCH_LIST)
+  vfa_parse_arch_list(archs "${TORCH_CUDA_ARCH_LIST}")
+  vfa_declared_families(families extension)
+  vfa_check_ptx_requests("${archs_PTX}" ${families})
+  foreach(family IN LISTS families)
+    string(TOUPPER "${family}" part)
+    vfa_family_code(${part} ${family} "${nvcc_version}" ${archs})
+  endforeach()
 
-  # Listed archs >= 8.0 that no module of this build runs on.
+  # Listed archs that no module of this build runs on, from the arch table's lowest GPU on:
+  # an older GPU (torch's own lists name 7.5) is not one the project knows, and is ignored.
+  vfa_arch_table_lowest(lowest)
   set(bare "")
   foreach(arch IN LISTS archs)
-    if(arch VERSION_LESS 8.0)
+    if(arch VERSION_LESS lowest)
       continue()
     endif()
     set(served FALSE)
-    if(fa2_ok AND NOT VFA_BUILD_FA2 STREQUAL "off" AND arch IN_LIST fa2_runs_on)
-      set(served TRUE)
-    endif()
-    if(fa3_ok AND NOT VFA_BUILD_FA3 STREQUAL "off" AND arch STREQUAL "9.0")
-      set(served TRUE)
-    endif()
+    foreach(family IN LISTS families)
+      string(TOUPPER "${family}" part)
+      vfa_family_field(build_knob ${family} build_knob "")
+      vfa_option(${build_knob})
+      if(${part}_ARCH_OK AND NOT ${build_knob} STREQUAL "off" AND arch IN_LIST ${part}_RUNS_ON)
+        set(served TRUE)
+      endif()
+    endforeach()
     if(NOT served)
       list(APPEND bare "${arch}")
     endif()
   endforeach()
   if(bare)
-    string(REPLACE ";" ", " bare_text "${bare}")
-    if(VFA_BUILD_FA2 STREQUAL "off")
-      message(WARNING "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but this "
-        "wheel will hold nothing that runs there: VFA_BUILD_FA2=off, and FA3 runs on 9.0 only.")
-    else()
-      vfa_fa2_code_words(fa2_words "${fa2}" "${ptx}" "${has_9x}" "${sm90_sass}")
-      set(fa3_reason_text "")
-      if("9.0" IN_LIST bare AND NOT fa3_ok)
-        set(fa3_reason_text ", and is not built: ${fa3_reason}")
-      elseif("9.0" IN_LIST bare)
-        set(fa3_reason_text ", and is not built: VFA_BUILD_FA3=off")
-      endif()
-      message(FATAL_ERROR "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but "
-        "nothing this build compiles would run there: ${fa2_words}; FA3 runs on 9.0 only"
-        "${fa3_reason_text}. Take ${bare_text} out of TORCH_CUDA_ARCH_LIST, or build "
-        "without FA2 (VFA_BUILD_FA2=off) to leave ${bare_text} without FlashAttention.")
-    endif()
+    vfa_refuse_bare_archs("${bare}" "${archs}" ${families})
   endif()
 
   set(VFA_CUDA_ARCHS "${archs}" PARENT_SCOPE)
-  set(VFA_FA2_GENCODE "${fa2}" PARENT_SCOPE)
-  set(VFA_FA3_GENCODE "${fa3}" PARENT_SCOPE)
-  set(VFA_FA2_ARCH_OK ${fa2_ok} PARENT_SCOPE)
-  set(VFA_FA2_ARCH_REASON "${fa2_reason}" PARENT_SCOPE)
-  set(VFA_FA3_ARCH_OK ${fa3_ok} PARENT_SCOPE)
-  set(VFA_FA3_ARCH_REASON "${fa3_reason}" PARENT_SCOPE)
+  foreach(family IN LISTS families)
+    string(TOUPPER "${family}" part)
+    set(VFA_${part}_GENCODE "${${part}_GENCODE}" PARENT_SCOPE)
+    set(VFA_${part}_ARCH_OK ${${part}_ARCH_OK} PARENT_SCOPE)
+    set(VFA_${part}_ARCH_REASON "${${part}_ARCH_REASON}" PARENT_SCOPE)
+  endforeach()
   set(TORCH_CUDA_ARCH_LIST "${TORCH_CUDA_ARCH_LIST}" PARENT_SCOPE)
 endfunction()
 
-# FA3's kernels are upstream's sm_90a code (wgmma, TMA: instructions of 9.0 only, which no
-# PTX carries to another GPU), so the build can honour one declaration of where FA3 runs:
-# capabilities {"min": "9.0", "generations": {"9": ...}}. Another one (a family
-# declared from 8.0 or for 10.x) would ship a module the selector then sends GPUs it cannot
-# run on: refused, naming the field and the fix.
-function(vfa_check_fa3_capabilities)
-  vfa_family_field(lowest fa3 "capabilities;min" "")
-  vfa_family_field(generations fa3 "capabilities;generations" "{}")
-  string(JSON count LENGTH "${generations}")
-  set(majors "")
-  if(count GREATER 0)
-    math(EXPR last "${count} - 1")
-    foreach(i RANGE ${last})
-      string(JSON major MEMBER "${generations}" ${i})
-      list(APPEND majors "${major}")
+# Listed archs <bare> that no module of this build runs on: a family whose knobs would add code
+# there (a PTX, more SASS) and is not turned off makes it a mistake that stops the configure,
+# naming those knobs; with each such family off, a warning (the user left those GPUs out).
+# Reads <PART>_GENCODE, _ARCH_OK, _ARCH_REASON of the caller (vfa_select_cuda_archs).
+function(vfa_refuse_bare_archs bare archs)
+  string(REPLACE ";" ", " bare_text "${bare}")
+  set(knob_words "")   # families with code knobs, built: what their code is and the knobs
+  set(knob_off "")     # families with code knobs, turned off: "<knob>=off"
+  set(knob_titles "")
+  set(knob_knobs "")
+  set(others "")       # every other compiled family: where it runs, and why not here
+  foreach(family IN LISTS ARGN)
+    string(TOUPPER "${family}" part)
+    vfa_family_field(build_knob ${family} build_knob "")
+    vfa_option(${build_knob})
+    vfa_family_has_code_knobs(has_knobs ${family})
+    if(has_knobs)
+      list(APPEND knob_titles "${part}")
+      list(APPEND knob_knobs "${build_knob}")
+      if(${build_knob} STREQUAL "off")
+        list(APPEND knob_off "${build_knob}=off")
+      else()
+        vfa_family_code_words(words ${family} "${${part}_GENCODE}" ${archs})
+        list(APPEND knob_words "${words}")
+      endif()
+      continue()
+    endif()
+    vfa_family_runs_text(where ${family})
+    set(text "${part} runs on ${where} only")
+    # Its own GPUs among the bare ones: why it does not serve them.
+    vfa_family_archs(fam ${family})
+    set(targets "")
+    foreach(cap IN LISTS fam_A)
+      vfa_arch_table_row(target "${cap}" a)
+      list(APPEND targets "${target}")
     endforeach()
+    foreach(cap IN LISTS fam_SASS)
+      vfa_arch_table_row(target "${cap}" sass)
+      list(APPEND targets "${target}")
+    endforeach()
+    set(its_own FALSE)
+    foreach(arch IN LISTS bare)
+      vfa_code_runs_on(runs "${arch}" ${targets})
+      if(runs)
+        set(its_own TRUE)
+      endif()
+    endforeach()
+    if(its_own AND NOT ${part}_ARCH_OK)
+      string(APPEND text ", and is not built: ${${part}_ARCH_REASON}")
+    elseif(its_own)
+      string(APPEND text ", and is not built: ${build_knob}=off")
+    endif()
+    list(APPEND others "${text}")
+  endforeach()
+  list(JOIN others ", " others_text)
+  if(NOT knob_words)
+    list(JOIN knob_off ", " off_text)
+    set(tail "${off_text}")
+    if(others_text)
+      set(tail "${tail}, and ${others_text}")
+    endif()
+    message(WARNING "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but this "
+      "wheel will hold nothing that runs there: ${tail}.")
+    return()
   endif()
-  if(NOT lowest STREQUAL "9.0" OR NOT majors STREQUAL "9")
-    get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
-    string(REPLACE ";" ", " majors "${majors}")
-    message(FATAL_ERROR
-      "${file}: families.fa3.capabilities declares FA3 from ${lowest} on generations [${majors}], but FA3's "
-      "kernels are upstream's sm_90a code, which runs on compute capability 9.0 only: the build cannot "
-      "compile FA3 for anything else. Set families.fa3.capabilities.min to \"9.0\" and its generations to "
-      "{\"9\": \"sm90\"}.")
+  list(JOIN knob_words "; " words_text)
+  if(others_text)
+    set(words_text "${words_text}; ${others_text}")
   endif()
+  list(JOIN knob_titles " and " titles_text)
+  string(REPLACE ";" "=off, " knobs_text "${knob_knobs}")
+  message(FATAL_ERROR "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${bare_text}, but "
+    "nothing this build compiles would run there: ${words_text}. Take ${bare_text} out of TORCH_CUDA_ARCH_LIST, "
+    "or build without ${titles_text} (${knobs_text}=off) to leave ${bare_text} without FlashAttention.")
 endfunction()
 
-# Stops when the arch list asks for PTX (<arch>+PTX) this build cannot make: the only PTX
-# it embeds is FA2's, for FA2's lowest arch <fa2_min> (compute_<fa2_code>, VFA_FA2_PTX);
-# FA3 is sm_90a SASS only. torch's convention would put PTX of that arch in every module;
-# dropping the +PTX silently would ship a wheel without what was asked for.
-#   vfa_check_ptx_requests("9.0" 8.0 80 ON)  ->  FATAL_ERROR "... asks for 9.0+PTX ..."
-#   vfa_check_ptx_requests("8.0" 8.0 80 ON)  ->  (FA2's compute_80: honoured)
-function(vfa_check_ptx_requests requested fa2_min fa2_code ptx)
+# Where <family>'s code runs, for messages: "9.0" (arch-specific code), "8.x" (SASS), "8.0 and
+# newer" (PTX), joined by " and ".
+function(vfa_family_runs_text out_var family)
+  vfa_family_archs(fam ${family})
+  set(words ${fam_A})
+  foreach(cap IN LISTS fam_SASS)
+    string(REGEX MATCH "^[0-9]+" major "${cap}")
+    if(cap MATCHES "\\.0$")
+      list(APPEND words "${major}.x")
+    else()
+      list(APPEND words "${major}.x from ${cap}")
+    endif()
+  endforeach()
+  if(fam_PTX)
+    list(APPEND words "${fam_PTX} and newer")
+  endif()
+  list(JOIN words " and " text)
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
+# Stops when the arch list asks for PTX (<arch>+PTX) this build cannot make: the only PTX it
+# embeds is that of the families declaring one (archs.ptx, when its ptx_knob is ON).
+# torch's convention would put PTX of that arch in every module; dropping the +PTX silently
+# would ship a wheel without what was asked for.
+#   vfa_check_ptx_requests("9.0" <names>)  ->  FATAL_ERROR "... asks for 9.0+PTX, which this build cannot make ..."
+#   vfa_check_ptx_requests("8.0" <names>)  ->  (a family's compute_80, its ptx_knob ON: honoured)
+function(vfa_check_ptx_requests requested)
   foreach(arch IN LISTS requested)
-    if(arch STREQUAL fa2_min AND ptx)
+    set(honoured FALSE)
+    set(left_out "")
+    set(embedded "")
+    set(asks "")
+    set(without "")
+    foreach(family IN LISTS ARGN)
+      string(TOUPPER "${family}" title)
+      vfa_family_archs(fam ${family})
+      if(fam_PTX)
+        vfa_arch_table_row(code "${fam_PTX}" ptx)
+        set(ptx_built ON)
+        set(word "")
+        if(fam_PTX_KNOB)
+          vfa_option(${fam_PTX_KNOB})
+          set(ptx_built ${${fam_PTX_KNOB}})
+          vfa_knob_declaration(decl ${fam_PTX_KNOB})
+          vfa_knob_field(default "${decl}" default "")
+          string(TOLOWER "${default}" default)
+          set(word " (${fam_PTX_KNOB}, ${default} by default: GPUs newer than the list run it through the driver's JIT)")
+        endif()
+        list(APPEND embedded "${title}'s ${code}${word}")
+        list(APPEND asks "${fam_PTX}+PTX asks for ${title}'s PTX")
+        if(arch STREQUAL fam_PTX AND ptx_built)
+          set(honoured TRUE)
+        elseif(arch STREQUAL fam_PTX)
+          set(left_out "${fam_PTX_KNOB}=OFF leaves ${title}'s ${code} PTX out. Set ${fam_PTX_KNOB}=ON")
+        endif()
+      else()
+        set(targets "")
+        foreach(cap IN LISTS fam_A)
+          vfa_arch_table_row(target "${cap}" a)
+          list(APPEND targets "${target}")
+        endforeach()
+        foreach(cap IN LISTS fam_SASS)
+          vfa_arch_table_row(target "${cap}" sass)
+          list(APPEND targets "${target}")
+        endforeach()
+        string(REPLACE ";" " + " targets "${targets}")
+        set(text "${title} is ${targets} SASS only")
+        if(fam_A)
+          string(APPEND text " (arch-specific code, which no PTX carries to another GPU)")
+        endif()
+        list(APPEND without "${text}")
+      endif()
+    endforeach()
+    if(honoured)
       continue()
-    elseif(arch STREQUAL fa2_min)
+    elseif(left_out)
       message(FATAL_ERROR
-        "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, but VFA_FA2_PTX=OFF leaves FA2's "
-        "compute_${fa2_code} PTX out. Set VFA_FA2_PTX=ON, or write ${arch} without +PTX.")
+        "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, but ${left_out}, or write ${arch} "
+        "without +PTX.")
+    endif()
+    if(embedded)
+      list(JOIN embedded " and " embedded_text)
+      set(embedded_text "the only PTX it embeds is ${embedded_text}")
+    else()
+      set(embedded_text "it embeds no PTX")
+    endif()
+    list(JOIN without ", " without_text)
+    if(without_text)
+      string(APPEND embedded_text ", and ${without_text}")
+    endif()
+    list(JOIN asks ", " asks_text)
+    if(asks_text)
+      set(asks_text " (${asks_text})")
     endif()
     message(FATAL_ERROR
       "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, which this build cannot make: "
-      "the only PTX it embeds is FA2's compute_${fa2_code} (VFA_FA2_PTX, on by default; GPUs newer than the "
-      "list run it through the driver's JIT), and FA3 is sm_90a SASS only (its kernels use instructions "
-      "of 9.0 only, which no PTX carries to another GPU). Write ${arch} without +PTX (${fa2_min}+PTX asks "
-      "for FA2's PTX).")
+      "${embedded_text}. Write ${arch} without +PTX${asks_text}.")
   endforeach()
 endfunction()
 
-# "sm_80;compute_80" -> -gencode flags, one SHELL: group each so CMake does not
-# de-duplicate the repeated "-gencode" word.
-function(vfa_gencode_flags out_var)
-  set(flags "")
-  foreach(code IN LISTS ARGN)
-    if(code MATCHES "^(sm|compute)_([0-9]+[af]?)$")
-      set(flag "SHELL:-gencode arch=compute_${CMAKE_MATCH_2},code=${code}")
-      list(APPEND flags "${flag}")
-    endif()
-  endforeach()
-  set(${out_var} "${flags}" PARENT_SCOPE)
-endfunction()
-
-# Whether code compiled for <codes> (sm_80, compute_80, sm_90a) runs on a GPU of
-# compute capability <arch>: an sm_XY cubin runs on major X with minor >= Y (an
-# sm_XYa one on X.Y only), compute_XY PTX on every GPU >= X.Y (the driver compiles
-# it at load time).
-#   vfa_code_runs_on(runs 10.0 sm_80 compute_80)  ->  TRUE
-#   vfa_code_runs_on(runs 10.0 sm_80)             ->  FALSE
-function(vfa_code_runs_on out_var arch)
-  set(runs FALSE)
-  string(REGEX MATCH "^([0-9]+)\\.([0-9]+)$" _ "${arch}")
-  set(major "${CMAKE_MATCH_1}")
-  set(minor "${CMAKE_MATCH_2}")
-  foreach(code IN LISTS ARGN)
-    if(code MATCHES "^sm_([0-9]+)([0-9])(a?)f?$")
-      if(CMAKE_MATCH_3 STREQUAL "a")
-        if(major EQUAL CMAKE_MATCH_1 AND minor EQUAL CMAKE_MATCH_2)
-          set(runs TRUE)
-        endif()
-      elseif(major EQUAL CMAKE_MATCH_1 AND NOT minor LESS CMAKE_MATCH_2)
-        set(runs TRUE)
-      endif()
-    elseif(code MATCHES "^compute_([0-9]+)([0-9])$")
-      if(arch VERSION_GREATER_EQUAL "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-        set(runs TRUE)
+# What <family>'s SASS is and the knobs that would make its code run on more GPUs, for
+# messages about a family with such knobs (vfa_family_has_code_knobs):
+#   "<NAME> is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer
+#    GPUs run, is left out by <ptx knob>=OFF (set <ptx knob>=ON, or <sass knob>=ON for 9.0)"
+function(vfa_family_code_words out_var family codes)
+  set(archs ${ARGN})
+  string(TOUPPER "${family}" title)
+  vfa_family_archs(fam ${family})
+  set(sass "")
+  set(gpus "")
+  foreach(code IN LISTS codes)
+    vfa_arch_table_target(row "${code}")
+    if(row_KIND STREQUAL "sass")
+      list(APPEND sass "${code}")
+      string(REGEX MATCH "^[0-9]+" major "${row}")
+      if(row MATCHES "\\.0$")
+        list(APPEND gpus "${major}.x GPUs")
+      else()
+        list(APPEND gpus "${major}.x GPUs from ${row}")
       endif()
     endif()
   endforeach()
-  set(${out_var} ${runs} PARENT_SCOPE)
-endfunction()
-
-# What FA2's code is and the knob that would make it run on more GPUs, for messages:
-#   "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer
-#    GPUs run, is left out by VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON)"
-function(vfa_fa2_code_words out_var codes ptx has_9x sm90_sass)
-  string(REPLACE ";" " + " code_text "${codes}")
-  vfa_family_field(lowest fa2 "capabilities;min" "")
-  string(REPLACE "." "" code "${lowest}")
-  string(REGEX MATCH "^[0-9]+" major "${lowest}")
-  set(gpus "${major}.x GPUs")
-  if(NOT lowest MATCHES "\\.0$")
-    set(gpus "${major}.x GPUs from ${lowest}")
+  string(REPLACE ";" " + " code_text "${sass}")
+  list(JOIN gpus " and " gpus_text)
+  set(words "${title} is ${code_text} SASS only, which runs on ${gpus_text}")
+  set(ptx_on ON)
+  if(fam_PTX_KNOB)
+    vfa_option(${fam_PTX_KNOB})
+    set(ptx_on ${${fam_PTX_KNOB}})
   endif()
-  set(words "FA2 is ${code_text} SASS only, which runs on ${gpus}")
-  if("sm_90" IN_LIST codes)
-    set(words "FA2 is ${code_text} SASS only, which runs on ${gpus} and 9.0 GPUs")
-  endif()
-  if(NOT ptx)
-    string(APPEND words "; its compute_${code} PTX, which newer GPUs run, is left out by "
-      "VFA_FA2_PTX=OFF (set VFA_FA2_PTX=ON")
-    if(has_9x AND NOT sm90_sass)
-      string(APPEND words ", or VFA_FA2_SM90_SASS=ON for 9.0")
-    endif()
+  if(fam_PTX AND NOT ptx_on)
+    vfa_arch_table_row(ptx_code "${fam_PTX}" ptx)
+    string(APPEND words "; its ${ptx_code} PTX, which newer GPUs run, is left out by "
+      "${fam_PTX_KNOB}=OFF (set ${fam_PTX_KNOB}=ON")
+    foreach(record IN LISTS fam_SASS_KNOBS)
+      string(REGEX REPLACE "=.*" "" cap "${record}")
+      string(REGEX REPLACE "^[^=]*=" "" knob "${record}")
+      vfa_option(${knob})
+      vfa_arch_table_row(target "${cap}" sass)
+      vfa_any_listed_runs(listed "${target}" ${archs})
+      if(listed AND NOT ${knob})
+        string(APPEND words ", or ${knob}=ON for ${cap}")
+      endif()
+    endforeach()
     string(APPEND words ")")
   endif()
   set(${out_var} "${words}" PARENT_SCOPE)
+endfunction()
+
+# The DSL targets of <family> (a packaged family whose kernels compile per GPU: archs.dsl
+# "a") for the listed archs it runs on: each capability's own arch-specific target of the
+# arch table, which is what the DSL compiles for on that GPU and the key upstream looks its
+# kernels up by (10.3 -> sm_103a: sm_100a code does not load on a 10.3 GPU). The listed GPUs
+# it runs on that the table has no such target for go to <out_var>_UNKNOWN (the caller stops
+# where it would compile for them: nothing can say which code such a GPU loads).
+#   vfa_family_dsl_targets(out <name> 8.0 9.0 10.0 10.3)  ->  out=sm_90a;sm_100a;sm_103a
+#   vfa_family_dsl_targets(out <name> 9.0 10.1)           ->  out=sm_90a, out_UNKNOWN=10.1
+#   (archs {"dsl": "a"}, capabilities {"min": "9.0", "generations": {"9": ..., "10": ...}})
+function(vfa_family_dsl_targets out_var family)
+  vfa_family_field(kind ${family} "archs;dsl" "")
+  set(targets "")
+  set(unknown "")
+  foreach(arch IN LISTS ARGN)
+    string(REGEX REPLACE "[af]$" "" arch "${arch}")
+    vfa_family_declared_for(declared ${family} "${arch}")
+    if(NOT declared OR kind STREQUAL "")
+      continue()
+    endif()
+    vfa_arch_table_row(target "${arch}" ${kind})
+    if(target STREQUAL "")
+      list(APPEND unknown "${arch}")
+    else()
+      list(APPEND targets "${target}")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES targets)
+  set(${out_var} "${targets}" PARENT_SCOPE)
+  set(${out_var}_UNKNOWN "${unknown}" PARENT_SCOPE)
 endfunction()

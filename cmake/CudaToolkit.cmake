@@ -23,8 +23,22 @@ function(vfa_select_cuda_compiler)
   endforeach()
   find_program(_vfa_nvcc nvcc PATHS /usr/local/cuda/bin)
   if(NOT _vfa_nvcc)
+    # Which nvcc each compiled family needs beyond the arch table's: its declared archs.nvcc.
+    vfa_declared_families(_vfa_families extension)
+    set(_vfa_needs "")
+    foreach(_vfa_family IN LISTS _vfa_families)
+      vfa_family_field(_vfa_nvcc_min ${_vfa_family} "archs;nvcc" "")
+      string(TOUPPER "${_vfa_family}" _vfa_title)
+      if(_vfa_nvcc_min)
+        list(APPEND _vfa_needs "${_vfa_nvcc_min} or newer to build ${_vfa_title}")
+      endif()
+    endforeach()
+    list(JOIN _vfa_needs ", " _vfa_needs)
+    if(_vfa_needs)
+      set(_vfa_needs " (${_vfa_needs})")
+    endif()
     message(FATAL_ERROR
-      "nvcc was not found. Install the CUDA toolkit (12.3 or newer to build FA3) and set "
+      "nvcc was not found. Install the CUDA toolkit${_vfa_needs} and set "
       "CUDA_HOME to its folder, or pass -DCMAKE_CUDA_COMPILER=/path/to/nvcc.")
   endif()
   # A dry run prints the folder of the real compiler as `#$ _HERE_=...`.

@@ -10,26 +10,25 @@
 # files, precompiled kernels). `compile` (VFA_FA4_PRECOMPILE) then fills _fa4/kernels.
 #
 # Knobs (cmake/knobs.json): VFA_BUILD_FA4, VFA_FA4_PRECOMPILE.
+#
+# This file is the fa4 family's own build side (CMakeLists.txt calls vfa_add_<name>_package for
+# each packaged family of the declaration): it names its family and its knobs on purpose; every
+# compiled family is built by the one target function instead (cmake/FamilyTarget.cmake).
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
 
 set(_VFA_FA4_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/fa4_precompile.py")
 
-# The DSL target of each arch of the list that FA4 runs on: the generations the fa4 family
-# declares (cmake/knobs.json: capabilities.generations, sm120 being declared `excluded` at
-# the pin), as the arch-specific "a" targets upstream compiles.
-#   vfa_fa4_dsl_archs(out "8.0;9.0;10.0")  ->  sm_90a;sm_100a
+# The DSL target of each arch of the list that FA4 runs on: the fa4 family declares its
+# generations (cmake/knobs.json: capabilities; sm120 being declared `excluded` at the pin) and
+# "archs": {"dsl": "a"}, each GPU's own arch-specific target of the arch table
+# (cmake/CudaArchs.cmake, vfa_family_dsl_targets): what upstream's DSL compiles on that GPU.
+#   vfa_fa4_dsl_archs(out "8.0;9.0;10.0;10.3")  ->  sm_90a;sm_100a;sm_103a
 function(vfa_fa4_dsl_archs out_var)
-  set(targets "")
-  foreach(arch IN LISTS ARGN)
-    string(REGEX MATCH "^[0-9]+" major "${arch}")
-    vfa_family_field(generation fa4 "capabilities;generations;${major}" "")
-    if(NOT generation STREQUAL "")
-      list(APPEND targets "sm_${major}0a")
-    endif()
-  endforeach()
-  list(REMOVE_DUPLICATES targets)
+  vfa_family_dsl_targets(targets fa4 ${ARGN})
   set(${out_var} "${targets}" PARENT_SCOPE)
+  set(${out_var}_UNKNOWN "${targets_UNKNOWN}" PARENT_SCOPE)
 endfunction()
 
 # The command that runs the build's Python for FA4's steps, probe and build steps alike, so
@@ -150,7 +149,14 @@ function(vfa_add_fa4_package)
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
     set(archs "${fa4_archs}")
     if(NOT archs)
-      set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (the fa4 family's generations: 9.0, 10.0)")
+      set(precompile_reason "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' has no arch FA4 runs on (the fa4 family's capabilities in cmake/knobs.json)")
+    endif()
+    if(precompile_reason STREQUAL "" AND fa4_archs_UNKNOWN)
+      get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
+      message(FATAL_ERROR "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' names ${fa4_archs_UNKNOWN}, where FA4 runs, "
+        "but the arch table of ${file} (\"cuda_archs\") has no a target for it: nothing says which code that GPU "
+        "loads, so its kernels cannot be precompiled. Add its row to the table, take it out of the list, or set "
+        "VFA_FA4_PRECOMPILE=off.")
     endif()
     if(precompile_reason STREQUAL "")
       set(precompile_state "on")
@@ -208,6 +214,9 @@ function(vfa_add_fa4_package)
   # own keys without compiling, checks one kernel byte for byte and ships an index of the
   # first one's files (or compiles its own set when they differ, saying why).
   # One argument per axis, its values joined by commas (a CMake list would become words).
+  # The FA3 knobs are named here on purpose: FA4 declares no selection knobs of its own
+  # (cmake/knobs.json: its *_knob fields are null); the wheel's selection is the one its FA3
+  # knobs hold, as VFA_FA4_PRECOMPILE_GQA_RATIOS's doc says.
   set(selection "")
   foreach(axis head-dims:VFA_FA3_HEAD_DIMS dtypes:VFA_FA3_DTYPES features:VFA_FA3_FEATURES
                gqa-ratios:VFA_FA4_PRECOMPILE_GQA_RATIOS)

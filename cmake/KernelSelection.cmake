@@ -1,92 +1,97 @@
-# Kernel selection: which upstream instantiation files each module compiles,
-# and the FLASHATTENTION_* defines that must agree with them.
+# Kernel selection: which upstream instantiation files each compiled family's module compiles,
+# and the defines that must agree with them. This file names no family: each family declares
+# its rule in cmake/knobs.json ("families.<name>.build.kernels"), its choices and presets are
+# those of its selection knobs (head_dims_knob, dtypes_knob, features_knob), and one function
+# applies the rule:
 #
-# FA3 has upstream switches per head dim, dtype and feature; a selection
-# changes BOTH the list of hopper/instantiations/*.cu and the matching
-# FLASHATTENTION_DISABLE_* defines, computed here from one table so they can
-# never disagree (a missing instantiation would only show up as an undefined
-# symbol at import).
+#   file       the instantiation file of one kernel, e.g.
+#              "hopper/instantiations/flash_fwd_hdim{kernel}_{dtype}{variant}_sm90.cu": {kernel} is
+#              the head dim or an extra kernel's name, {head_dim} and {dtype} the selection's, every
+#              other {name} a string field of the variant
+#   variants   the files of each (dtype, kernel), in order; a variant compiles when the selection has
+#              its "features" (all of them), only for its "head_dims" when given, only for extra
+#              kernels when "extra_only"
+#   extra_kernels  kernels beside the head dims (the hdimdiff ones): {kernel, head_dim, features,
+#              dtypes}, built when their head dim and features are selected (and their dtype, if named)
+#   left_out   "disable": what is not selected is switched off by defines ("disable": a template per
+#              head dim left out, [dtype, defines...] and [feature, defines...] pairs), so a selection
+#              changes both the files and the defines, from one table, and the two never disagree (a
+#              missing instantiation would only show up as an undefined symbol at import);
+#              "stub": the upstream dispatcher references every kernel and has no such switch, so
+#              each kernel left out whose variant names a "stub" kind gets a definition that raises
+#              a clear error (the "stubs" table: includes, namespace, C++ type per dtype, and per
+#              kind the definition and what its error says), in one generated file (the Python
+#              interface refuses such calls before dispatch)
+#   required_dtypes  [dtype, why] pairs a selection must include
+#   knob_defines     [knob, ON|OFF, defines...]: defines a bool knob adds at that value
 #
-# FA2 has no such switches: its dispatcher references every (dtype, head dim,
-# causal) kernel. For the ones left out we generate definitions that raise a
-# clear error (the Python interface refuses such calls before dispatch).
+# Example: the family whose rule compiles hopper/instantiations (left_out "disable"), its knobs
+# set to head dims 128, dtypes bf16, features paged:
+#   vfa_family_selection(<name> "128" "bf16" "paged")
+#   ->  VFA_<NAME>_INSTANTIATIONS  hopper/instantiations/flash_fwd_hdim128_bf16_packgqa_sm90.cu;
+#                                  hopper/instantiations/flash_fwd_hdim128_bf16_paged_sm90.cu
+#       VFA_<NAME>_DEFINES         FLASHATTENTION_DISABLE_BACKWARD;...;FLASHATTENTION_DISABLE_HDIM64;...;
+#                                  FLASHATTENTION_DISABLE_FP16;FLASHATTENTION_DISABLE_FP8;
+#                                  FLASHATTENTION_DISABLE_SPLIT;...
+#       VFA_<NAME>_MISSING         (none: its rule is "disable")
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-# The presets' names are declared with VFA_PRESET in cmake/knobs.json, and the head
-# dims each module can build as the choices of VFA_FA3_HEAD_DIMS / VFA_FA2_HEAD_DIMS
-# there (the package's kernels.py reads the same declaration).
+# VFA_<NAME>_ALL_HEAD_DIMS / _ALL_DTYPES / _ALL_FEATURES of each compiled family: the choices of
+# its selection knobs, declared once in cmake/knobs.json (the package's kernels.py reads the same).
 vfa_declared_families(_vfa_families extension)
 foreach(_vfa_family IN LISTS _vfa_families)
   string(TOUPPER "${_vfa_family}" _vfa_part)
-  vfa_family_field(_vfa_knob ${_vfa_family} head_dims_knob "")
-  vfa_knob_declaration(_vfa_decl ${_vfa_knob})
-  vfa_knob_field(VFA_${_vfa_part}_ALL_HEAD_DIMS "${_vfa_decl}" choices "")
+  foreach(_vfa_what HEAD_DIMS DTYPES FEATURES)
+    string(TOLOWER "${_vfa_what}_knob" _vfa_field)
+    vfa_family_field(_vfa_knob ${_vfa_family} ${_vfa_field} "")
+    set(VFA_${_vfa_part}_ALL_${_vfa_what} "")
+    if(NOT _vfa_knob STREQUAL "")
+      vfa_knob_declaration(_vfa_decl ${_vfa_knob})
+      vfa_knob_field(VFA_${_vfa_part}_ALL_${_vfa_what} "${_vfa_decl}" choices "")
+    endif()
+  endforeach()
 endforeach()
 unset(_vfa_families)
 unset(_vfa_family)
 unset(_vfa_part)
+unset(_vfa_what)
+unset(_vfa_field)
 unset(_vfa_knob)
 unset(_vfa_decl)
-set(VFA_FA3_ALL_DTYPES bf16 fp16 e4m3)
-set(VFA_FA3_ALL_FEATURES paged split softcap local hdimdiff)
-set(VFA_FA2_ALL_DTYPES bf16 fp16)
-set(VFA_FA2_ALL_FEATURES sparse)
 
-# full: the set vLLM ships. minimal: hdim 128, bf16 + e4m3, paged + split
-# (sliding window kept: it adds no files), and the matching FA2 part.
-set(VFA_PRESET_full_FA3_HEAD_DIMS ${VFA_FA3_ALL_HEAD_DIMS})
-set(VFA_PRESET_full_FA3_DTYPES ${VFA_FA3_ALL_DTYPES})
-set(VFA_PRESET_full_FA3_FEATURES ${VFA_FA3_ALL_FEATURES})
-set(VFA_PRESET_full_FA2_HEAD_DIMS ${VFA_FA2_ALL_HEAD_DIMS})
-set(VFA_PRESET_full_FA2_DTYPES ${VFA_FA2_ALL_DTYPES})
-set(VFA_PRESET_full_FA2_FEATURES ${VFA_FA2_ALL_FEATURES})
-set(VFA_PRESET_minimal_FA3_HEAD_DIMS 128)
-set(VFA_PRESET_minimal_FA3_DTYPES bf16 e4m3)
-set(VFA_PRESET_minimal_FA3_FEATURES paged split local)
-set(VFA_PRESET_minimal_FA2_HEAD_DIMS 128)
-set(VFA_PRESET_minimal_FA2_DTYPES bf16)
-set(VFA_PRESET_minimal_FA2_FEATURES "")
+# What <knob> holds in preset <preset>: its declaration's "presets" entry, or every choice when
+# it names none (cmake/knobs.json; the presets' names are VFA_PRESET's choices).
+#   vfa_preset_values(values <dtypes knob> minimal)  ->  bf16;e4m3       ("presets": {"minimal": ["bf16", "e4m3"]})
+#   vfa_preset_values(values <dtypes knob> full)     ->  bf16;fp16;e4m3  (every choice)
+function(vfa_preset_values out_var knob preset)
+  vfa_knob_declaration(decl ${knob})
+  string(JSON type ERROR_VARIABLE err TYPE "${decl}" presets "${preset}")
+  if(err)
+    vfa_knob_field(values "${decl}" choices "")
+  else()
+    vfa_knob_field(values "${decl}" "presets;${preset}" "")
+  endif()
+  set(${out_var} "${values}" PARENT_SCOPE)
+endfunction()
 
-# Defines upstream sets for every FA3 build (its CMakeLists.txt).
-set(VFA_FA3_BASE_DEFINES
-  FLASHATTENTION_DISABLE_BACKWARD
-  FLASHATTENTION_DISABLE_DROPOUT
-  FLASHATTENTION_DISABLE_UNEVEN_K
-  FLASHATTENTION_DISABLE_PYBIND
-  FLASHATTENTION_VARLEN_ONLY
-  FLASHATTENTION_PACKGQA_ONLY
-  FLASHATTENTION_DISABLE_CLUSTER
-  FLASHATTENTION_DISABLE_SM8x
-  FLASHATTENTION_DISABLE_APPENDKV
-  CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
-  CUTLASS_ENABLE_GDC_FOR_SM90)
-set(VFA_FA2_BASE_DEFINES
-  FLASHATTENTION_DISABLE_BACKWARD
-  FLASHATTENTION_DISABLE_DROPOUT
-  FLASHATTENTION_DISABLE_PYBIND)
-
-# Sets VFA_PRESET and each compiled family's selection knobs (cmake/knobs.json declares
-# them: VFA_{FA2,FA3}_{HEAD_DIMS,DTYPES,FEATURES}): each list knob as given (checked and
-# in canonical order by vfa_option; "none" means empty), else the preset's
-# (VFA_PRESET_<preset>_<FAMILY>_<WHAT> above).
+# Sets VFA_PRESET and each compiled family's selection knobs (cmake/knobs.json declares them:
+# VFA_<NAME>_{HEAD_DIMS,DTYPES,FEATURES}): each list knob as given (checked and in canonical
+# order by vfa_option; "none" means empty), else the preset's (vfa_preset_values).
 function(vfa_read_selection)
   vfa_option(VFA_PRESET)
   vfa_declared_families(families extension)
   foreach(family IN LISTS families)
-    string(TOUPPER "${family}" part)
     foreach(field head_dims_knob dtypes_knob features_knob)
       vfa_family_field(knob ${family} ${field} "")
       if(knob STREQUAL "")
         continue()
       endif()
-      string(REGEX REPLACE "_knob$" "" what "${field}")
-      string(TOUPPER "${what}" what)
       vfa_option(${knob})
       set(values "${${knob}}")
       if(values STREQUAL "")
-        set(values "${VFA_PRESET_${VFA_PRESET}_${part}_${what}}")
+        vfa_preset_values(values ${knob} "${VFA_PRESET}")
       elseif(values STREQUAL "none")
         set(values "")
       endif()
@@ -96,153 +101,174 @@ function(vfa_read_selection)
   set(VFA_PRESET "${VFA_PRESET}" PARENT_SCOPE)
 endfunction()
 
-# --- FA3 -------------------------------------------------------------------------
-
-# The variant suffixes upstream instantiates for one (head dim, dtype).
-# Equal head dims only come as PackGQA variants (FLASHATTENTION_PACKGQA_ONLY);
-# the hdimdiff kernels also come without PackGQA.
-function(vfa_fa3_variants out_var features hdimdiff)
-  set(variants packgqa)
-  if(hdimdiff)
-    list(APPEND variants "")
-  endif()
-  if("split" IN_LIST features)
-    list(APPEND variants split)
-  endif()
-  if("paged" IN_LIST features)
-    list(APPEND variants paged)
-    if("split" IN_LIST features)
-      list(APPEND variants paged_split)
-    endif()
-  endif()
-  if("softcap" IN_LIST features)
-    set(with_softcap "")
-    foreach(v IN LISTS variants)
-      if(v STREQUAL "packgqa")
-        list(APPEND with_softcap softcap_packgqa)
-      elseif(v STREQUAL "")
-        list(APPEND with_softcap softcap)
-      else()
-        list(APPEND with_softcap ${v}_softcap)
+# <text> with each {name} replaced by the string members of the JSON object <values>, then by
+# the NAME=VALUE pairs that follow.
+#   vfa_fill(f "x_{kind}_{dtype}.cu" "{\"kind\": \"fwd\"}" dtype=bf16)  ->  x_fwd_bf16.cu
+function(vfa_fill out_var text values)
+  string(JSON count LENGTH "${values}")
+  if(count GREATER 0)
+    math(EXPR last "${count} - 1")
+    foreach(i RANGE ${last})
+      string(JSON name MEMBER "${values}" ${i})
+      string(JSON type TYPE "${values}" ${name})
+      if(type STREQUAL "STRING")
+        string(JSON value GET "${values}" ${name})
+        string(REPLACE "{${name}}" "${value}" text "${text}")
       endif()
     endforeach()
-    list(APPEND variants ${with_softcap})
   endif()
-  set(${out_var} "${variants}" PARENT_SCOPE)
+  foreach(pair IN LISTS ARGN)
+    string(REGEX REPLACE "=.*" "" name "${pair}")
+    string(REGEX REPLACE "^[^=]*=" "" value "${pair}")
+    string(REPLACE "{${name}}" "${value}" text "${text}")
+  endforeach()
+  set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
 
-# Sets VFA_FA3_INSTANTIATIONS (relative to the upstream root) and VFA_FA3_DEFINES.
-function(vfa_fa3_selection head_dims dtypes features)
-  if(NOT "bf16" IN_LIST dtypes)
-    message(FATAL_ERROR
-      "VFA_FA3_DTYPES must include bf16: upstream FA3 has no switch to leave bf16 out "
-      "(its dispatcher always references the bf16 kernels).")
+# Whether every item of <needed> is in <have>.
+function(vfa_all_in out_var needed have)
+  set(all TRUE)
+  foreach(item IN LISTS needed)
+    if(NOT item IN_LIST have)
+      set(all FALSE)
+    endif()
+  endforeach()
+  set(${out_var} ${all} PARENT_SCOPE)
+endfunction()
+
+# The JSON array at <path> of <json> as a list of JSON texts (one per element), or empty.
+function(vfa_json_elements out_var json)
+  string(JSON count ERROR_VARIABLE err LENGTH "${json}" ${ARGN})
+  set(items "")
+  if(NOT err AND count GREATER 0)
+    math(EXPR last "${count} - 1")
+    foreach(i RANGE ${last})
+      string(JSON item GET "${json}" ${ARGN} ${i})
+      list(APPEND items "${item}")
+    endforeach()
   endif()
+  set(${out_var} "${items}" PARENT_SCOPE)
+endfunction()
+
+# Sets VFA_<NAME>_INSTANTIATIONS (relative to the upstream root), VFA_<NAME>_DEFINES and
+# VFA_<NAME>_MISSING (kernels to stub, as "<stub kind>:<dtype>:<head dim>:<variant index>") for
+# the compiled <family>'s selection, by its declared rule (build.kernels; the top of this file).
+function(vfa_family_selection family head_dims dtypes features)
+  string(TOUPPER "${family}" part)
+  vfa_family_field(kernels ${family} "build;kernels" "{}")
+  vfa_family_field(dtypes_knob ${family} dtypes_knob "")
+  vfa_family_field(head_dims_knob ${family} head_dims_knob "")
+  vfa_json_elements(required "${kernels}" required_dtypes)
+  foreach(pair IN LISTS required)
+    string(JSON dtype GET "${pair}" 0)
+    string(JSON why GET "${pair}" 1)
+    if(NOT dtype IN_LIST dtypes)
+      message(FATAL_ERROR "${dtypes_knob} must include ${dtype}: ${why}.")
+    endif()
+  endforeach()
   if(NOT head_dims)
-    message(FATAL_ERROR "VFA_FA3_HEAD_DIMS is empty; pick at least one of: ${VFA_FA3_ALL_HEAD_DIMS}.")
+    message(FATAL_ERROR "${head_dims_knob} is empty; pick at least one of: ${VFA_${part}_ALL_HEAD_DIMS}.")
   endif()
-  set(files "")
-  foreach(dtype IN LISTS dtypes)
-    # (name in the file, is it an hdimdiff kernel)
-    set(kernels "")
-    foreach(hdim IN LISTS head_dims)
-      list(APPEND kernels "${hdim}:0")
+  vfa_knob_field(template "${kernels}" file "")
+  vfa_knob_field(left_out "${kernels}" left_out "disable")
+  set(each_dtype ${dtypes})
+  set(each_head_dim ${head_dims})
+  if(left_out STREQUAL "stub")
+    set(each_dtype ${VFA_${part}_ALL_DTYPES})
+    set(each_head_dim ${VFA_${part}_ALL_HEAD_DIMS})
+  endif()
+  # The variants, read once: their JSON, features, head dims, extra_only and stub kind.
+  vfa_json_elements(variants "${kernels}" variants)
+  list(LENGTH variants count)
+  set(indexes "")
+  if(count GREATER 0)
+    math(EXPR last "${count} - 1")
+    foreach(i RANGE ${last})
+      list(GET variants ${i} variant)
+      list(APPEND indexes ${i})
+      set(variant_${i} "${variant}")
+      vfa_knob_field(features_${i} "${variant}" features "")
+      vfa_knob_field(head_dims_${i} "${variant}" head_dims "")
+      vfa_knob_field(extra_only_${i} "${variant}" extra_only OFF)
+      vfa_knob_field(stub_${i} "${variant}" stub "")
     endforeach()
-    if("hdimdiff" IN_LIST features)
-      if("64" IN_LIST head_dims AND NOT dtype STREQUAL "e4m3")
-        list(APPEND kernels "64_256:1" "64_512:1")
-      endif()
-      if("192" IN_LIST head_dims)
-        list(APPEND kernels "192_128:1")
-      endif()
-    endif()
-    foreach(kernel IN LISTS kernels)
-      string(REPLACE ":" ";" kernel "${kernel}")
-      list(GET kernel 0 name)
-      list(GET kernel 1 is_diff)
-      vfa_fa3_variants(variants "${features}" ${is_diff})
-      foreach(variant IN LISTS variants)
-        if(variant STREQUAL "")
-          list(APPEND files "hopper/instantiations/flash_fwd_hdim${name}_${dtype}_sm90.cu")
-        else()
-          list(APPEND files "hopper/instantiations/flash_fwd_hdim${name}_${dtype}_${variant}_sm90.cu")
-        endif()
-      endforeach()
-    endforeach()
-  endforeach()
-
-  set(defines ${VFA_FA3_BASE_DEFINES})
-  foreach(hdim IN LISTS VFA_FA3_ALL_HEAD_DIMS)
-    if(NOT hdim IN_LIST head_dims)
-      list(APPEND defines FLASHATTENTION_DISABLE_HDIM${hdim})
-    endif()
-  endforeach()
-  if(NOT "fp16" IN_LIST dtypes)
-    list(APPEND defines FLASHATTENTION_DISABLE_FP16)
   endif()
-  if(NOT "e4m3" IN_LIST dtypes)
-    list(APPEND defines FLASHATTENTION_DISABLE_FP8)
-  endif()
-  set(feature_defines_paged FLASHATTENTION_DISABLE_PAGEDKV)
-  set(feature_defines_split FLASHATTENTION_DISABLE_SPLIT)
-  set(feature_defines_softcap FLASHATTENTION_DISABLE_SOFTCAP)
-  set(feature_defines_local FLASHATTENTION_DISABLE_LOCAL)
-  set(feature_defines_hdimdiff FLASHATTENTION_DISABLE_HDIMDIFF64 FLASHATTENTION_DISABLE_HDIMDIFF192)
-  foreach(feature IN LISTS VFA_FA3_ALL_FEATURES)
-    if(NOT feature IN_LIST features)
-      list(APPEND defines ${feature_defines_${feature}})
-    endif()
-  endforeach()
-  # On by default, as upstream: without it FA3 accumulates P.V for FP8 inside the
-  # tensor cores' reduced-precision accumulator across every KV block, and the error
-  # grows with the context (measured on the H200 with value vectors of mean 0.5: 1.2 %
-  # at 8k, 20 % at 128k; 0.2-0.3 % with it on; docs/PERFORMANCE.md). OFF is 13–26 %
-  # faster FP8 (docs/PERFORMANCE.md, the speed table of that section), a trade a user
-  # makes knowingly.
-  vfa_option(VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
-  if(NOT VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION)
-    list(APPEND defines FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
-  endif()
-  set(VFA_FA3_INSTANTIATIONS "${files}" PARENT_SCOPE)
-  set(VFA_FA3_DEFINES "${defines}" PARENT_SCOPE)
-endfunction()
+  vfa_json_elements(extras "${kernels}" extra_kernels)
 
-# --- FA2 -------------------------------------------------------------------------
-
-# Sets VFA_FA2_INSTANTIATIONS and VFA_FA2_MISSING (the kernels to stub, as
-# "kind:type:hdim:causal" records) and VFA_FA2_DEFINES.
-function(vfa_fa2_selection head_dims dtypes features)
   set(files "")
   set(missing "")
-  foreach(dtype IN LISTS VFA_FA2_ALL_DTYPES)
-    foreach(hdim IN LISTS VFA_FA2_ALL_HEAD_DIMS)
-      foreach(causal IN ITEMS 0 1)
-        if(causal)
-          set(suffix "_causal")
-        else()
-          set(suffix "")
+  foreach(dtype IN LISTS each_dtype)
+    # The kernels of this dtype: "<name>|<head dim>|<extra>".
+    set(kernel_list "")
+    foreach(hdim IN LISTS each_head_dim)
+      list(APPEND kernel_list "${hdim}|${hdim}|0")
+    endforeach()
+    foreach(extra IN LISTS extras)
+      vfa_knob_field(name "${extra}" kernel "")
+      vfa_knob_field(hdim "${extra}" head_dim "")
+      vfa_knob_field(needs "${extra}" features "")
+      vfa_knob_field(only "${extra}" dtypes "")
+      vfa_all_in(has "${needs}" "${features}")
+      if(hdim IN_LIST head_dims AND has AND (NOT only OR dtype IN_LIST only))
+        list(APPEND kernel_list "${name}|${hdim}|1")
+      endif()
+    endforeach()
+    foreach(kernel IN LISTS kernel_list)
+      string(REPLACE "|" ";" kernel "${kernel}")
+      list(GET kernel 0 name)
+      list(GET kernel 1 hdim)
+      list(GET kernel 2 is_extra)
+      foreach(i IN LISTS indexes)
+        if(extra_only_${i} AND NOT is_extra)
+          continue()
         endif()
-        if(dtype IN_LIST dtypes AND hdim IN_LIST head_dims)
-          foreach(kind IN ITEMS fwd fwd_split fwd_split_align)
-            list(APPEND files "csrc/flash_attn/src/flash_${kind}_hdim${hdim}_${dtype}${suffix}_sm80.cu")
-          endforeach()
-        else()
-          list(APPEND missing "fwd:${dtype}:${hdim}:${causal}" "split:${dtype}:${hdim}:${causal}")
+        if(head_dims_${i} AND NOT hdim IN_LIST head_dims_${i})
+          continue()
         endif()
-        # Upstream has sparse kernels for head dim 128 only.
-        if(hdim EQUAL 128)
-          if("sparse" IN_LIST features AND dtype IN_LIST dtypes AND hdim IN_LIST head_dims)
-            list(APPEND files "csrc/flash_attn/src/flash_fwd_sparse_hdim${hdim}_${dtype}${suffix}_sm80.cu")
-          else()
-            list(APPEND missing "sparse:${dtype}:${hdim}:${causal}")
-          endif()
+        vfa_all_in(has "${features_${i}}" "${features}")
+        if(has AND dtype IN_LIST dtypes AND hdim IN_LIST head_dims)
+          vfa_fill(file "${template}" "${variant_${i}}" kernel=${name} head_dim=${hdim} dtype=${dtype})
+          list(APPEND files "${file}")
+        elseif(NOT stub_${i} STREQUAL "")
+          list(APPEND missing "${stub_${i}}:${dtype}:${hdim}:${i}")
         endif()
       endforeach()
     endforeach()
   endforeach()
-  set(VFA_FA2_INSTANTIATIONS "${files}" PARENT_SCOPE)
-  set(VFA_FA2_MISSING "${missing}" PARENT_SCOPE)
-  set(VFA_FA2_DEFINES ${VFA_FA2_BASE_DEFINES} PARENT_SCOPE)
+
+  # The defines: the family's own, then what the selection leaves out, then its knobs'.
+  vfa_family_field(defines ${family} "build;defines" "")
+  vfa_knob_field(templates "${kernels}" "disable;head_dim" "")
+  foreach(hdim IN LISTS VFA_${part}_ALL_HEAD_DIMS)
+    if(NOT hdim IN_LIST head_dims)
+      foreach(each IN LISTS templates)
+        string(REPLACE "{head_dim}" "${hdim}" each "${each}")
+        list(APPEND defines "${each}")
+      endforeach()
+    endif()
+  endforeach()
+  foreach(axis dtypes features)
+    vfa_json_elements(pairs "${kernels}" disable ${axis})
+    foreach(pair IN LISTS pairs)
+      vfa_knob_field(items "{\"p\": ${pair}}" p "")
+      list(POP_FRONT items value)
+      if(NOT value IN_LIST ${axis})
+        list(APPEND defines ${items})
+      endif()
+    endforeach()
+  endforeach()
+  vfa_json_elements(knob_defines "${kernels}" knob_defines)
+  foreach(entry IN LISTS knob_defines)
+    vfa_knob_field(items "{\"e\": ${entry}}" e "")
+    list(POP_FRONT items knob when)
+    vfa_option(${knob})
+    if(${knob} STREQUAL when)
+      list(APPEND defines ${items})
+    endif()
+  endforeach()
+  set(VFA_${part}_INSTANTIATIONS "${files}" PARENT_SCOPE)
+  set(VFA_${part}_MISSING "${missing}" PARENT_SCOPE)
+  set(VFA_${part}_DEFINES "${defines}" PARENT_SCOPE)
 endfunction()
 
 # Writes <text> to <path> unless it holds exactly that already (so an unchanged
@@ -273,61 +299,62 @@ function(vfa_write_generated_file path text)
   file(RENAME "${tmp}" "${path}")
 endfunction()
 
-# Writes the C++ definitions of the FA2 kernels left out to a content-addressed
-# file under <dir>, the build dir's generated/ folder, and returns its path in
-# <out_var>. In the build dir, not the shared source cache: a read-only cache
-# works, and no file there is compiled that only its name vouches for. The cost:
-# this one C++ unit misses the compiler cache in a new build dir (sccache keys
-# on its absolute path; SCCACHE_BASEDIRS=<build dir> makes it hit, README).
-#   vfa_write_fa2_stubs(stubs /build/generated)  ->  /build/generated/fa2_missing_kernels_6403d678242dd8c5.cpp
-function(vfa_write_fa2_stubs out_var dir)
+# Writes the C++ definitions of <family>'s kernels left out (VFA_<NAME>_MISSING, by its
+# declared stubs table) to a content-addressed file under <dir>, the build dir's generated/
+# folder, and returns its path in <out_var>. In the build dir, not the shared source cache: a
+# read-only cache works, and no file there is compiled that only its name vouches for. The
+# cost: this one C++ unit misses the compiler cache in a new build dir (sccache keys on its
+# absolute path; SCCACHE_BASEDIRS=<build dir> makes it hit, README).
+#   vfa_write_family_stubs(stubs <name> /build/generated)  ->  /build/generated/<name>_missing_kernels_6403d678242dd8c5.cpp
+function(vfa_write_family_stubs out_var family dir)
+  string(TOUPPER "${family}" part)
+  vfa_family_field(kernels ${family} "build;kernels" "{}")
+  vfa_json_elements(variants "${kernels}" variants)
+  string(JSON stubs GET "${kernels}" stubs)
   set(body "")
-  foreach(record IN LISTS VFA_FA2_MISSING)
+  foreach(record IN LISTS VFA_${part}_MISSING)
     string(REPLACE ":" ";" record "${record}")
     list(GET record 0 kind)
     list(GET record 1 dtype)
     list(GET record 2 hdim)
-    list(GET record 3 causal)
-    if(dtype STREQUAL "bf16")
-      set(type "cutlass::bfloat16_t")
-    else()
-      set(type "cutlass::half_t")
-    endif()
-    if(causal)
-      set(causal_text "true")
-    else()
-      set(causal_text "false")
-    endif()
-    set(what "FA2 ${dtype} head dim ${hdim}")
-    if(kind STREQUAL "fwd")
-      set(sig "template<> void run_mha_fwd_<${type}, ${hdim}, ${causal_text}>(Flash_fwd_params &, cudaStream_t)")
-    elseif(kind STREQUAL "split")
-      set(sig "template<> void run_mha_fwd_splitkv_dispatch<${type}, ${hdim}, ${causal_text}>(Flash_fwd_params &, cudaStream_t)")
-    else()
-      set(sig "template<> void run_mha_fwd_sparse_<${type}, ${hdim}, ${causal_text}>(Flash_fwd_params_sparse &, cudaStream_t)")
-      set(what "FA2 sparse ${dtype} head dim ${hdim}")
-    endif()
-    string(APPEND body "${sig} { VFA_NOT_BUILT(\"${what}\"); }\n")
+    list(GET record 3 index)
+    list(GET variants ${index} variant)
+    string(JSON type GET "${stubs}" types ${dtype})
+    string(JSON definition GET "${stubs}" kinds ${kind} definition)
+    string(JSON what GET "${stubs}" kinds ${kind} what)
+    set(pairs title=${part} dtype=${dtype} head_dim=${hdim} "type=${type}")
+    vfa_fill(definition "${definition}" "${variant}" ${pairs})
+    vfa_fill(what "${what}" "${variant}" ${pairs})
+    string(APPEND body "${definition} { VFA_NOT_BUILT(\"${what}\"); }\n")
   endforeach()
+  vfa_knob_field(includes "${stubs}" includes "")
+  set(include_lines "")
+  foreach(header IN LISTS includes)
+    string(APPEND include_lines "#include ${header}\n")
+  endforeach()
+  string(JSON namespace GET "${stubs}" namespace)
+  set(knobs "")
+  foreach(field head_dims_knob dtypes_knob features_knob)
+    vfa_family_field(knob ${family} ${field} "")
+    if(NOT knob STREQUAL "")
+      list(APPEND knobs "${knob}")
+    endif()
+  endforeach()
+  string(REPLACE ";" " / " knobs "${knobs}")
   set(text
 "// Generated by vendored-flash-attn (cmake/KernelSelection.cmake): definitions
-// for the FA2 kernels this build left out, so the module still loads. Calling
+// for the ${part} kernels this build left out, so the module still loads. Calling
 // one raises a clear error instead of failing at import with an undefined symbol.
-#include <cutlass/numeric_types.h>
-#include <torch/headeronly/util/Exception.h>
-#include \"namespace_config.h\"
-#include \"flash.h\"
-#include \"flash_sparse.h\"
-
+${include_lines}
 #define VFA_NOT_BUILT(what) STD_TORCH_CHECK(false, \"vendored-flash-attn: \" what \" kernels are not in this build; \" \\
-  \"rebuild with VFA_PRESET=full or add them to VFA_FA2_HEAD_DIMS / VFA_FA2_DTYPES / VFA_FA2_FEATURES\")
+  \"rebuild with VFA_PRESET=full or add them to ${knobs}\")
 
-namespace FLASH_NAMESPACE {
-${body}}  // namespace FLASH_NAMESPACE
+namespace ${namespace} {
+${body}}  // namespace ${namespace}
 ")
   string(MD5 digest "${text}")
   string(SUBSTRING "${digest}" 0 16 digest)
-  set(path "${dir}/fa2_missing_kernels_${digest}.cpp")
+  set(path "${dir}/${family}_missing_kernels_${digest}.cpp")
   vfa_write_generated_file("${path}" "${text}")
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
@@ -346,6 +373,7 @@ function(vfa_check_instantiations component root)
     message(FATAL_ERROR
       "${component}: ${n} selected instantiation file(s) do not exist in '${root}', e.g. "
       "${first}. The upstream commit does not match this build's kernel table "
-      "(cmake/KernelSelection.cmake); check the pin or the source directory.")
+      "(the family's build.kernels in cmake/knobs.json, applied by cmake/KernelSelection.cmake); "
+      "check the pin or the source directory.")
   endif()
 endfunction()

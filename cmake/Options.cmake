@@ -86,8 +86,8 @@ endfunction()
 # The kernel families, declared once in cmake/knobs.json ("families": what each is and
 # how it is built or packaged; python/vendored_flash_attn/families.py reads the same
 # section for the package). The build's generic code iterates these instead of naming
-# FA2/FA3/FA4; each family's own cmake/<NAME>Target.cmake (compiled) or <NAME>Package.cmake
-# knows its family. Names come in name order (CMake's JSON reader keeps an object's
+# FA2/FA3/FA4: every compiled family goes through one target function (cmake/FamilyTarget.cmake),
+# and only a packaged family's own cmake/<NAME>Package.cmake knows its family. Names come in name order (CMake's JSON reader keeps an object's
 # members sorted), optionally only those made as <made> ("extension": a CUDA extension
 # this build compiles).
 #   vfa_declared_families(names)             ->  fa2;fa3;fa4

@@ -49,7 +49,8 @@ endfunction()
 
 # vfa_unit_memory_budgets(<out> <target>...): one budget in MB per compiled source. A
 # CUDA unit gets the share of VFA_JOB_MEMORY_MB (per nvcc thread) its target declares in
-# sixteenths, VFA_CUDA_UNIT_MEMORY_SIXTEENTHS (each family's target file: FA3 16, FA2 9),
+# sixteenths, VFA_CUDA_UNIT_MEMORY_SIXTEENTHS (each compiled family's build.memory_sixteenths in
+# cmake/knobs.json, set by cmake/FamilyTarget.cmake: 16 and 9 today),
 # or the whole of it when none is declared; a C++ unit 1/8.
 function(vfa_unit_memory_budgets out)
   math(EXPR host "(${VFA_JOB_MEMORY_MB} + 7) / 8")

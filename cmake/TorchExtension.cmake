@@ -1,5 +1,5 @@
 # One function that defines a torch-stable-ABI CUDA extension module the way
-# both FA2 and FA3 need it: abi3 (limited API), C++20 host and device code,
+# every compiled family needs it (cmake/FamilyTarget.cmake calls it): abi3 (limited API), C++20 host and device code,
 # per-module -gencode flags, our memory-aware job pool, installed into the
 # Python package.
 

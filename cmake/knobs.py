@@ -34,8 +34,11 @@ DECLARATION = PROJECT / "cmake" / "knobs.json"
 
 TYPES = ("bool", "tristate", "int", "choice", "list", "path", "string")
 SCOPES = ("build", "version", "runtime", "ci", "benchmark")
+# presets: {preset: [values]} of a family's selection knob (families.<name>.*_knob): what VFA_PRESET
+# selects when the knob is not set; a preset it does not name selects every choice. Checked by the
+# families' validator (python/vendored_flash_attn/families.py), read by cmake/KernelSelection.cmake.
 FIELDS = {"type", "default", "default_doc", "choices", "min", "max", "env", "scope", "cibuildwheel",
-          "record", "doc"}
+          "record", "doc", "presets"}
 REQUIRED = {"type", "default", "scope", "cibuildwheel", "doc"}
 
 

@@ -7,7 +7,10 @@ to), ``build_info`` (where each family's build record is), ``environment`` (what
 family means: import its compiled module, or find its staged subpackage and check its
 dependencies), the interface (the adapter a call goes to), ``info`` and ``wheel_check``
 (which families there are and what a wheel that has one must hold). Adding a family is one
-entry in the declaration plus its adapter module.
+entry in the declaration (with its knobs) plus its adapter module, and for a compiled family its
+sources under the pin's verified paths: tests/build/test_fifth_family.py builds, selects,
+validates, records and checks a fifth compiled family added so (its kernels following the
+declared kernel rule; a packaged family also needs its cmake/<NAME>Package.cmake).
 
 Standard library only, and nothing is imported here but the declaration: ``wheel_check``
 runs with no torch, and ``import vendored_flash_attn`` must import no family's code.
@@ -21,16 +24,15 @@ fill; apart, each would hold its own list of what a family declares.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import declaration
+from . import cuda_archs, declaration, family_build
 
-EXTENSION, CUTE_DSL = "extension", "cute_dsl"
-MADE = (EXTENSION, CUTE_DSL)
+from .family_build import CUTE_DSL, EXTENSION, MADE, Archs  # noqa: F401  (re-exported)
+from .family_build import closest as _closest
 BUILD_INFO_RECORD = "build_info.json:"  # record in the main build info, under this family's key
 
 
@@ -39,11 +41,6 @@ KV_LAYOUTS = ("packed", "paged", "batched")
 
 class FamilyDeclarationError(ValueError):
     """The ``families`` section of cmake/knobs.json is malformed."""
-
-
-def _capability(text: str) -> tuple[int, int]:
-    major, _, minor = str(text).partition(".")
-    return int(major), int(minor or 0)
 
 
 @dataclass(frozen=True)
@@ -140,6 +137,7 @@ class Family:
     pythons: tuple[str, ...] = ()
     # The features its build selects (the choices of features_knob): present only when built.
     selectable_features: tuple[str, ...] = ()
+    archs: Archs = Archs()
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -203,23 +201,16 @@ class Family:
 _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
-           "install", "head_size_rule", "call", "pythons"}
+           "install", "head_size_rule", "call", "pythons", "archs", "build"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
-_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op"},
+_REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs", "build"},
                      CUTE_DSL: {"subpackage", "probe", "deps_check", "install"}}
 _SECTION_FIELDS = ("about", "default_order")
-_CAPABILITY = re.compile(r"[1-9][0-9]*\.[0-9]")
 _MAJOR = re.compile(r"[1-9][0-9]*")
 _REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _FIX = "(the section's \"about\" lines say what each field holds)"
-
-
-def _closest(word: Any, choices: Iterable[str]) -> str:
-    """" (did you mean 'extension'?)", or "" when nothing is close."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def problems(data: Any) -> list[str]:
@@ -242,6 +233,16 @@ def problems(data: Any) -> list[str]:
     records: dict[str, str] = {}
     for name in names:
         found += _entry_problems(name, section[name], knobs, names, versions, modules, records)
+    table_problems = cuda_archs.problems(data)
+    found += table_problems
+    table = None if table_problems else cuda_archs.parse(data)
+    for name in names:
+        if isinstance(section[name], dict) and "archs" in section[name]:
+            found += family_build.archs_problems(f"families.{name}", section[name], knobs, table)
+        if isinstance(section[name], dict) and section[name].get("made") == EXTENSION and "build" in section[name]:
+            found += family_build.build_problems(f"families.{name}", section[name], knobs)
+        if isinstance(section[name], dict):
+            found += family_build.presets_problems(f"families.{name}", section[name], knobs)
     order = section.get("default_order")
     where = "families.default_order"
     if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
@@ -357,7 +358,8 @@ def _capability_problems(where: str, entry: dict) -> list[str]:
     if "capabilities" not in entry:
         return []
     where = f"{where}.capabilities"
-    if not isinstance(caps, dict) or not isinstance(caps.get("min"), str) or not _CAPABILITY.fullmatch(caps["min"]):
+    if (not isinstance(caps, dict) or not isinstance(caps.get("min"), str)
+            or not cuda_archs.CAPABILITY.fullmatch(caps["min"])):
         return [f"{where}.min must be a compute capability such as \"8.0\" (the lowest it runs on), in an object "
                 f"with optional generations and excluded, got {caps!r}"]
     found = []
@@ -398,7 +400,7 @@ def _default_problems(where: str, entry: dict) -> list[str]:
         return [f"{where}.default_on must be \"all\" or a list of GPU majors (9, 10), got {default_on!r}"]
     caps = entry.get("capabilities")
     if isinstance(default_on, list) and isinstance(caps, dict) and isinstance(caps.get("min"), str) \
-            and _CAPABILITY.fullmatch(caps["min"]):
+            and cuda_archs.CAPABILITY.fullmatch(caps["min"]):
         lowest = int(caps["min"].split(".")[0])
         generations = {int(k) for k in caps.get("generations", {}) if _MAJOR.fullmatch(str(k))}
         excluded = {int(k) for k in caps.get("excluded", {}) if _MAJOR.fullmatch(str(k))}
@@ -419,7 +421,7 @@ def _family(name: str, entry: dict, knobs: dict) -> Family:
     caps = entry["capabilities"]
     return Family(
         name=name, version=int(entry["version"]), made=entry["made"], build_knob=entry["build_knob"],
-        min_capability=_capability(caps["min"]),
+        min_capability=cuda_archs.capability(caps["min"]),
         generations={int(k): str(v) for k, v in caps.get("generations", {}).items()},
         excluded={int(k): str(v) for k, v in caps.get("excluded", {}).items()},
         dtypes=tuple(entry["dtypes"]), features=tuple(entry["features"]),
@@ -437,6 +439,7 @@ def _family(name: str, entry: dict, knobs: dict) -> Family:
         install=entry.get("install", ""), pythons=tuple(entry.get("pythons", [])),
         selectable_features=tuple(knobs[entry["features_knob"]].get("choices", ()))
         if entry.get("features_knob") else (),
+        archs=family_build.archs_of(entry.get("archs", {})),
         raw=entry)
 
 
@@ -446,6 +449,9 @@ class Registry:
 
     families: tuple[Family, ...]
     default_order: tuple[str, ...]
+    # The arch table (cuda_archs): which GPUs a compiled family's code (its build record's
+    # gencode) runs on.
+    cuda_archs: cuda_archs.Table = cuda_archs.Table({}, {})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_version", {f.version: f for f in self.families})
@@ -512,7 +518,7 @@ def parse(data: dict) -> Registry:
         raise FamilyDeclarationError("cmake/knobs.json, families section:\n  " + "\n  ".join(found))
     section, knobs = data["families"], data.get("knobs", {})
     families = tuple(_family(name, entry, knobs) for name, entry in section.items() if name not in _SECTION_FIELDS)
-    return Registry(families, tuple(section["default_order"]))
+    return Registry(families, tuple(section["default_order"]), cuda_archs.parse(data))
 
 
 _registry: Optional[Registry] = None

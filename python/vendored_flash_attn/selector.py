@@ -105,6 +105,11 @@ def version_problem(version: int, index: int) -> Optional[str]:
     problem = _capability_problem(major, minor, index) or family.capability_problem(major, minor, index)
     if problem is not None:
         return problem
+    # The code this wheel compiled (its record's gencode) against the arch table: a GPU
+    # newer than the arch list gets nothing from SASS alone (FA2 with VFA_FA2_PTX=OFF).
+    if family.compiled and registry().cuda_archs.runs_on(comp.gencode, major, minor) is False:
+        return (f"this wheel's {family.title} is {' + '.join(comp.gencode)} code, which does not run on compute "
+                f"capability {major}.{minor} (GPU {index}): rebuild it with {major}.{minor} in TORCH_CUDA_ARCH_LIST")
     error = env.load_module(version)
     if error is not None:
         if family.compiled:

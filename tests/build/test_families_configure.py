@@ -20,13 +20,15 @@ FA2_MODULE = "_vendored_fa2_renamed_C"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A checkout copy whose declaration differs from the project's in three facts."""
+    """A checkout copy whose declaration differs from the project's in three facts (FA2's
+    lowest arch being its capabilities.min and its code's, archs)."""
     root = checkout_copy(tmp_path_factory.mktemp("families") / "project")
     path = root / "cmake" / "knobs.json"
     data = json.loads(path.read_text())
     fa2, fa3 = data["families"]["fa2"], data["families"]["fa3"]
     fa2["module"] = fa2["op_namespace"] = FA2_MODULE
-    fa2["capabilities"]["min"] = "8.6"
+    fa2["capabilities"]["min"] = "8.6"  # and its code from 8.6 (the validator holds the two together)
+    fa2["archs"].update(sass=["8.6"], ptx="8.6")
     fa3["record"] = "build_info.json:hopper"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return root
@@ -144,14 +146,14 @@ def test_a_capability_the_build_cannot_honour_is_refused(tmp_path, sources):
     result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal"}, source_dir=project)
     assert result.returncode != 0
     text = " ".join(result.output.split())
-    assert ("families.fa3.capabilities declares FA3 from 8.0 on generations [8, 9], but FA3's kernels are "
-            "upstream's sm_90a code, which runs on compute capability 9.0 only") in text
+    assert ("families.fa3.capabilities declares FA3 from 8.0 on generations [8, 9], but its code "
+            "(families.fa3.archs: sm_90a) runs on 9.0, not on 8.0, 8.6, 8.7, 8.9") in text
     assert "Set families.fa3.capabilities.min to \"9.0\"" in text
 
 
 def test_fa2s_declared_minimum_capability_is_what_it_is_compiled_for(project, tmp_path, sources):
-    """The module fixture declares FA2 from 8.6: FA2 compiles sm_86 SASS and compute_86 PTX,
-    so the wheel's code and the selector's rule agree."""
+    """The module fixture declares FA2 from 8.6, its code too (archs): FA2 compiles sm_86 SASS and
+    compute_86 PTX, by the arch table, so the wheel's code and the selector's rule agree."""
     build = tmp_path / "build"
     result = configure(build, {**sources, "VFA_PRESET": "minimal", "TORCH_CUDA_ARCH_LIST": "8.6;9.0"},
                        source_dir=project)

@@ -526,6 +526,95 @@ def fa4_cute_files() -> dict[str, str]:
     }
 
 
+# A fifth, compiled family that no pinned upstream has (tests/build/test_fifth_family.py declares
+# it in a copy of the project): its own folder, a registration source, a dispatcher that switches
+# head dims and fp16 off by FA5_DISABLE_* defines (as FA3's does), and one instantiation file per
+# (head dim, dtype). Its op takes CPU tensors too and writes which kernel function ran (head dim
+# * 10 + dtype code) into kernel_id, so a CPU test sees the compiled dispatch; a kernel is launched
+# only on a CUDA tensor.
+FA5_HEAD_DIMS = (64, 128)
+FA5_DTYPES = {"bf16": ("cutlass::bfloat16_t", 0), "fp16": ("cutlass::half_t", 1)}
+
+FA5_FLASH_H = """#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+struct Fa5_params { int d; bool is_bf16; int64_t *kernel_id; float *out; };
+template<typename T, int Headdim> void run_fa5_fwd_(Fa5_params &params, cudaStream_t stream);
+"""
+
+FA5_LAUNCH_TEMPLATE_H = """#pragma once
+#include <cutlass/numeric_types.h>
+#include "fa5_flash.h"
+template<int Headdim, int Code>
+__global__ void tiny_fa5_kernel(float *out) { if (out) { out[threadIdx.x] = float(Headdim * 10 + Code); } }
+template<typename T, int Headdim, int Code>
+void run_fa5_hdim(Fa5_params &params, cudaStream_t stream) {
+    *params.kernel_id = Headdim * 10 + Code;
+    if (params.out) { tiny_fa5_kernel<Headdim, Code><<<1, 32, 0, stream>>>(params.out); }
+}
+"""
+
+
+def _fa5_api_cpp() -> str:
+    def branch(ctype: str) -> str:
+        return "\n".join(f"#ifndef FA5_DISABLE_HDIM{h}\n        if (p.d == {h}) {{ return run_fa5_fwd_<{ctype}, {h}>(p, s); }}\n#endif"
+                         for h in FA5_HEAD_DIMS)
+    return f"""#include <cutlass/numeric_types.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
+#include "registration.h"
+#include "fa5_flash.h"
+using torch::stable::Tensor;
+#ifndef FA5_SYNTHETIC
+#error "the fa5 family's declared defines did not reach its compile"
+#endif
+void run_fa5(Fa5_params &p, cudaStream_t s) {{
+    if (p.is_bf16) {{
+{branch("cutlass::bfloat16_t")}
+    }} else {{
+#ifndef FA5_DISABLE_FP16
+{branch("cutlass::half_t")}
+#else
+        STD_TORCH_CHECK(false, "FA5 was built without fp16");
+#endif
+    }}
+    STD_TORCH_CHECK(false, "FA5 was built without this head dim");
+}}
+Tensor fwd(Tensor q, Tensor kernel_id, int64_t head_dim, bool is_bf16) {{
+    Fa5_params params{{}};
+    params.d = static_cast<int>(head_dim);
+    params.is_bf16 = is_bf16;
+    params.kernel_id = static_cast<int64_t *>(kernel_id.data_ptr());
+    params.out = q.is_cuda() ? static_cast<float *>(q.data_ptr()) : nullptr;
+    run_fa5(params, nullptr);
+    return q;
+}}
+STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {{
+    ops.def("fwd(Tensor! q, Tensor! kernel_id, int head_dim, bool is_bf16) -> Tensor");
+}}
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {{
+    ops.impl("fwd", TORCH_BOX(&fwd));
+}}
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {{
+    ops.impl("fwd", TORCH_BOX(&fwd));
+}}
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
+"""
+
+
+def fa5_files() -> dict[str, str]:
+    files = {"fa5/fa5_flash.h": FA5_FLASH_H, "fa5/fa5_launch_template.h": FA5_LAUNCH_TEMPLATE_H,
+             "fa5/fa5_api.cpp": _fa5_api_cpp()}
+    for hdim in FA5_HEAD_DIMS:
+        for dtype, (ctype, code) in FA5_DTYPES.items():
+            files[f"fa5/instantiations/fa5_fwd_hdim{hdim}_{dtype}.cu"] = (
+                '#include "fa5_launch_template.h"\n\n'
+                f"template<> void run_fa5_fwd_<{ctype}, {hdim}>(Fa5_params &params, cudaStream_t stream) {{\n"
+                f"    run_fa5_hdim<{ctype}, {hdim}, {code}>(params, stream);\n}}\n")
+    return files
+
+
 def flash_attention_files() -> dict[str, str]:
     files = {
         "CMakeLists.txt": "# synthetic upstream: built by vendored-flash-attn's own CMake\n",
@@ -554,6 +643,7 @@ def flash_attention_files() -> dict[str, str]:
     files.update({f"csrc/flash_attn/src/{k}": v for k, v in _fa2_instantiations().items()})
     files.update({f"hopper/instantiations/{k}": v for k, v in _fa3_instantiations().items()})
     files.update(fa4_cute_files())
+    files.update(fa5_files())
     return files
 
 

@@ -158,7 +158,7 @@ CPP = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_api{}.cpp.o"
 FA3_OTHER = "CMakeFiles/_vendored_fa3_C.dir/src/hopper/flash_{}.cu.o"
 FA2_SPLIT = "CMakeFiles/_vendored_fa2_C.dir/src/csrc/flash_attn/src/flash_fwd_split_hdim128_bf16_{}_sm80.cu.o"
 
-# The kinds cmake/FA2Target.cmake and FA3Target.cmake declare (vfa_unit_kind), as the
+# The kinds the fa2 and fa3 families declare (build.unit_kinds in cmake/knobs.json), as the
 # build_progress target passes them (tests/build/test_build_progress.py checks that end to end).
 UNIT_KINDS = ["_vendored_fa2_C|FA2 CUDA, split-KV|311|flash_fwd_split_|5.9", "_vendored_fa2_C|FA2 CUDA|189||5.0",
               "_vendored_fa3_C|FA3 CUDA, FP8 paged|330|_e4m3_paged|5.1",

@@ -78,17 +78,20 @@ def test_a_family_added_to_the_declaration_reaches_the_cmake_code(tmp_path):
     assert found["fa3"]["record"] == "build_info.json:hopper"
 
 
-def test_fa4s_precompile_targets_are_the_generations_its_family_declares(tmp_path):
-    # cmake/FA4Package.cmake's vfa_fa4_dsl_archs: 9.0 -> sm_90a, 10.0 -> sm_100a; 8.0 (no FA4)
-    # and 12.0 (declared `excluded`: its kernel does not compile at the pin) give no target.
+def test_fa4s_precompile_targets_are_what_each_gpu_it_runs_on_loads(tmp_path):
+    # cmake/FA4Package.cmake's vfa_fa4_dsl_archs: each listed GPU of a generation the fa4 family
+    # declares, as its own arch-specific target of the arch table (cuda_archs): 9.0 -> sm_90a,
+    # 10.0 -> sm_100a, 10.3 -> sm_103a (the DSL's target on a B300, and upstream's kernel key;
+    # sm_100a code does not load there); 8.0 (no FA4) and 12.0 (declared `excluded`: its kernel
+    # does not compile at the pin) give no target.
     script = tmp_path / "archs.cmake"
     script.write_text(
         f'include("{CMAKE_DIR / "Options.cmake"}")\n'
         f'include("{CMAKE_DIR / "FA4Package.cmake"}")\n'
-        'vfa_fa4_dsl_archs(targets 8.0 9.0 10.0 12.0 9.0a)\n'
+        'vfa_fa4_dsl_archs(targets 8.0 9.0 10.0 10.3 12.0 9.0a)\n'
         'message(NOTICE "TARGETS ${targets}")\n')
     result = run([tool("cmake"), "-P", str(script)], env=clean_env())
     assert result.returncode == 0, result.output
     declared = families.registry().by_name("fa4")
     assert 12 in declared.excluded and 12 not in declared.generations
-    assert "TARGETS sm_90a;sm_100a" in result.output
+    assert "TARGETS sm_90a;sm_100a;sm_103a" in result.output

@@ -18,6 +18,9 @@ NO_FA3 = make_build("full", fa3={"built": False, "reason": "nvcc 12.2 is older t
 NO_E4M3 = make_build("full", fa3={"dtypes": ["bf16", "fp16"]})
 NO_HDIMDIFF = make_build("full", fa3={"features": ["paged", "split"]})
 LOAD_ERROR = "ImportError: undefined symbol: _ZN5flash12run_mha_fwd"
+# FA2 without its PTX (VFA_FA2_PTX=OFF): sm_80 SASS, which runs on 8.x only (the arch table).
+FA2_SASS_ONLY = make_build("full", fa2={"gencode": ["sm_80"]})
+FA2_SM90_SASS_ONLY = make_build("full", fa2={"gencode": ["sm_80", "sm_90"]}, fa3={"built": False, "reason": "off"})
 
 # (id, capabilities, VLLM_FLASH_ATTN_VERSION, build, module errors, request) ->
 #     (version, reason fragment, warning fragment or None)
@@ -66,6 +69,14 @@ CASES = [
     ("fa2-fails-to-import", AMPERE, None, "full", {2: LOAD_ERROR}, {}, None, "undefined symbol", None),
     ("both-fail-hopper", HOPPER, None, "full", {2: LOAD_ERROR, 3: LOAD_ERROR}, {}, None,
      "FA2 cannot be used", "FA3 is built but unusable"),
+    # The build record's code against the GPU, by the arch table (cuda_archs): SASS runs on its own
+    # major only, so a GPU newer than the arch list gets nothing from an FA2 built without PTX.
+    ("fa2-sass-on-ampere", ADA, None, FA2_SASS_ONLY, {}, {}, 2, "default for compute capability 8.9", None),
+    ("fa2-sass-on-blackwell", BLACKWELL, None, FA2_SASS_ONLY, {}, {}, None,
+     "FA2 is sm_80 code, which does not run on compute capability 10.0 (GPU 0): rebuild it with 10.0", None),
+    ("fa2-sass-on-hopper", HOPPER, None, FA2_SASS_ONLY, {}, {}, 3, "default", None),
+    ("fa2-sass-env-2-on-hopper", HOPPER, "2", FA2_SASS_ONLY, {}, {}, None, "sm_80 code, which does not run", None),
+    ("fa2-sm90-sass-on-hopper", HOPPER, None, FA2_SM90_SASS_ONLY, {}, {}, 2, "FA3 unusable", None),
     ("turing", TURING, None, "full", {}, {}, None, "compute capability 7.5", None),
     ("no-gpu", None, None, "full", {}, {}, None, "no CUDA GPU is visible", None),
     ("no-gpu-env-3", None, "3", "full", {}, {}, None, "no CUDA GPU", None),
