@@ -55,10 +55,12 @@ def own_servers(settings: dict) -> list[dict]:
 
 def server_env(settings: dict, overrides: dict, build: str | None) -> dict[str, str]:
     """The environment of a client of one of the build's servers. A server the client starts
-    gets no idle timeout when it is this build dir's own and a keeper will stop it (a build tool
-    runs this launch); a server named by SCCACHE_SERVER_PORT/UDS keeps the user's settings."""
+    gets no idle timeout when a keeper will stop it (a build tool runs this launch): this build
+    dir's own, or one named by SCCACHE_SERVER_PORT/UDS that this build has had to restart
+    (STARTED; otherwise such a server keeps the user's settings). So a client that starts while
+    a restart is under way cannot start a server that times out again."""
     env = dict(os.environ, **overrides)
-    if build is not None and overrides in own_servers(settings):
+    if build is not None and (overrides in own_servers(settings) or overrides in started_servers(settings)):
         env["SCCACHE_IDLE_TIMEOUT"] = "0"
     return env
 
@@ -246,15 +248,17 @@ def server_gone(settings: dict, overrides: dict, unit: str, since: float, settin
             if report:
                 with open(path, "a", encoding="utf-8") as f:
                     f.write(f"{time.time():.3f}\t{unit}\n")
-            start = subprocess.run([settings["sccache"], "--start-server"],
-                                   env={**os.environ, **overrides, "SCCACHE_IDLE_TIMEOUT": "0"},
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   timeout=60)
-            if start.returncode == 0 and build is not None and overrides not in own_servers(settings):
+            # Recorded before it starts: from here on every client of this server asks for no
+            # idle timeout (server_env), and the keeper stops whichever server takes the address.
+            if build is not None and overrides not in own_servers(settings):
                 started = started_servers(settings)
                 if overrides not in started:
                     with open(os.path.join(settings["build_dir"], STARTED), "w", encoding="utf-8") as f:
                         json.dump(started + [overrides], f)
+            subprocess.run([settings["sccache"], "--start-server"],
+                           env={**os.environ, **overrides, "SCCACHE_IDLE_TIMEOUT": "0"},
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
     except (OSError, ValueError, subprocess.SubprocessError):
         pass
     if build is not None and overrides not in own_servers(settings):
