@@ -58,6 +58,28 @@ class Table:
     rows: dict[str, Row]
     names: dict[str, tuple[str, ...]]
 
+    def capabilities(self, arch_list: str) -> list[tuple[int, int]]:
+        """The GPUs a recorded ``TORCH_CUDA_ARCH_LIST`` names, as cmake/CudaArchs.cmake reads
+        it (entries split by ';', ',' or spaces; a name of the table for its capabilities; a
+        "+PTX" or an "a"/"f" suffix does not change the capability):
+          "8.0;9.0a Blackwell+PTX" -> [(8, 0), (9, 0), (10, 0), (10, 3)] (with the declared names)"""
+        found: list[tuple[int, int]] = []
+        for entry in re.split(r"[;,\s]+", arch_list.strip()):
+            entry = entry.strip()
+            if entry.upper().endswith("+PTX"):
+                entry = entry[:-4]
+            if not entry:
+                continue
+            texts = self.names.get(entry.lower(), (entry.rstrip("af"),))
+            for text in texts:
+                try:
+                    cap = capability(str(text))
+                except ValueError:
+                    continue
+                if cap not in found:
+                    found.append(cap)
+        return found
+
     def code(self, target: str) -> Optional[tuple[Row, str]]:
         """(row, kind) of a target name ("sm_90a" -> (9.0's row, "a")); None when no row has it."""
         for row in self.rows.values():

@@ -40,11 +40,6 @@ class Expectations:
 DECLARED = "declared"
 
 
-def _arch_capabilities(arch_list: str) -> list[tuple[int, int]]:
-    """``"8.0;9.0a 10.0+PTX"`` -> [(8, 0), (9, 0), (10, 0)]."""
-    return [(int(m.group(1)), int(m.group(2))) for m in re.finditer(r"(\d+)\.(\d+)", arch_list)]
-
-
 def declared_families(info: dict[str, Any]) -> tuple[str, ...]:
     """The families the build was asked for (``--require declared``): each declared family
     (cmake/knobs.json ``families``) whose build knob the build info's record of knobs does
@@ -53,7 +48,7 @@ def declared_families(info: dict[str, Any]) -> tuple[str, ...]:
     that could not stage it?) fails the gate as a removed one does."""
     from .declaration import BOOL_OFF
 
-    capabilities = _arch_capabilities(str(info.get("cuda_arch_list") or ""))
+    capabilities = registry().cuda_archs.capabilities(str(info.get("cuda_arch_list") or ""))
     options = info.get("options") if isinstance(info.get("options"), dict) else {}
     wanted = []
     for family in registry():
