@@ -94,7 +94,7 @@ def forward(resolved, call, window, fp8):
 PROBE = textwrap.dedent('''
     import json, os, sys, torch
     import vendored_flash_attn as vfa
-    from vendored_flash_attn import build_info, environment, selector, wheel_check
+    from vendored_flash_attn import build_info, environment, selector, wheel_check, wheel_check_build_info
     from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
 
     class DescribedAmpere(environment.SystemEnvironment):
@@ -131,7 +131,7 @@ PROBE = textwrap.dedent('''
     info = build_info.load_build_info().raw
     names, read = wheel_check.installed_files()
     expect = wheel_check.Expectations(require=(wheel_check.DECLARED,))
-    out["declared"] = list(wheel_check.declared_families(info))
+    out["declared"] = list(wheel_check_build_info.declared_families(info))
     out["gate"] = wheel_check.package_problems(names, read, info, expect, "the folder")[0]
     without = [n for n in names if "_vendored_fa5_C" not in n]
     out["gate_without_module"] = wheel_check.package_problems(without, read, info, expect, "the folder")[0]
