@@ -64,6 +64,10 @@ alike. Goals (issue 27): this package's overhead <= upstream's for each family, 
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one experiment (its variants, three ways of timing them,
+# the upstream wrappers they are set beside, its tables and record) whose parts all work on the
+# variants defined here; what every benchmark shares is common.py.
+
 # Why this file names families (fa_version 2, 3 and 4 in its variants, rows and labels): it
 # measures each family against upstream's own wrapper of that family, which is per family
 # (upstream's vllm_flash_attn.flash_attn_varlen_func branches on fa_version 2 and 3; FA4 is

@@ -24,6 +24,9 @@
 # pip shows a build's output only when it fails, so a warning would reach nobody who did not
 # pass -v. (The packaged families are not counted: their kernels compile at first use.)
 
+# One file over 500 lines, on purpose: one rule (which code each listed GPU gets from each family)
+# whose checks and refusals read the same per-family lists built here.
+
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/CudaArchTable.cmake)

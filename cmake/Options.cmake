@@ -32,6 +32,9 @@
 #                                     the closest declared name (a loud warning with
 #                                     VFA_ALLOW_UNKNOWN_SETTINGS=ON)
 
+# One file over 500 lines, on purpose: one reader of knobs.json (lookup, checks, normalisation,
+# origins) whose parts all work on the same declaration.
+
 include_guard(GLOBAL)
 
 get_filename_component(_vfa_project_dir "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)

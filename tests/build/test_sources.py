@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one concern, the pinned sources' fetch and verification,
+# whose failure modes (each with its message) share the fixtures defined here.
+
 import json
 import os
 import re

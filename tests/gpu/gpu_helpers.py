@@ -7,6 +7,9 @@ working and every test is skipped by conftest.py with the reason.
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: what every GPU test imports (the wheel's contents, inputs,
+# references, calls); split, each test would import several.
+
 import functools
 import math
 import random

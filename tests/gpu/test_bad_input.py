@@ -14,6 +14,9 @@ kernel entry point (fa4_launches).
 
 from __future__ import annotations
 
+# One file over 500 lines, on purpose: one table of bad calls (BAD) and the few tests that run it;
+# the table is most of the file.
+
 import contextlib
 import os
 import warnings
