@@ -244,8 +244,14 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: f
 
 
 if __name__ == "__main__":
-    try:
+    if sys.argv[1:2] == ["compile-worker"]:  # its supervisor stops it (fa4_workers)
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during the workers' run: stop the build
+    try:
+        # Ctrl-C or SIGTERM at any moment of the step (before, during or after its workers'
+        # run) stops it with the line below, never a traceback or a warning.
+        with fa4_workers.stop_signals():
+            code = main()
+        sys.exit(code)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: stop the build
         print("fa4_precompile.py: interrupted; every FA4 compile worker it started has stopped", file=sys.stderr)
         sys.exit(130)

@@ -10,9 +10,11 @@ write into the output folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +61,62 @@ def _first_error(text: str) -> str:
     return lines[-1] if lines else "(nothing on stderr)"
 
 
+# What stops the step: Ctrl-C, and SIGTERM (what ninja and CI runners send).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The stop signals seen while stop_signals() is active, and whether its handler raises.
+_stop_state = {"seen": [], "raise": True}
+
+
+def _on_stop_signal(signum, frame) -> None:
+    _stop_state["seen"].append(signum)
+    if _stop_state["raise"]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_signals(*, raising: bool = True):
+    """While active, Ctrl-C and SIGTERM stop the step: each is remembered, and raises
+    KeyboardInterrupt where it lands if ``raising``, else only when ``stop_requested()`` is
+    asked (the supervisor's wait: no interrupt lands inside a worker's start or stop).
+    Remembered because Python can lose the exception: a signal whose handler raises while a
+    finalizer runs (``__del__``, a weakref callback: the garbage collector runs them at any
+    point) is printed as "Exception ignored" and the program goes on; leaving this block
+    raises it again, so a stop is never lost. Main thread only (Python's signal handlers)."""
+    outermost = signal.getsignal(signal.SIGINT) is not _on_stop_signal
+    if outermost:
+        _stop_state["seen"].clear()
+    was_raising = _stop_state["raise"]
+    previous = {signum: signal.signal(signum, _on_stop_signal) for signum in STOP_SIGNALS}
+    _stop_state["raise"] = raising
+    try:
+        yield
+    finally:
+        _stop_state["raise"] = was_raising
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if _stop_state["seen"]:  # reached only when no exception left the block: a stop Python lost
+        raise KeyboardInterrupt
+
+
+def stop_requested() -> bool:
+    return bool(_stop_state["seen"])
+
+
+# What a worker's report must hold (fa4_compile.compile_selection's): a worker that exits 0
+# without one of these failed, so nothing after the workers reads a key that is not there.
+REPORT_KEYS = ("flavour", "python", "cutlass", "tvm_ffi", "fingerprint", "import_seconds", "peak_rss_mb", "calls")
+
+
+def _report_problem(report: Path) -> str | None:
+    """Why a worker that exited 0 has not reported (None when its report is whole)."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable report ({type(exc).__name__})"
+    missing = [key for key in REPORT_KEYS if key not in data] if isinstance(data, dict) else list(REPORT_KEYS)
+    return f"its report lacks {', '.join(missing)}" if missing else None
+
+
 class WorkerFailed(RuntimeError):
     """A compile worker failed; the others were stopped before this was raised."""
 
@@ -90,19 +148,20 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
     clean-up after it sees every file there is going to be. Each worker's stderr is kept in
     a file and copied to this process's stderr, under a header, when it has ended; the error
     raised names the first failing worker's error line (WorkerFailed)."""
-    import signal
     import tempfile
 
     shards = [shard for shard in (calls[i::jobs] for i in range(max(1, jobs))) if shard]
     if len(shards) <= 1:
         return fa4_compile.compile_selection(stage_root, out, arch, calls)
-    with tempfile.TemporaryDirectory(prefix="vfa-fa4-workers-") as tmp:
+    # Ctrl-C and SIGTERM end the wait below (stop_requested), never a worker's start: every
+    # worker started is in `workers`, so the stop in `finally` reaches it; leaving the block
+    # raises KeyboardInterrupt.
+    with tempfile.TemporaryDirectory(prefix="vfa-fa4-workers-") as tmp, stop_signals(raising=False):
         workers = []  # (index, process, report file, stderr file)
-        # SIGTERM (what ninja and CI runners send) ends the wait like Ctrl-C does, so the
-        # workers are stopped below, never left running.
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             for index, shard in enumerate(shards):
+                if stop_requested():
+                    break
                 todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
                 todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
                 command = [sys.executable, *_interpreter_flags(), str(ENTRY), "compile-worker",
@@ -111,20 +170,20 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
                 stderr = open(Path(tmp, f"{index}.stderr"), "w+b")  # noqa: SIM115 - closed below
                 workers.append((index, subprocess.Popen(command, stderr=stderr, preexec_fn=_die_with_parent),
                                 report, stderr))
-            failed = None
+            failed = None  # (index, exit status, what its report lacks)
             running = {index for index, *_ in workers}
-            while running and failed is None:
+            while running and failed is None and not stop_requested():
                 for index, process, report, _ in workers:
                     if index in running and process.poll() is not None:
                         running.discard(index)
-                        if process.returncode != 0 or not report.is_file():
-                            failed = (index, process.returncode)
+                        problem = _report_problem(report) if process.returncode == 0 else None
+                        if process.returncode != 0 or problem:
+                            failed = (index, process.returncode, problem)
                             break
                 else:
                     time.sleep(0.1)
         finally:
             _stop([process for _, process, _, _ in workers])
-            signal.signal(signal.SIGTERM, previous)
             errors = {}
             for index, process, _, stderr in workers:
                 stderr.seek(0)
@@ -135,12 +194,13 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
                     sys.stderr.write(f"--- FA4 compile worker {index + 1} of {len(workers)} "
                                      f"(exit {process.returncode}), its stderr:\n{text.rstrip()}\n")
             sys.stderr.flush()
+        if stop_requested():  # whatever the workers did: the step stops
+            raise KeyboardInterrupt
         if failed is not None:
-            index, code = failed
-            stopped = len(workers) - 1
-            raise WorkerFailed(f"FA4 compile worker {index + 1} of {len(workers)} exited with {code}: "
-                               f"{_first_error(errors.get(index, ''))} (the other {stopped} stopped; "
-                               "each worker's stderr is above)")
+            index, code, problem = failed
+            why = f" but {problem}" if problem else f": {_first_error(errors.get(index, ''))}"
+            raise WorkerFailed(f"FA4 compile worker {index + 1} of {len(workers)} exited with {code}{why} (the "
+                               f"other {len(workers) - 1} stopped; each worker's stderr is above)")
         reports = [json.loads(report.read_text()) for _, _, report, _ in workers]
     order = {call.name: i for i, call in enumerate(calls)}
     merged = {**reports[0], "jobs": len(shards),
