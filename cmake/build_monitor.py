@@ -48,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _stat,  # noqa: E402
-                          append_line, start_build_logs, this_build)
+                          append_line, closed_relay_text, start_build_logs, this_build)
 from ninja_processes import children, ninja_ancestor, ninja_job_limit, planned_units, started_at  # noqa: E402
 from progress_estimate import (ESTIMATE, HIT_MIN_S, LOAD_EVERY_S, RECORD_EVERY_S, BuildState,  # noqa: E402
                                EstimateRecord, about, add_unit_kind, clock, replay, unit_kind, unit_name)
@@ -191,7 +191,11 @@ class Monitor:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.unlink(self.relay_path)
+            # Closed, not removed: a unit ending now prints itself at once rather than wait
+            # for this monitor as for one that has not opened it yet (compile_unit.hand_over).
+            with open(self.relay_path + ".tmp", "w", encoding="ascii") as f:
+                f.write(closed_relay_text(self.build))
+            os.replace(self.relay_path + ".tmp", self.relay_path)
         except OSError:
             pass
         finally:

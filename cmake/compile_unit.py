@@ -383,6 +383,62 @@ def relay(build_dir: str, kind: str, unit: str, text: str) -> bool:
         os.close(fd)
 
 
+# ninja starts the monitor, which holds the console from then on, a moment (seconds on a loaded
+# machine: its Python starts) before it opens RELAY: a unit that ended then and printed itself
+# had ninja keep its warnings until the monitor ended, after the build's last line. So while a
+# monitor of this build runs and has neither opened nor closed RELAY, a unit waits for it
+# (at most MONITOR_START_WAIT_S, then it prints itself).
+MONITOR_SCRIPT = "build_monitor.py"
+MONITOR_START_WAIT_S = 120.0
+
+
+def closed_relay_text(build: str | None) -> str:
+    """What RELAY holds once the monitor of `build` has printed its last events."""
+    return f"closed {build}"
+
+
+def _monitor_starting(build_dir: str) -> bool:
+    """A progress monitor runs under this unit's ninja and has not closed RELAY for this build."""
+    from ninja_processes import children, ninja_ancestor  # it imports this module
+
+    try:
+        with open(os.path.join(build_dir, RELAY), encoding="ascii", errors="replace") as f:
+            if f.read(200) == closed_relay_text(this_build()):
+                return False
+    except OSError:
+        pass
+    found = ninja_ancestor(os.getpid())
+    if found is None:
+        return False
+    ninja, own_job = found
+    for job in children(ninja):  # ninja runs each command through `sh -c`: its child too
+        for pid in (job, *children(job)) if job != own_job else ():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(os.path.basename(arg) == MONITOR_SCRIPT.encode() for arg in argv):
+                return True
+    return False
+
+
+def hand_over(build_dir: str, kind: str, unit: str, text: str) -> bool:
+    """relay(), waiting for a monitor that is starting (above); False: print it yourself."""
+    if relay(build_dir, kind, unit, text):
+        return True
+    deadline = time.monotonic() + MONITOR_START_WAIT_S
+    waiting = False
+    while time.monotonic() < deadline and _monitor_starting(build_dir):
+        if not waiting:  # for the record: how long units wait for the monitor
+            append_line(os.path.join(build_dir, EVENTS), f"waiting\t{time.time():.3f}\t{unit}\n")
+            waiting = True
+        time.sleep(0.05)
+        if relay(build_dir, kind, unit, text):
+            return True
+    return False
+
+
 def say_now(build_dir: str, text: str) -> None:
     """One line for the console now: through the progress monitor, else on stderr (shown by
     ninja when the command ends)."""
@@ -425,7 +481,7 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
         shown += (f"({hidden + notes} warnings located in upstream code are not shown here; the whole "
                   f"output of this compile is in {log})\n")
     # A failure's errors go to ninja, which prints them at once: the monitor ends at a failure.
-    if shown and (rc != 0 or not relay(build_dir, "output", unit, shown)):
+    if shown and (rc != 0 or not hand_over(build_dir, "output", unit, shown)):
         sys.stdout.buffer.write(shown.encode("utf-8", "surrogateescape"))
         sys.stdout.flush()
     append_line(events, f"end\t{time.time():.3f}\t{unit}\t{rc}\t{seconds:.3f}\t{hidden}\t{notes}\n")

@@ -10,11 +10,14 @@ real upstream does with CUDA 13, gcc's `long4` deprecation warnings located in t
 does:
 
   "sleep:S"          succeed after S seconds
+  "until:NAME"       succeed once $FAKE_MARKERS/NAME exists (a test's event); after 300 s
+                     without it, succeed anyway and leave <name>.timedout (the test says so)
   "fail"             print an error located in the upstream source, exit 1
   "fail-after:NAME"  the same, once a unit whose output name contains NAME has started
   "real:HEADER"      run the real compile with `-include HEADER` (a test's broken header)
 
-$FAKE_MARKERS is a folder where each unit leaves <name>.started / <name>.ended (times).
+$FAKE_MARKERS is a folder where each unit leaves <name>.started / <name>.ended (times) and
+<name>.pid (its process, to see whether it still runs).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> int:
     markers = os.environ.get("FAKE_MARKERS")
     name = Path(obj).name if obj else "unit"
     if markers:
+        Path(markers, f"{name}.pid").write_text(str(os.getpid()))
         Path(markers, f"{name}.started").write_text(str(time.time()))
     action = ""
     for pattern, what in json.loads(os.environ.get("FAKE_COMPILE_PLAN", "[]")):
@@ -71,6 +75,13 @@ def main() -> int:
     rc = 0
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
+    elif action.startswith("until:") and markers:
+        release, deadline = Path(markers, action.split(":", 1)[1]), time.monotonic() + 300
+        while not release.exists():
+            if time.monotonic() > deadline:
+                Path(markers, f"{name}.timedout").write_text(str(time.time()))
+                break
+            time.sleep(0.05)
     elif action.startswith(("fail", "fail-after:")):
         if action.startswith("fail-after:") and markers:
             other = action.split(":", 1)[1]

@@ -710,3 +710,53 @@ def test_a_replay_takes_the_cache_servers_counts_from_the_events():
               ["start", "1022", FA3.format("a")], ["end", "1172", FA3.format("a"), "0", "150", "0"]]
     state_, _, _ = progress_estimate.replay(events, jobs=1)
     assert [d.cached for d in state_.done.values()] == [True, False]  # 22 s: by time alone, compiled
+
+
+def test_a_unit_that_ends_while_the_monitor_starts_hands_its_warnings_to_it(tmp_path):
+    """Issue 39: ninja starts the monitor, which holds the console from then on, a moment
+    before the monitor opens its relay (seconds on a loaded machine); a unit that ended in
+    between printed its warnings itself, and ninja kept them until the monitor ended: after
+    the build's last line. Here a stand-in ninja runs a monitor that opens its relay only once
+    the unit has ended or says it waits (events, not a delay), and one unit with a warning."""
+    import subprocess
+    build_dir, go = tmp_path / "build", tmp_path / "go"
+    build_dir.mkdir()
+    events = build_dir / compile_unit.EVENTS
+    monitor = ("import os, sys, time\n"
+               f"sys.path.insert(0, {str(CMAKE_DIR)!r})\n"
+               "import build_monitor, progress_estimate\n"
+               "build_dir, go = sys.argv[2], sys.argv[3]\n"
+               "events = os.path.join(build_dir, build_monitor.EVENTS)\n"
+               "deadline = time.monotonic() + 120\n"
+               "while not os.path.exists(go) and time.monotonic() < deadline:\n"
+               "    time.sleep(0.01)\n"
+               "m = build_monitor.Monitor(build_dir, ['m'], 2, 1.0)\n"
+               "m.open_relay()\n"
+               "while '\\nend\\t' not in '\\n' + open(events).read() and time.monotonic() < deadline:\n"
+               "    time.sleep(0.01)\n"
+               "m.close_relay(progress_estimate.BuildState(t0=0.0, jobs=2))\n")
+    python = [sys.executable, "-E", "-s", "-S"]
+    monitor_cmd = subprocess.list2cmdline([*python, "-c", monitor, str(CMAKE_DIR / "build_monitor.py"),
+                                           str(build_dir), str(go)]) + f" > {tmp_path / 'monitor.out'}"
+    unit_cmd = subprocess.list2cmdline([*python, str(CMAKE_DIR / "compile_unit.py"), str(build_dir), "--", "sh",
+                                        "-c", "echo \"x.cu:1:1: warning: unused variable 'ours'\"", "-o", "x.o"])
+    ninja = tmp_path / "bin" / "ninja"  # its name is what the launcher and the monitor look for
+    ninja.parent.mkdir()
+    ninja.write_text(f"#!/bin/sh\nsh -c {subprocess.list2cmdline([monitor_cmd])} &\n"
+                     f"sh -c {subprocess.list2cmdline([unit_cmd])}\nwait\n")
+    ninja.chmod(0o755)
+    proc = subprocess.Popen([str(ninja)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        said = lambda: events.read_text() if events.exists() else ""  # noqa: E731
+        assert wait_for(lambda: "waiting\t" in said() or "end\t" in said(), 120), said()
+        go.touch()
+        printed, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "unused variable 'ours'" not in printed, "the unit printed its warning itself"
+    assert "x.cu:1:1: warning: unused variable 'ours'" in (tmp_path / "monitor.out").read_text()
+    kinds = [line.split("\t")[0] for line in said().splitlines()]
+    assert kinds == ["start", "waiting", "output", "end"], kinds
+    # closed, so a unit that ends from now on prints itself at once
+    assert (build_dir / compile_unit.RELAY).read_text().startswith("closed ")
