@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.load_check import LoadCheck, hogs_wanted  # noqa: E402
 from support.synthetic_upstream import SyntheticUpstream, make_synthetic_upstream  # noqa: E402
 
 
@@ -46,6 +47,9 @@ def pytest_addoption(parser):
     parser.addoption("--require-cpu-tiers", action="store_true",
                      help="fail the run when a CPU test tier (" + ", ".join(CPU_TIERS)
                           + ") ran no test (what .ci/run passes)")
+    parser.addoption("--load-check", nargs="?", const="auto", default=None, metavar="N",
+                     help="run the tests with N busy processes beside them (2 x the CPUs when N is not "
+                          "given), started and stopped by the session (tests/support/load_check.py)")
 
 
 class TierCount:
@@ -132,6 +136,13 @@ class SkipSummary:
 
 
 def pytest_configure(config):
+    if not config.getoption("collectonly"):
+        if config.getoption("--load-check"):
+            try:
+                count = hogs_wanted(config.getoption("--load-check"))
+            except ValueError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            config.pluginmanager.register(LoadCheck(count), "vfa-load-check")
     if config.getoption("--require-cpu-tiers") and not config.getoption("collectonly"):
         config.pluginmanager.register(TierCount(config.rootpath), "vfa-tier-count")
     if "s" in config.getoption("reportchars", "") or "a" in config.getoption("reportchars", ""):
