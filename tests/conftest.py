@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.leftovers import Leftovers  # noqa: E402
 from support.load_check import LoadCheck, hogs_wanted  # noqa: E402
 from support.synthetic_upstream import SyntheticUpstream, make_synthetic_upstream  # noqa: E402
 
@@ -137,6 +138,8 @@ class SkipSummary:
 
 def pytest_configure(config):
     if not config.getoption("collectonly"):
+        # every process the tests start, named and stopped if it outlives the session
+        config.pluginmanager.register(Leftovers(), "vfa-leftovers")
         if config.getoption("--load-check"):
             try:
                 count = hogs_wanted(config.getoption("--load-check"))

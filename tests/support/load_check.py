@@ -66,7 +66,9 @@ class LoadCheck:
                 self.samples.append(load)
 
     def pytest_sessionstart(self, session):
-        self.hogs = [subprocess.Popen([sys.executable, "-S", "-c", HOG], stdin=subprocess.DEVNULL,
+        # Not marked as the session's (tests/support/leftovers.py): they are stopped below.
+        env = {k: v for k, v in os.environ.items() if k != "VENDORED_FA_TEST_SESSION"}
+        self.hogs = [subprocess.Popen([sys.executable, "-S", "-c", HOG], env=env, stdin=subprocess.DEVNULL,
                                       preexec_fn=_die_with_parent) for _ in range(self.count)]
         self.started = time.monotonic()
         threading.Thread(target=self._sample, daemon=True).start()
