@@ -326,6 +326,9 @@ def fake_workers(tmp_path, monkeypatch):
     log = tmp_path / "workers.log"
     monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
     monkeypatch.setenv("FAKE_WORKER_GO", str(tmp_path / "go"))
+    import threading
+
+    test_over = threading.Event()  # a watcher whose event never came must not act in a later test
 
     class Workers:
         program = fake
@@ -348,19 +351,21 @@ def fake_workers(tmp_path, monkeypatch):
         @classmethod
         def when(cls, event: str, times: int, action) -> None:
             """In a thread: ``action()`` once ``event`` has been logged ``times`` times (or
-            after 120 s without it: the test's own checks then say the event never came)."""
-            import threading
+            after 120 s without it: the test's own checks then say the event never came),
+            unless the test is over by then."""
 
             def watch():
                 deadline = time.monotonic() + 120
-                while cls.count(event) < times and time.monotonic() < deadline:
+                while cls.count(event) < times and time.monotonic() < deadline and not test_over.is_set():
                     time.sleep(0.01)
-                action()
+                if not test_over.is_set():
+                    action()
 
             threading.Thread(target=watch, daemon=True).start()
 
     monkeypatch.setattr(sys, "executable", str(fake))
-    return Workers
+    yield Workers
+    test_over.set()
 
 
 def _compile_args(dest, record, *extra):
