@@ -69,7 +69,6 @@ function(vfa_fetch_into_cache component url dest origin_var err_var)
     message(STATUS "vendored-flash-attn: ${component} was fetched by another build while this one waited; "
       "using it from the cache")
     set(${origin_var} "cache" PARENT_SCOPE)
-    vfa_check_cached(${component} "${dest}" cached_url err)
   else()
     file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
     foreach(folder IN LISTS stale)
@@ -275,10 +274,14 @@ function(vfa_checkout_pinned component url dir err_var)
   endif()
   # What the next configure checks must hold now (a git filter that does not
   # round-trip would otherwise get the entry refused ever after).
-  vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
-  if(err OR diff)
+  vfa_compare_with_anchor(diff err "${dir}" ${component})
+  if(err)
+    set(failure "The fresh ${component} checkout in '${dir}' could not be checked: ${err}")
+    vfa_checkout_failed()
+  endif()
+  if(diff)
     string(CONCAT failure "The fresh ${component} checkout in '${dir}' does not hash back to "
-      "commit ${commit} (${err}${diff}): git rewrote files as it wrote them. Your git settings "
+      "commit ${commit} (${diff}), as the pin's anchor records it: git rewrote files as it wrote them. Your git settings "
       "cannot (core.autocrlf, core.eol and attribute files of the user and the system are turned "
       "off for the fetch), so a filter, text/eol or working-tree-encoding rule in the repository's "
       "own .gitattributes did: check the pinned commit's .gitattributes.")

@@ -65,8 +65,8 @@ _KIND_WORDS = {
     "added": "added",
     "linked": "replaced by a symlink",
     "moded": "with another mode than the anchor's",
-    "special": "that are not regular files (a fifo, socket or device)",
-    "unsafe": "that another user could write or that this user does not own",
+    "special": "that {is} not a regular file or folder (a fifo, socket or device)",
+    "unsafe": "that another user could write, that this user does not own, or that {is} not a regular file",
 }
 
 
@@ -192,7 +192,9 @@ def describe(differences: dict) -> str:
         if not paths:
             continue
         shown = ", ".join(paths[:SHOWN]) + (f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else "")
-        parts.append(f"{len(paths)} {'file' if len(paths) == 1 else 'files'} {words} ({shown})")
+        one = len(paths) == 1
+        noun = ("entry" if one else "entries") if kind in ("special", "unsafe") else ("file" if one else "files")
+        parts.append(f"{len(paths)} {noun} {words.replace('{is}', 'is' if one else 'are')} ({shown})")
     return "; ".join(parts)
 
 

@@ -10,6 +10,7 @@ real upstream does with CUDA 13, gcc's `long4` deprecation warnings located in t
 does:
 
   "sleep:S"          succeed after S seconds
+  "wait-for:PATH"    succeed once PATH exists (a test acts while the unit compiles; 300 s at most)
   "fail"             print an error located in the upstream source, exit 1
   "fail-after:NAME"  the same, once a unit whose output name contains NAME has started
   "real:HEADER"      run the real compile with `-include HEADER` (a test's broken header)
@@ -71,6 +72,10 @@ def main() -> int:
     rc = 0
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
+    elif action.startswith("wait-for:"):
+        go, deadline = Path(action.split(":", 1)[1]), time.time() + 300
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.05)
     elif action.startswith(("fail", "fail-after:")):
         if action.startswith("fail-after:") and markers:
             other = action.split(":", 1)[1]
