@@ -482,6 +482,42 @@ def test_an_edit_of_the_cache_entry_after_configure_is_not_compiled(filled, synt
     assert built.returncode == 0, built.output[-3000:]
 
 
+@pytest.mark.parametrize("owner", ["world-writable", "foreign-owned"])
+def test_a_cache_entry_others_can_write_is_read_only_through_the_staged_copy(filled, synthetic, pin, cache, tmp_path,
+                                                                            owner):
+    """Anyone on the machine may write such an entry: the build compiles none of it, only the
+    copy this user staged and verified (on 0d62d60 the compile read the entry itself)."""
+    if owner == "foreign-owned" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    for name, commit in (("flash-attention", synthetic.fa_commit), ("cutlass", synthetic.cutlass_commit)):
+        entry = _entry(cache, name, commit)
+        for path in [entry, *entry.rglob("*")]:
+            if owner == "world-writable":
+                path.chmod(path.stat().st_mode | 0o022)
+            else:
+                os.lchown(path, 4321, 4321)
+    build = _configured(pin, cache, tmp_path / "build")
+    store = Path(cache).parent / "staged"
+    read = [c["file"] for c in compile_commands(build)]
+    read += [i for c in compile_commands(build) for i in re.findall(r"(?:^|\s)-I(\S+)", c["command"])]
+    upstream = [p for p in read if not p.startswith(str(build))]
+    assert upstream and all(p.startswith(str(store)) for p in upstream), [p for p in upstream
+                                                                          if not p.startswith(str(store))][:3]
+    for copy in store.iterdir():
+        for path in [copy, *copy.rglob("*")]:
+            st = path.lstat()
+            assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, path
+
+
+def test_a_staged_store_others_can_write_is_refused(filled, pin, cache, tmp_path):
+    store = Path(cache).parent / "staged"
+    store.mkdir(mode=0o777)
+    store.chmod(0o777)
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0
+    assert f"the staging folder '{store}' is not this user's alone: group or others may write it (mode 777)" in result.text
+
+
 FAKE_COMPILER = Path(__file__).resolve().parents[1] / "support" / "fake_compiler.py"
 
 
