@@ -278,7 +278,7 @@ macro(vfa_resolve_upstream_sources)
 
   # Git runs for these repositories only, never prompts, and never sees
   # environment that points it elsewhere; restored afterwards.
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM GIT_NO_LAZY_FETCH)
     set(_vfa_saved_${_vfa_name} "$ENV{${_vfa_name}}")
     set(_vfa_had_${_vfa_name} FALSE)
     if(DEFINED ENV{${_vfa_name}})
@@ -288,6 +288,9 @@ macro(vfa_resolve_upstream_sources)
   endforeach()
   set(ENV{GIT_TERMINAL_PROMPT} 0)
   set(ENV{GIT_ATTR_NOSYSTEM} 1)
+  # No git of a fetch fetches on its own (a partial clone's lazy fetch starts git again for
+  # each object it lacks): the fetch asks for every object it needs, in bounded steps.
+  set(ENV{GIT_NO_LAZY_FETCH} 1)
 
   set(_vfa_failed FALSE)
   foreach(_vfa_component IN LISTS VFA_COMPONENTS)
@@ -308,7 +311,7 @@ macro(vfa_resolve_upstream_sources)
     vfa_report_source_failures()
   endif()
   vfa_check_cutlass_matches_submodule()
-  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM)
+  foreach(_vfa_name IN LISTS VFA_GIT_LOCATION_ENV ITEMS GIT_TERMINAL_PROMPT GIT_ATTR_NOSYSTEM GIT_NO_LAZY_FETCH)
     if(_vfa_had_${_vfa_name})
       set(ENV{${_vfa_name}} "${_vfa_saved_${_vfa_name}}")
     else()

@@ -759,6 +759,55 @@ def test_a_server_that_answers_everything_but_serves_no_git_stops_at_the_first_c
     assert not list((cache / "src").glob("flash-attention-*"))
 
 
+def _session_processes(sid: int) -> list[str]:
+    """The processes of session <sid> still alive: (pid, command) from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {cmdline[:80]}")
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_a_mirror_that_lists_the_ref_and_answers_200_to_everything_stops_without_forking(synthetic, pin, cache):
+    """It passes the first contact (it lists the pinned commit); then git's partial clone asked it
+    again for every object it lacked, each lazy fetch a new git, over a thousand processes in 10 s,
+    and the timeout ended only the first (0d62d60). Every git call now runs without lazy fetch, in a
+    process group of its own that a timeout ends whole. The test bounds itself: it ends its own
+    session after 90 s whatever happens."""
+    with answers_everything_server(listed_commit=synthetic.fa_commit) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/fa.git"
+        command = fetch_sources_command(defines(pin, cache, FLASH_ATTN_MIRROR=url, VFA_FETCH_TIMEOUT="10",
+                                                VFA_FETCH_STALL_TIMEOUT="5"))
+        start = time.monotonic()
+        fetching = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+        try:
+            output, _ = fetching.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            output = "(still running after 90 s)"
+        took = time.monotonic() - start
+        left = _session_processes(fetching.pid)
+        os.killpg(fetching.pid, signal.SIGKILL) if left or fetching.poll() is None else None
+        fetching.wait()
+        requests = server.requests
+    text = " ".join(output.split())
+    assert fetching.returncode != 0
+    assert took < 60, f"{took:.0f} s, {requests} requests: {output[-2000:]}"
+    assert left == [], f"{len(left)} processes left: {left[:5]}"
+    assert requests < 100, f"{requests} requests"
+    assert f"flash_attention (commit {synthetic.fa_commit}): FAILED" in text
+    assert url in text
+    assert not list((cache / "src").glob("flash-attention-*"))
+
+
 # The server answers the first contact (ls-remote: GET info/refs, POST ls-refs),
 # then stops in the middle of the fetch: whichever limit comes first stops it.
 @pytest.mark.parametrize("timeouts, expected", [
