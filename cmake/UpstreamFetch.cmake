@@ -69,7 +69,6 @@ function(vfa_fetch_into_cache component url dest origin_var err_var)
     message(STATUS "vendored-flash-attn: ${component} was fetched by another build while this one waited; "
       "using it from the cache")
     set(${origin_var} "cache" PARENT_SCOPE)
-    vfa_check_cached(${component} "${dest}" cached_url err)
   else()
     file(GLOB stale LIST_DIRECTORIES true "${dest}.partial-*")
     foreach(folder IN LISTS stale)
@@ -143,13 +142,15 @@ endmacro()
 #                     flash_attention "If this machine cannot reach ...")  ->  "" (it listed HEAD)
 function(vfa_first_contact out_var dir limit knob shown component offline_hint)
   set(${out_var} "" PARENT_SCOPE)
+  vfa_bounded(bounded ${limit})
+  math(EXPR backstop "${limit} + 30")
   foreach(refs IN ITEMS HEAD "")
     execute_process(
-      COMMAND "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${limit}
-              -C "${dir}" ls-remote origin ${refs}
-      RESULT_VARIABLE rc OUTPUT_VARIABLE listed ERROR_VARIABLE probe_err TIMEOUT ${limit})
+      COMMAND ${bounded} "${GIT_EXECUTABLE}" -c protocol.version=2 -c http.lowSpeedLimit=1000
+              -c http.lowSpeedTime=${limit} -C "${dir}" ls-remote origin ${refs}
+      RESULT_VARIABLE rc OUTPUT_VARIABLE listed ERROR_VARIABLE probe_err TIMEOUT ${backstop})
     vfa_stop_if_interrupted("${rc}" "reaching ${shown} for ${component}")
-    if(NOT rc MATCHES "^[0-9]+$" OR probe_err MATCHES "Operation too slow|curl 28")
+    if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 124 OR probe_err MATCHES "Operation too slow|curl 28")
       set(${out_var} "${shown} accepted the connection but did not answer within ${knob}=${limit} s: a hung server or proxy. Raise ${knob} if it is only slow.\n${offline_hint}" PARENT_SCOPE)
       return()
     endif()
@@ -261,7 +262,46 @@ function(vfa_checkout_pinned component url dir err_var)
     endif()
   endif()
 
-  # In a partial clone the checkout downloads the blobs: a network step too.
+  # The blobs the checkout writes (the files under the paths, and the files a cone checkout
+  # takes from the folders above them), fetched by id in one bounded step, so the checkout needs no lazy fetch:
+  # GIT_NO_LAZY_FETCH forbids it, as a partial clone's lazy fetch starts a new git for every
+  # object it lacks, and a server that lists the commit and answers 200 to everything else
+  # made that over a thousand processes in 10 s.
+  # A cone checkout takes the files directly in each folder above a path too: a/ and a/b/ for a/b/c.
+  set(above "")
+  foreach(path IN LISTS VFA_PIN_${component}_PATHS)
+    string(REGEX MATCHALL "[^/]+/" parts "${path}")  # a/b/c -> a/;b/
+    set(folder "")
+    foreach(part IN LISTS parts)
+      string(APPEND folder "${part}")
+      list(APPEND above "${folder}")
+    endforeach()
+  endforeach()
+  list(REMOVE_DUPLICATES above)
+  vfa_git(top err -C "${dir}" ls-tree "${commit}" -- . ${above})
+  if(NOT err)
+    vfa_git(below err -C "${dir}" ls-tree -r "${commit}" -- ${VFA_PIN_${component}_PATHS})
+  endif()
+  if(err)
+    vfa_git_failure(failure "Could not list the files of ${component} commit ${commit} from ${shown}" "${err}"
+      "${dir}" "${offline_hint}")
+    vfa_checkout_failed()
+  endif()
+  string(REGEX MATCHALL "[0-7]+ blob [0-9a-f]+" blobs "${top}\n${below}")
+  list(TRANSFORM blobs REPLACE "^[0-7]+ blob " "")
+  list(REMOVE_DUPLICATES blobs)
+  list(JOIN blobs "\n" wanted)
+  file(WRITE "${dir}/.git/vfa-wanted-blobs" "${wanted}\n")
+  set(VFA_GIT_INPUT_FILE "${dir}/.git/vfa-wanted-blobs")
+  vfa_git(ignored err -C "${dir}" -c fetch.negotiationAlgorithm=noop fetch --quiet --no-tags --no-write-fetch-head
+    --recurse-submodules=no --filter=blob:none --stdin origin)
+  unset(VFA_GIT_INPUT_FILE)
+  file(REMOVE "${dir}/.git/vfa-wanted-blobs")
+  if(err)
+    vfa_git_failure(failure "Could not fetch the files of ${component} commit ${commit} from ${shown}" "${err}"
+      "${dir}" "${offline_hint}")
+    vfa_checkout_failed()
+  endif()
   vfa_git(ignored err -C "${dir}" -c advice.detachedHead=false checkout -q --detach "${commit}")
   vfa_git(head err2 -C "${dir}" rev-parse HEAD)
   if(err OR NOT head STREQUAL commit)
@@ -275,10 +315,14 @@ function(vfa_checkout_pinned component url dir err_var)
   endif()
   # What the next configure checks must hold now (a git filter that does not
   # round-trip would otherwise get the entry refused ever after).
-  vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
-  if(err OR diff)
+  vfa_compare_with_anchor(diff err "${dir}" ${component})
+  if(err)
+    set(failure "The fresh ${component} checkout in '${dir}' could not be checked: ${err}")
+    vfa_checkout_failed()
+  endif()
+  if(diff)
     string(CONCAT failure "The fresh ${component} checkout in '${dir}' does not hash back to "
-      "commit ${commit} (${err}${diff}): git rewrote files as it wrote them. Your git settings "
+      "commit ${commit} (${diff}), as the pin's anchor records it: git rewrote files as it wrote them. Your git settings "
       "cannot (core.autocrlf, core.eol and attribute files of the user and the system are turned "
       "off for the fetch), so a filter, text/eol or working-tree-encoding rule in the repository's "
       "own .gitattributes did: check the pinned commit's .gitattributes.")

@@ -96,21 +96,48 @@ set(VFA_GIT_CONTENT_SETTINGS
   -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.symlinks=true -c core.ignoreCase=false
   -c core.precomposeUnicode=false -c submodule.recurse=false)
 
-# Runs git with VFA_GIT_CONTENT_SETTINGS, stopped after VFA_FETCH_TIMEOUT
-# seconds, an http(s) transfer also when it stays below 1 KB/s for
-# VFA_FETCH_STALL_TIMEOUT seconds (no effect on local commands); on failure
-# stores the error text in <err_var>.
+# The command that runs <command...> in a process group of its own, ended whole after
+# <seconds> (exit status 124), when it ends (whatever it left running) or on an interrupt
+# (cmake/bounded_run.py): CMake's execute_process TIMEOUT ends only the process it started,
+# and a git whose helpers start git again (a partial clone's lazy fetch) would leave them
+# running. CMake's own TIMEOUT stays as a backstop, a little later.
+#   vfa_bounded(cmd 600)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/bounded_run.py;--timeout;600;--
+function(vfa_bounded out_var seconds)
+  vfa_script_python(python)
+  if(NOT python)
+    message(FATAL_ERROR "vendored-flash-attn: no Python found to run git within its time limit "
+      "(cmake/bounded_run.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
+  endif()
+  set(${out_var} "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/bounded_run.py" --timeout ${seconds} --
+      PARENT_SCOPE)
+endfunction()
+
+# Runs git with VFA_GIT_CONTENT_SETTINGS, in a process group of its own ended whole after
+# VFA_FETCH_TIMEOUT seconds (vfa_bounded), an http(s) transfer also when it stays below
+# 1 KB/s for VFA_FETCH_STALL_TIMEOUT seconds (no effect on local commands), never with a
+# lazy fetch (GIT_NO_LAZY_FETCH, set while resolving); on failure stores the error text in
+# <err_var>. With VFA_GIT_INPUT_FILE set in the caller, git reads its standard input from it.
 #   vfa_git(head err -C /src rev-parse HEAD)  ->  head=617264c1..., err=""
 function(vfa_git result_var err_var)
+  vfa_bounded(bounded ${VFA_FETCH_TIMEOUT})
+  math(EXPR backstop "${VFA_FETCH_TIMEOUT} + 30")
+  set(input "")
+  if(VFA_GIT_INPUT_FILE)
+    set(input INPUT_FILE "${VFA_GIT_INPUT_FILE}")
+  endif()
   execute_process(
-    COMMAND "${GIT_EXECUTABLE}" -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${VFA_FETCH_STALL_TIMEOUT}
+    COMMAND ${bounded} "${GIT_EXECUTABLE}" -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=${VFA_FETCH_STALL_TIMEOUT}
             ${VFA_GIT_CONTENT_SETTINGS} ${ARGN}
+    ${input}
     RESULT_VARIABLE rc
     OUTPUT_VARIABLE out
     ERROR_VARIABLE err
     OUTPUT_STRIP_TRAILING_WHITESPACE
     ERROR_STRIP_TRAILING_WHITESPACE
-    TIMEOUT ${VFA_FETCH_TIMEOUT})
+    TIMEOUT ${backstop})
+  if(rc EQUAL 124)
+    set(rc "Process terminated due to timeout")
+  endif()
   if(rc EQUAL 0)
     set(${result_var} "${out}" PARENT_SCOPE)
     set(${err_var} "" PARENT_SCOPE)

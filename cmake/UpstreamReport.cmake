@@ -15,7 +15,7 @@ function(vfa_report_source_failures)
     if(VFA_${component}_ERROR)
       string(APPEND text "FAILED. ${VFA_${component}_ERROR}")
     else()
-      string(APPEND text "ok (${VFA_${component}_ORIGIN}: ${VFA_${component}_SOURCE_DIR}); nothing to do.")
+      string(APPEND text "ok (${VFA_${component}_ORIGIN}: ${VFA_${component}_FROM_DIR}); nothing to do.")
     endif()
   endforeach()
   vfa_url_secrets(text text "${text}")
@@ -25,9 +25,10 @@ endfunction()
 # flash-attention records the CUTLASS it was developed against as a submodule.
 # When both pins disagree, say so: the bump was likely half done.
 function(vfa_check_cutlass_matches_submodule)
-  if(NOT VFA_flash_attention_ORIGIN STREQUAL "source_dir" AND EXISTS "${VFA_flash_attention_SOURCE_DIR}/.git")
+  # A hint only (a warning): the cache entry's git is read, never believed for what is compiled.
+  if(NOT VFA_flash_attention_ORIGIN STREQUAL "source_dir" AND EXISTS "${VFA_flash_attention_FROM_DIR}/.git")
     vfa_find_git()
-    vfa_git(line err -c "safe.directory=${VFA_flash_attention_SOURCE_DIR}" -C "${VFA_flash_attention_SOURCE_DIR}"
+    vfa_git(line err -c "safe.directory=${VFA_flash_attention_FROM_DIR}" -C "${VFA_flash_attention_FROM_DIR}"
             ls-tree HEAD csrc/cutlass)
     if(NOT err AND line MATCHES "commit ([0-9a-f]+)")
       set(submodule "${CMAKE_MATCH_1}")

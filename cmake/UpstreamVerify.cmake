@@ -176,38 +176,139 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   set(${err_var} "" PARENT_SCOPE)
 endfunction()
 
-# The absolute include directories <rel_dirs> of <component>'s resolved source
-# tree, each checked to lie under a folder of the pin's `paths`, the only
-# folders whose every file is verified: a folder above them (csrc/) could hold
-# files no check has seen, which would shadow a header of the same name found
-# later on the include path (csrc/cutlass/numeric_types.h before CUTLASS's).
-# Stops, naming the folder and the pin file, when one is not.
-#   vfa_verified_include_dirs(dirs flash_attention csrc/flash_attn/src hopper)
-#     ->  /cache/src/flash-attention-617264c1c795/csrc/flash_attn/src;/cache/.../hopper
-#   vfa_verified_include_dirs(dirs flash_attention csrc)  ->  FATAL_ERROR "... the include
-#     directory '/cache/.../csrc' is not under flash_attention.paths (csrc/flash_attn, ...) ..."
-function(vfa_verified_include_dirs out_var component)
-  set(root "${VFA_${component}_SOURCE_DIR}")
-  set(dirs "")
-  foreach(rel IN LISTS ARGN)
-    set(verified FALSE)
+# The command that runs cmake/source_anchor.py (the pin's anchor: what every pinned file is,
+# vendor/flash-attention/anchor.json beside the pin), with the interpreter's standard library only.
+#   vfa_anchor_command(cmd)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/source_anchor.py
+function(vfa_anchor_command out_var)
+  vfa_script_python(python)
+  if(NOT python)
+    message(FATAL_ERROR "vendored-flash-attn: no Python found to verify the upstream sources against the "
+      "pin's anchor (cmake/source_anchor.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
+  endif()
+  set(${out_var} "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/source_anchor.py" PARENT_SCOPE)
+endfunction()
+
+# Compares the files under the pin's paths in <dir> with the anchor of <component> (hashed
+# here, file by file; nothing of <dir>'s .git is read). Sets <out_var> to "" when equal, else to
+# "1 file changed (hopper/flash_api.cpp); ..."; <err_var> when the anchor cannot be used.
+#   vfa_compare_with_anchor(diff err /cache/src/flash-attention-617264c1c795.partial-x flash_attention)
+function(vfa_compare_with_anchor out_var err_var dir component)
+  vfa_anchor_command(anchor)
+  execute_process(COMMAND ${anchor} compare --pin "${VFA_PIN_FILE}" --component ${component} --source "${dir}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE diff ERROR_VARIABLE err
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+  vfa_stop_if_interrupted("${rc}" "checking the files of '${dir}'")
+  set(${out_var} "" PARENT_SCOPE)
+  set(${err_var} "" PARENT_SCOPE)
+  if(rc EQUAL 2)
+    set(${out_var} "${diff}" PARENT_SCOPE)
+  elseif(NOT rc EQUAL 0)
+    set(${err_var} "${err}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Copies the anchored files of <component> from <dir> into the staged store (VFA_STAGED_SOURCES,
+# a folder of this user's alone) at <store>/<dirname>-<anchor digest>, hashing what it writes and
+# comparing with the anchor, renamed into place when equal; a copy already there is verified again
+# (and made again when it changed). The build reads this copy only: nothing in <dir> (a shared,
+# foreign-owned or world-writable cache entry included) is compiled, and what is compiled is the
+# anchor's bytes. Sets <staged_var> to the copy, or <diff_var> to how <dir> differs from the
+# anchor, or <err_var> to why nothing could be staged.
+#   vfa_stage_sources(staged diff err flash_attention /cache/src/flash-attention-617264c1c795)
+#     ->  staged=~/.cache/vendored-flash-attn/staged/flash-attention-491f75197587b816a5a010d6f31c1fd4
+function(vfa_stage_sources staged_var diff_var err_var component dir)
+  vfa_anchor_command(anchor)
+  execute_process(COMMAND ${anchor} stage --pin "${VFA_PIN_FILE}" --component ${component} --source "${dir}"
+      --store "${VFA_STAGED_SOURCES}" --name ${VFA_${component}_DIRNAME}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT ${VFA_FETCH_TIMEOUT})
+  vfa_stop_if_interrupted("${rc}" "staging the files of '${dir}'")
+  set(${staged_var} "" PARENT_SCOPE)
+  set(${diff_var} "" PARENT_SCOPE)
+  set(${err_var} "" PARENT_SCOPE)
+  if(rc EQUAL 0)
+    string(JSON path GET "${out}" path)
+    set(${staged_var} "${path}" PARENT_SCOPE)
+  elseif(rc EQUAL 2)
+    set(${diff_var} "${out}" PARENT_SCOPE)
+  else()
+    set(${err_var} "${err}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# "" when <rel> is a plain relative path inside <component>'s tree under a folder of the
+# pin's `paths` (no '.' or '..' part, no leading '/'), else what is wrong with it.
+#   vfa_path_problem(problem flash_attention "csrc/flash_attn/..")  ->  "it has a '..' part, ..."
+function(vfa_path_problem out_var component rel)
+  set(problem "")
+  if(NOT rel MATCHES "^[A-Za-z0-9_][A-Za-z0-9_./+-]*$" OR rel MATCHES "(^|/)\\.\\.?(/|$)" OR rel MATCHES "//")
+    string(CONCAT problem "it is not a plain relative path inside the tree (a '.' or '..' part, a leading '/', "
+      "an empty part or another character): '..' would reach files the source check does not cover")
+  else()
+    string(REPLACE ";" ", " paths "${VFA_PIN_${component}_PATHS}")
+    string(CONCAT problem "it is not under ${component}.paths (${paths}) of the pin file "
+      "'${VFA_PIN_FILE}', whose every file is checked against the pin's anchor")
     foreach(path IN LISTS VFA_PIN_${component}_PATHS)
       string(FIND "${rel}/" "${path}/" at)
       if(at EQUAL 0)
-        set(verified TRUE)
+        set(problem "")
       endif()
     endforeach()
-    if(NOT verified)
-      string(REPLACE ";" ", " paths "${VFA_PIN_${component}_PATHS}")
+  endif()
+  set(${out_var} "${problem}" PARENT_SCOPE)
+endfunction()
+
+# The absolute include directories <rel_dirs> of <component>'s resolved source tree (its
+# staged copy when it matches the pin), each a plain relative path under a folder of the pin's
+# `paths` and a folder of that tree: a folder above them (csrc/) or reached through '..' could
+# hold files no check has seen, which would shadow a header of the same name found later on the
+# include path (csrc/cutlass/numeric_types.h before CUTLASS's). Stops, naming <field> (the
+# declaration's field that lists it) and the fix, when one is not.
+#   vfa_verified_include_dirs(dirs flash_attention families.fa3.build.include_dirs hopper csrc/common)
+#     ->  <staged>/flash-attention-491f7519.../hopper;<staged>/.../csrc/common
+#   vfa_verified_include_dirs(dirs flash_attention families.fa2.build.include_dirs csrc/flash_attn/..)
+#     ->  FATAL_ERROR "... families.fa2.build.include_dirs names 'csrc/flash_attn/..' ..."
+function(vfa_verified_include_dirs out_var component field)
+  set(root "${VFA_${component}_SOURCE_DIR}")
+  set(dirs "")
+  foreach(rel IN LISTS ARGN)
+    vfa_path_problem(problem ${component} "${rel}")
+    if(NOT problem AND NOT IS_DIRECTORY "${root}/${rel}")
+      set(problem "'${root}/${rel}' is not a folder of the verified tree")
+    endif()
+    if(problem)
       message(FATAL_ERROR
-        "The build would compile files nobody verified: the include directory '${root}/${rel}' "
-        "is not under ${component}.paths (${paths}) of the pin file '${VFA_PIN_FILE}', whose every "
-        "file is checked against the pinned commit. Add '${rel}' (or a folder above it) to "
-        "${component}.paths (vendor/flash-attention/README.md).")
+        "The build would compile files nobody verified: ${field} names the include directory '${rel}' "
+        "of ${component} ('${root}/${rel}'), but ${problem}. Fix ${field} in cmake/knobs.json (a folder "
+        "under the pin's paths, as upstream's CMakeLists.txt names it), or add the folder to "
+        "${component}.paths in the pin and write its anchor again (vendor/flash-attention/README.md).")
     endif()
     list(APPEND dirs "${root}/${rel}")
   endforeach()
   set(${out_var} "${dirs}" PARENT_SCOPE)
+endfunction()
+
+# The absolute paths of <family>'s sources <rels> (relative to the flash-attention tree), each
+# a plain relative path under the pin's `paths` and a regular file of the tree the build reads:
+# in the staged copy, exactly an anchored file. Stops naming <field> and the fix otherwise.
+#   vfa_verified_sources_of(sources fa3 build.sources hopper/flash_api.cpp)  ->  <staged>/.../hopper/flash_api.cpp
+function(vfa_verified_sources_of out_var family field)
+  set(root "${VFA_flash_attention_SOURCE_DIR}")
+  set(files "")
+  foreach(rel IN LISTS ARGN)
+    vfa_path_problem(problem flash_attention "${rel}")
+    if(NOT problem AND (IS_SYMLINK "${root}/${rel}" OR NOT EXISTS "${root}/${rel}" OR IS_DIRECTORY "${root}/${rel}"))
+      set(problem "it is not a file of the verified tree '${root}' (a file not in the pin's anchor)")
+    endif()
+    if(problem)
+      message(FATAL_ERROR
+        "The build would compile a file nobody verified: families.${family}.${field} names '${rel}', but "
+        "${problem}. Fix families.${family}.${field} in cmake/knobs.json, or add its folder to "
+        "flash_attention.paths in the pin and write its anchor again (vendor/flash-attention/README.md).")
+    endif()
+    list(APPEND files "${root}/${rel}")
+  endforeach()
+  set(${out_var} "${files}" PARENT_SCOPE)
 endfunction()
 
 # Verifies <dir> given by <src_var>; sets VFA_<component>_* in the caller.
@@ -260,7 +361,21 @@ function(vfa_use_source_dir component dir src_var err_var)
       set(why "git cannot read its HEAD (${err}), so its content cannot be verified against the pin")
     else()
       set(commit "${head}")
-      vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
+      if(commit STREQUAL pinned)
+        # The pinned commit: the anchor says what its files are (the checkout's own git is not
+        # asked), and a tree that matches is built from its staged copy.
+        # Compared first: a staged copy of the anchor that is there already says nothing of <dir>.
+        vfa_compare_with_anchor(diff err "${dir}" ${component})
+        if(NOT err AND NOT diff)
+          vfa_stage_sources(staged diff err ${component} "${dir}")
+        endif()
+        if(err)
+          set(${err_var} "${src_var}='${dir}' could not be checked against the pin's anchor: ${err}" PARENT_SCOPE)
+          return()
+        endif()
+      else()
+        vfa_compare_with_commit(diff err "${dir}" "${commit}" ${component})
+      endif()
       if(err)
         set(why "${err}")
       else()
@@ -305,6 +420,10 @@ function(vfa_use_source_dir component dir src_var err_var)
       "==========================================================================")
   endif()
   set(VFA_${component}_SOURCE_DIR "${dir}" PARENT_SCOPE)
+  if(matches)
+    set(VFA_${component}_SOURCE_DIR "${staged}" PARENT_SCOPE)
+  endif()
+  set(VFA_${component}_FROM_DIR "${dir}" PARENT_SCOPE)
   set(VFA_${component}_COMMIT "${commit}" PARENT_SCOPE)
   set(VFA_${component}_MATCHES_PIN ${matches} PARENT_SCOPE)
   set(VFA_${component}_VERIFIED ${verified} PARENT_SCOPE)
@@ -314,12 +433,13 @@ function(vfa_use_source_dir component dir src_var err_var)
 endfunction()
 
 # Checks a cache entry: its marker names the pinned commit and its content
-# equals that commit's tree. Sets <url_var> to the URL it was fetched from,
-# or <err_var> to why it is refused and how to fix it. Reads only.
-#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url err)
+# equals the pin's anchor, staged (vfa_stage_sources). Sets <url_var> to the URL it was
+# fetched from and <staged_var> to the staged copy, or <err_var> to why it is refused and how
+# to fix it. Reads the entry only; writes only into the staged store.
+#   vfa_check_cached(cutlass /cache/src/cutlass-62750a2b75c8 url staged err)
 #     ->  url=https://github.com/NVIDIA/cutlass.git, err="" (or "The cached cutlass
 #         checkout '...' does not hold commit ...: 1 file changed (...). ... Remove that folder ...")
-function(vfa_check_cached component dest url_var err_var)
+function(vfa_check_cached component dest url_var staged_var err_var)
   set(commit "${VFA_PIN_${component}_COMMIT}")
   set(fix "Remove that folder (rm -rf '${dest}') and build again; it will be fetched anew.")
   set(marker_file "${dest}/${VFA_SOURCE_MARKER}")
@@ -350,17 +470,11 @@ function(vfa_check_cached component dest url_var err_var)
         PARENT_SCOPE)
     return()
   endif()
-  vfa_find_git()
-  if(NOT GIT_EXECUTABLE)
-    string(CONCAT message "git is needed to verify the cached ${component} checkout '${dest}' but was "
-      "not found. Install git, or set ${VFA_${component}_PREFIX}_SRC_DIR to that folder "
-      "(it then builds unverified, with matches_pin=false).")
-    set(${err_var} "${message}" PARENT_SCOPE)
-    return()
-  endif()
-  vfa_compare_with_commit(diff err "${dest}" "${commit}" ${component})
+  # Its content: copied into the staged store, hashed and compared with the anchor as it is
+  # copied (nothing of the entry's .git is believed); the build reads that copy only.
+  vfa_stage_sources(staged diff err ${component} "${dest}")
   if(err)
-    set(${err_var} "The cached ${component} checkout '${dest}' is not usable: ${err}. ${fix}" PARENT_SCOPE)
+    set(${err_var} "The cached ${component} checkout '${dest}' could not be staged: ${err}" PARENT_SCOPE)
     return()
   endif()
   if(diff)
@@ -369,6 +483,7 @@ function(vfa_check_cached component dest url_var err_var)
     set(${err_var} "${message}" PARENT_SCOPE)
     return()
   endif()
+  set(${staged_var} "${staged}" PARENT_SCOPE)
   # Unmodified, but the pin asks for files its commit does not have.
   vfa_pin_commit_lacks_files(problem ${component} "${dest}")
   if(problem)

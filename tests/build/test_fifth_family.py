@@ -157,6 +157,7 @@ def fifth(synthetic, tmp_path_factory):
     pinned = json.loads(pin.read_text())
     pinned["flash_attention"]["paths"].append("fa5")
     pin.write_text(json.dumps(pinned, indent=2))
+    synthetic.write_anchor(pin)  # a pin bump writes its anchor again (vendor/flash-attention/README.md)
     sources = {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(root / "cache")}
     fetched = fetch_sources(sources)
     assert fetched.returncode == 0, fetched.output

@@ -11,18 +11,23 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support.cmake_runner import (PROJECT, build_info, clean_env, compile_commands, configure, configure_command,
+from support.cmake_runner import (PROJECT, build_info, checkout_copy, clean_env, compile_commands, configure,
+                                  configure_command,
                                   fetch_sources, fetch_sources_command, run, tool)
 from support.git_http_server import answers_everything_server, silent_server, stalling_git_server
 
 
 def defines(pin, cache, **extra):
-    return {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache), **extra}
+    """The knobs of a test: its pin, its source cache and its own staged store beside the cache
+    (a store is shared by every build of a user; a test that tampers with one keeps it to itself)."""
+    return {"VFA_PIN_FILE": str(pin), "VFA_SOURCE_CACHE": str(cache),
+            "VFA_STAGED_SOURCES": str(Path(cache).parent / "staged"), **extra}
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +194,7 @@ def test_cutlass_pin_disagreeing_with_the_submodule_warns(synthetic, tmp_path, c
     data = json.loads(pin.read_text())
     data["cutlass"]["commit"] = synthetic.new_cutlass_commit("not the submodule's commit")
     pin.write_text(json.dumps(data))
+    synthetic.write_anchor(pin)
     result = fetch_sources(defines(pin, cache))
     assert result.returncode == 0, result.output
     assert "Bump both together" in result.text
@@ -224,6 +230,52 @@ def test_cache_entry_with_an_edited_file_is_refused(filled, synthetic, pin, cach
     assert f"The cached flash_attention checkout '{entry}' does not hold commit {synthetic.fa_commit}" in result.text
     assert "1 file changed (hopper/flash_api.cpp)" in result.text
     assert f"Remove that folder (rm -rf '{entry}')" in result.text
+
+
+def _forge_subtree(entry: Path, folder: str, file: str, text: str) -> None:
+    """An attacker's edit that git's own checks do not see: <folder>/<file> edited, and the object
+    named by the commit's real <folder> tree id rewritten to list the edited blob. git re-hashes
+    the commit and its root tree when it reads them, not the subtrees a comparison walks."""
+    git = ["git", "-C", str(entry)]
+    objects = entry / ".git/objects"
+    for pack in list((objects / "pack").glob("*.pack")):  # a pack's objects are found before loose ones
+        data = pack.read_bytes()
+        for leftover in (objects / "pack").glob(pack.stem + ".*"):
+            leftover.unlink()
+        subprocess.run([*git, "unpack-objects", "-q"], input=data, check=True)
+    tree = subprocess.run([*git, "rev-parse", f"HEAD:{folder}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (entry / folder / file).write_text(text)
+    blob = subprocess.run([*git, "hash-object", "-w", f"{folder}/{file}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    listing = subprocess.run([*git, "ls-tree", tree], capture_output=True, text=True, check=True).stdout
+    forged_listing = re.sub(rf"blob [0-9a-f]{{40}}\t{re.escape(file)}$", f"blob {blob}\t{file}", listing, flags=re.M)
+    forged = subprocess.run([*git, "mktree"], input=forged_listing, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    real = objects / tree[:2] / tree[2:]
+    real.chmod(0o644)
+    real.write_bytes((objects / forged[:2] / forged[2:]).read_bytes())
+    # What the cache's git now says: the edited file is the commit's.
+    shown = subprocess.run([*git, "show", f"{synthetic_commit(entry)}:{folder}/{file}"], capture_output=True,
+                           text=True, check=True).stdout
+    assert shown == text, "the forgery did not take"
+
+
+def synthetic_commit(entry: Path) -> str:
+    return subprocess.run(["git", "-C", str(entry), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_forged_subtree_object_in_the_cache_does_not_pass(filled, synthetic, pin, cache, tmp_path):
+    """The anchor is in this repository, not in the cache: the edited file is hashed and compared
+    with it, and nothing in the entry's .git is believed (on 0d62d60 this configure passed with
+    matches_pin: true over the injected code)."""
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    _forge_subtree(entry, "hopper", "flash_api.cpp", '#error "injected through a forged tree object"\n')
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources(), result.output[-3000:]
+    assert f"The cached flash_attention checkout '{entry}' does not hold commit {synthetic.fa_commit}" in result.text
+    assert "1 file changed (hopper/flash_api.cpp)" in result.text
 
 
 @pytest.mark.parametrize("tamper, expected", [
@@ -336,23 +388,25 @@ def test_a_mode_other_than_the_commits_is_refused(filled, synthetic, pin, cache)
     header.chmod(0o755)
     result = fetch_sources(defines(pin, cache))
     assert result.returncode != 0 and not result.sources()
-    assert "1 file with another mode than the commit's (include/cute/tensor.hpp: 100755, not 100644)" in result.text
+    assert "1 file with another mode than the anchor's (include/cute/tensor.hpp: 755, not 644)" in result.text
 
 
 @pytest.mark.parametrize("plant, shown", [
     # A fifo where a header is looked for first (-I hopper before the toolkit's): a process
     # writing into it would feed the compile any bytes. git does not list fifos at all.
-    (lambda fa: os.mkfifo(fa / "hopper/cuda_runtime.h"), "hopper/cuda_runtime.h"),
+    (lambda fa: os.mkfifo(fa / "hopper/cuda_runtime.h"),
+     "1 entry that is not a regular file or folder (a fifo, socket or device) (hopper/cuda_runtime.h)"),
     # A nested repository: git lists its folder and records nothing in it, so a header in it
     # (cute/tensor.hpp, found under -I hopper before CUTLASS's) was never compared.
     (lambda fa: (subprocess.run(["git", "init", "-q", str(fa / "hopper/cute")], check=True),
-                 (fa / "hopper/cute/tensor.hpp").write_text('#error "planted"\n')), "hopper/cute/.git"),
+                 (fa / "hopper/cute/tensor.hpp").write_text('#error "planted"\n')), "files added (hopper/cute/.git/"),
 ], ids=["fifo", "nested-repository"])
 def test_entries_git_cannot_record_are_refused(filled, synthetic, pin, cache, plant, shown):
+    """Hashed file by file, not through git: each such entry is a difference of its own."""
     plant(_entry(cache, "flash-attention", synthetic.fa_commit))
     result = fetch_sources(defines(pin, cache), timeout=120)
     assert result.returncode != 0 and not result.sources()
-    assert f"1 file that git cannot record: a fifo, socket, device or nested repository ({shown})" in result.text
+    assert shown in result.text
 
 
 def test_an_attribute_of_the_checkout_does_not_hide_an_edit(filled, synthetic, pin, cache):
@@ -386,13 +440,20 @@ def _build(build, *targets):
     return run([tool("cmake"), "--build", str(build), "--target", *targets], cwd=build)
 
 
+def _staged(cache, name):
+    """The staged copy a build of this test reads (its store is beside the cache: defines())."""
+    (copy,) = (Path(cache).parent / "staged").glob(f"{name}-*")
+    return copy
+
+
 @pytest.mark.parametrize("tamper", ["edit", "symlink"])
 def test_an_edit_after_configure_stops_the_next_build(filled, synthetic, pin, cache, tmp_path, tamper):
     """pip configures every build; `cmake --build`/ninja on a build dir does not. The configure
-    verified the cache entry; the edit comes after it."""
+    staged the verified copy the build reads; the edit comes after it."""
     build = _configured(pin, cache, tmp_path / "build")
-    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
-    api = entry / "hopper/flash_api.cpp"
+    staged = _staged(cache, "flash-attention")
+    api = staged / "hopper/flash_api.cpp"
+    assert any(c["file"] == str(api) for c in compile_commands(build)), "the build does not read the staged copy"
     if tamper == "edit":
         _edit_keeping_size_and_mtime(api)
         shown = "1 file changed (hopper/flash_api.cpp)"
@@ -403,10 +464,124 @@ def test_an_edit_after_configure_stops_the_next_build(filled, synthetic, pin, ca
     built = _build(build, obj)
     assert built.returncode != 0, built.output[-3000:]
     assert "the upstream sources changed since this build was configured" in built.text
-    assert f"flash_attention: '{entry}' no longer holds commit {synthetic.fa_commit} unmodified: {shown}" in built.text
-    assert f"remove that folder (rm -rf '{entry}') and configure again" in built.text
+    assert (f"flash_attention: the staged copy '{staged}' no longer holds commit {synthetic.fa_commit} as the "
+            f"anchor says: {shown}") in built.text
+    assert "Configure again, which stages it anew from the verified source" in built.text
     assert not (build / obj).exists(), "the unit was compiled from bytes nobody verified"
-    assert not (build / "vfa_verified_sources.stamp").exists()
+    assert not (build / "vfa_verified_sources.snapshot").exists()
+
+
+def test_an_edit_of_the_cache_entry_after_configure_is_not_compiled(filled, synthetic, pin, cache, tmp_path):
+    """The cache entry is read once, into the staged copy: what a writer of the cache does later
+    reaches no compile."""
+    build = _configured(pin, cache, tmp_path / "build")
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    (entry / "hopper/flash_api.cpp").write_text('#error "edited in the cache after the configure"\n')
+    assert not [c for c in compile_commands(build) if str(cache) in c["command"] or str(cache) in c["file"]]
+    built = _build(build, "vfa_verified_sources")
+    assert built.returncode == 0, built.output[-3000:]
+
+
+@pytest.mark.parametrize("owner", ["world-writable", "foreign-owned"])
+def test_a_cache_entry_others_can_write_is_read_only_through_the_staged_copy(filled, synthetic, pin, cache, tmp_path,
+                                                                            owner):
+    """Anyone on the machine may write such an entry: the build compiles none of it, only the
+    copy this user staged and verified (on 0d62d60 the compile read the entry itself)."""
+    if owner == "foreign-owned" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    for name, commit in (("flash-attention", synthetic.fa_commit), ("cutlass", synthetic.cutlass_commit)):
+        entry = _entry(cache, name, commit)
+        for path in [entry, *entry.rglob("*")]:
+            if owner == "world-writable":
+                path.chmod(path.stat().st_mode | 0o022)
+            else:
+                os.lchown(path, 4321, 4321)
+    build = _configured(pin, cache, tmp_path / "build")
+    store = Path(cache).parent / "staged"
+    read = [c["file"] for c in compile_commands(build)]
+    read += [i for c in compile_commands(build) for i in re.findall(r"(?:^|\s)-I(\S+)", c["command"])]
+    upstream = [p for p in read if not p.startswith(str(build))]
+    assert upstream and all(p.startswith(str(store)) for p in upstream), [p for p in upstream
+                                                                          if not p.startswith(str(store))][:3]
+    for copy in store.iterdir():
+        for path in [copy, *copy.rglob("*")]:
+            st = path.lstat()
+            assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, path
+
+
+def test_a_staged_store_others_can_write_is_refused(filled, pin, cache, tmp_path):
+    store = Path(cache).parent / "staged"
+    store.mkdir(mode=0o777)
+    store.chmod(0o777)
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0
+    assert f"the staging folder '{store}' is not this user's alone: group or others may write it (mode 777)" in result.text
+
+
+FAKE_COMPILER = Path(__file__).resolve().parents[1] / "support" / "fake_compiler.py"
+
+
+def _wait_for(path: Path, process: subprocess.Popen, bound: float = 300) -> None:
+    deadline = time.monotonic() + bound
+    while not path.exists():
+        assert process.poll() is None, "the build ended before the unit started"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_an_edit_during_a_compile_undone_before_it_ends_fails_this_build(filled, synthetic, pin, cache, tmp_path):
+    """The build-time check ran before the compiles; the edit comes while a unit compiles and is
+    undone, size and mtime included, before it ends: the object may hold the edit. The proof before
+    the link (inode and ctime of every staged entry since the check) fails this build and removes
+    its objects, so the next build compiles them again (on 0d62d60 it linked, and the next build too)."""
+    launcher = f"{sys.executable};{FAKE_COMPILER}"
+    build = _configured(pin, cache, tmp_path / "build", CMAKE_CXX_COMPILER_LAUNCHER=launcher,
+                        CMAKE_CUDA_COMPILER_LAUNCHER=launcher, VFA_BUILD_PROGRESS="off", VFA_BUILD_FA2="off",
+                        VFA_BUILD_FA4="off")
+    markers, go = tmp_path / "markers", tmp_path / "go"
+    markers.mkdir()
+    env = clean_env(FAKE_COMPILE_PLAN=json.dumps([["hopper/flash_api.cpp", f"wait-for:{go}"]]),
+                    FAKE_MARKERS=str(markers))
+    command = [tool("cmake"), "--build", str(build), "--target", "_vendored_fa3_C"]
+    building = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    obj = Path(_object_of(build, "hopper/flash_api.cpp")).name
+    _wait_for(markers / f"{obj}.started", building)
+    api = _staged(cache, "flash-attention") / "hopper/flash_api.cpp"
+    original, times = api.read_bytes(), os.stat(api)
+    api.write_text('#error "compiled while it was edited"\n')
+    api.write_bytes(original)
+    os.utime(api, ns=(times.st_atime_ns, times.st_mtime_ns))
+    go.touch()
+    output, _ = building.communicate(timeout=600)
+    text = " ".join(output.split())
+    assert building.returncode != 0, output[-3000:]
+    assert f"the staged copy '{api.parents[1]}' changed while this build compiled (hopper/flash_api.cpp)" in text
+    assert "before _vendored_fa3_C is linked" in text
+    assert not list(build.glob("CMakeFiles/_vendored_fa3_C.dir/**/*.o")), "an object of the edited bytes is left"
+    again = run(command, env=clean_env())
+    assert again.returncode == 0, again.output[-3000:]
+    assert (build / _object_of(build, "hopper/flash_api.cpp")).exists()
+
+
+@pytest.mark.parametrize("edit", ["spec", "stub"])
+def test_the_build_dirs_own_inputs_edited_after_configure_stop_the_build(filled, pin, cache, tmp_path, edit):
+    """The check's spec says what to check; the generated stub is compiled. Each is held to the
+    digest the configure wrote, which lives in the build file's command (on 0d62d60 an emptied
+    spec checked nothing and an edited stub was compiled)."""
+    build = _configured(pin, cache, tmp_path / "build")
+    if edit == "spec":
+        spec = build / "vfa_verified_sources.json"
+        data = json.loads(spec.read_text())
+        data["components"] = []
+        spec.write_text(json.dumps(data))
+        shown = f"the source check's spec '{spec}' is not the one this build was configured with"
+    else:
+        stub = _stub(build)
+        stub.write_text(stub.read_text() + '\n#error "edited after the configure"\n')
+        shown = f"the generated file '{stub}' is not what the configure wrote"
+    built = _build(build, "vfa_verified_sources")
+    assert built.returncode != 0, built.output[-3000:]
+    assert shown in built.text
 
 
 def test_a_clean_source_dir_edited_after_configure_stops_the_next_build(synthetic, pin, cache, tmp_path):
@@ -420,20 +595,20 @@ def test_a_clean_source_dir_edited_after_configure_stops_the_next_build(syntheti
     assert f"Restore those files (git -C '{src}' status shows them), or configure again" in built.text
 
 
-def test_the_build_time_check_passes_an_unchanged_tree_and_keeps_its_stamp(filled, synthetic, pin, cache, tmp_path):
+def test_the_build_time_check_passes_an_unchanged_tree_and_keeps_its_snapshot(filled, synthetic, pin, cache,
+                                                                               tmp_path):
     build = _configured(pin, cache, tmp_path / "build")
     first = _build(build, "vfa_verified_sources")
     assert first.returncode == 0, first.output
-    stamp = build / "vfa_verified_sources.stamp"
-    assert stamp.read_text().split("\n")[:2] == [
-        f"flash_attention {synthetic.fa_commit} {_entry(cache, 'flash-attention', synthetic.fa_commit)}",
-        f"cutlass {synthetic.cutlass_commit} {_entry(cache, 'cutlass', synthetic.cutlass_commit)}"]
-    written = stamp.stat().st_mtime_ns
+    snapshot = build / "vfa_verified_sources.snapshot"
+    assert sorted(json.loads(snapshot.read_text())) == sorted(
+        str(_staged(cache, name)) for name in ("flash-attention", "cutlass"))
+    written = snapshot.stat().st_mtime_ns
     time.sleep(0.05)
     again = _build(build, "vfa_verified_sources")
     assert again.returncode == 0, again.output
     assert "Verifying the upstream sources" in again.output  # it ran again ...
-    assert stamp.stat().st_mtime_ns == written  # ... and left the stamp, so nothing after it reruns
+    assert snapshot.stat().st_mtime_ns == written  # ... and left the snapshot, so nothing after it reruns
 
 
 def test_a_dirty_source_dir_is_not_held_to_the_pin_at_build_time(synthetic, pin, cache, tmp_path):
@@ -445,7 +620,7 @@ def test_a_dirty_source_dir_is_not_held_to_the_pin_at_build_time(synthetic, pin,
     (src / "csrc/common/registration.h").write_text("// another local change\n")
     built = _build(build, "vfa_verified_sources")
     assert built.returncode == 0, built.output
-    assert "flash_attention" not in (build / "vfa_verified_sources.stamp").read_text()
+    assert "flash-attention" not in (build / "vfa_verified_sources.snapshot").read_text()
 
 
 # --- the pin -------------------------------------------------------------------------
@@ -578,6 +753,55 @@ def test_a_server_that_answers_everything_but_serves_no_git_stops_at_the_first_c
     assert requests <= 8, f"{requests} requests"
     assert f"{url} answered, but not as a git repository: it lists no branch, tag or HEAD" in result.text
     assert "Check the URL (FLASH_ATTN_MIRROR, or the pin's url)" in result.text
+    assert not list((cache / "src").glob("flash-attention-*"))
+
+
+def _session_processes(sid: int) -> list[str]:
+    """The processes of session <sid> still alive: (pid, command) from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {cmdline[:80]}")
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_a_mirror_that_lists_the_ref_and_answers_200_to_everything_stops_without_forking(synthetic, pin, cache):
+    """It passes the first contact (it lists the pinned commit); then git's partial clone asked it
+    again for every object it lacked, each lazy fetch a new git, over a thousand processes in 10 s,
+    and the timeout ended only the first (0d62d60). Every git call now runs without lazy fetch, in a
+    process group of its own that a timeout ends whole. The test bounds itself: it ends its own
+    session after 90 s whatever happens."""
+    with answers_everything_server(listed_commit=synthetic.fa_commit) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/fa.git"
+        command = fetch_sources_command(defines(pin, cache, FLASH_ATTN_MIRROR=url, VFA_FETCH_TIMEOUT="10",
+                                                VFA_FETCH_STALL_TIMEOUT="5"))
+        start = time.monotonic()
+        fetching = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+        try:
+            output, _ = fetching.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            output = "(still running after 90 s)"
+        took = time.monotonic() - start
+        left = _session_processes(fetching.pid)
+        os.killpg(fetching.pid, signal.SIGKILL) if left or fetching.poll() is None else None
+        fetching.wait()
+        requests = server.requests
+    text = " ".join(output.split())
+    assert fetching.returncode != 0
+    assert took < 60, f"{took:.0f} s, {requests} requests: {output[-2000:]}"
+    assert left == [], f"{len(left)} processes left: {left[:5]}"
+    assert requests < 100, f"{requests} requests"
+    assert f"flash_attention (commit {synthetic.fa_commit}): FAILED" in text
+    assert url in text
     assert not list((cache / "src").glob("flash-attention-*"))
 
 
@@ -799,7 +1023,8 @@ def relative_configure(synthetic, tmp_path_factory):
     root = tmp_path_factory.mktemp("relative")
     synthetic.write_pin(root / "pin.json")
     relative = {"VFA_PIN_FILE": os.path.relpath(root / "pin.json", PROJECT),
-                "VFA_SOURCE_CACHE": os.path.relpath(root / "cache", PROJECT)}
+                "VFA_SOURCE_CACHE": os.path.relpath(root / "cache", PROJECT),
+                "VFA_STAGED_SOURCES": os.path.relpath(root / "staged", PROJECT)}
     fetched = fetch_sources(relative, cwd=PROJECT)
     assert fetched.returncode == 0, fetched.output
     src = _clone(synthetic, root / "fa", synthetic.fa_commit)
@@ -816,7 +1041,9 @@ def relative_configure(synthetic, tmp_path_factory):
 def test_relative_paths_mean_the_same_in_a_configure(synthetic, relative_configure):
     root = relative_configure["root"]
     cutlass = _entry(root / "cache", "cutlass", synthetic.cutlass_commit)
-    assert f"cutlass {synthetic.cutlass_commit} (cache) at {cutlass}" in relative_configure["result"].text
+    assert f"cutlass {synthetic.cutlass_commit} (cache) at " in relative_configure["result"].text
+    assert f", staged from {cutlass}\n" in relative_configure["result"].output
+    assert f"(cache) at {root / 'staged'}/cutlass-" in relative_configure["result"].text
     assert f"flash_attention {synthetic.fa_commit} (source_dir) at {root / 'fa'}" in relative_configure["result"].text
 
 
@@ -903,13 +1130,43 @@ def test_an_include_dir_outside_the_pins_paths_is_refused(synthetic, pin, cache,
     data["flash_attention"]["required_files"] = [
         f for f in data["flash_attention"]["required_files"] if not f.startswith("csrc/common/")]
     pin.write_text(json.dumps(data))
+    synthetic.write_anchor(pin)
     src = _clone(synthetic, tmp_path / "fa", synthetic.fa_commit)
     result = configure(tmp_path / "build", defines(pin, cache, FLASH_ATTN_SRC_DIR=str(src), VFA_PRESET="minimal",
                                                    VFA_COMPILER_CACHE="off"))
     assert result.returncode != 0
     paths = ", ".join(data["flash_attention"]["paths"])
-    assert (f"the include directory '{src}/csrc/common' is not under flash_attention.paths "
-            f"({paths}) of the pin file '{pin}'") in result.text
+    assert "families.fa2.build.include_dirs names the include directory 'csrc/common'" in result.text
+    assert f"it is not under flash_attention.paths ({paths}) of the pin file '{pin}'" in result.text
+
+
+def _project_declaring(tmp_path, family, field, value):
+    """A copy of the project whose declaration gives <family> another build.<field>."""
+    project = checkout_copy(tmp_path / "project")
+    path = project / "cmake" / "knobs.json"
+    data = json.loads(path.read_text())
+    data["families"][family]["build"][field] = value
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return project
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    # '..' from a verified folder: csrc/ itself, where a planted csrc/cutlass/numeric_types.h would
+    # shadow CUTLASS's header (the prefix check took 'csrc/flash_attn/..' for a folder under csrc/flash_attn).
+    ("include_dirs", [["flash_attention", "csrc/flash_attn/..", "csrc/flash_attn/src", "csrc/common"],
+                      ["cutlass", "include"]],
+     "families.fa2.build.include_dirs names the include directory 'csrc/flash_attn/..'"),
+    # A file of the upstream tree that no check covers (outside the pin's paths).
+    ("sources", ["csrc/flash_attn/flash_api.cpp", "setup.py"], "families.fa2.build.sources names 'setup.py'"),
+], ids=["include-dotdot", "source-outside"])
+def test_a_declared_path_outside_the_verified_tree_stops_the_configure(filled, pin, cache, tmp_path, field, value,
+                                                                       shown):
+    project = _project_declaring(tmp_path, "fa2", field, value)
+    result = configure(tmp_path / "build", defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"),
+                       source_dir=project)
+    assert result.returncode != 0, result.output[-3000:]
+    assert shown in result.text
+    assert "Fix families.fa2.build." in result.text
 
 
 # --- the user's git settings do not change what a fetch writes ----------------------------

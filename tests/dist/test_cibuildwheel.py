@@ -67,8 +67,10 @@ def test_sccache_settings_reach_the_container():
     assert {"SCCACHE_BUCKET", "SCCACHE_REGION", "SCCACHE_S3_KEY_PREFIX", "SCCACHE_S3_RW_MODE",
             "SCCACHE_REDIS_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
             "VFA_VERSION_LOCAL", "TORCH_CUDA_ARCH_LIST"} <= passed
-    # One fixed source cache path in every container: sccache keys on absolute paths.
+    # One fixed source cache path in every container: sccache keys on absolute paths. The compiles
+    # read the staged copy, so its store is fixed too.
     assert CIBW["linux"]["environment"]["VFA_SOURCE_CACHE"].startswith("/")
+    assert CIBW["linux"]["environment"]["VFA_STAGED_SOURCES"].startswith("/")
 
 
 def test_the_test_command_checks_the_build_info():

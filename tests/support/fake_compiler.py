@@ -12,6 +12,7 @@ does:
   "sleep:S"          succeed after S seconds
   "until:NAME"       succeed once $FAKE_MARKERS/NAME exists (a test's event); after 300 s
                      without it, succeed anyway and leave <name>.timedout (the test says so)
+  "wait-for:PATH"    succeed once PATH exists (a test acts while the unit compiles; 300 s at most)
   "fail"             print an error located in the upstream source, exit 1
   "fail-after:NAME"  the same, once a unit whose output name contains NAME has started
   "real:HEADER"      run the real compile with `-include HEADER` (a test's broken header)
@@ -81,6 +82,10 @@ def main() -> int:
             if time.monotonic() > deadline:
                 Path(markers, f"{name}.timedout").write_text(str(time.time()))
                 break
+            time.sleep(0.05)
+    elif action.startswith("wait-for:"):
+        go, deadline = Path(action.split(":", 1)[1]), time.monotonic() + 300
+        while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     elif action.startswith(("fail", "fail-after:")):
         if action.startswith("fail-after:") and markers:

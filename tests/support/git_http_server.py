@@ -125,20 +125,28 @@ class _AnswersEverything(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b""
+        listed = getattr(self.server, "listed_commit", "")
+        if listed and self.path.split("?")[0].endswith("/info/refs"):
+            # A dumb-HTTP ref list naming the commit: it passes a first contact that asks for a ref.
+            body = f"{listed}\tHEAD\n{listed}\trefs/heads/main\n".encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", "0")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     do_GET = do_POST = do_HEAD = _answer
 
 
 @contextlib.contextmanager
-def answers_everything_server() -> Iterator[ThreadingHTTPServer]:
-    """http://127.0.0.1:<port>/ answering 200 and nothing to every request; .requests counts them."""
+def answers_everything_server(listed_commit: str = "") -> Iterator[ThreadingHTTPServer]:
+    """http://127.0.0.1:<port>/ answering 200 and nothing to every request; .requests counts them.
+    With <listed_commit>, its info/refs lists that commit as HEAD and main (a hostile mirror)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _AnswersEverything)
     server.daemon_threads = True
     server.requests = 0  # type: ignore[attr-defined]
+    server.listed_commit = listed_commit  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

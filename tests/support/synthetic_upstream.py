@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from vendored_flash_attn import declaration as declared
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cmake"))
+import source_anchor  # noqa: E402  (the pin's anchor: written for every synthetic pin)
 
 # The head dims upstream instantiates, as the project declares them (cmake/knobs.json).
 FA2_HEAD_DIMS = declared.FA2_HEAD_DIMS
@@ -688,7 +692,24 @@ class SyntheticUpstream:
                             commit=self.cutlass_commit, tag=""),
         }
         path.write_text(json.dumps(pin, indent=2))
+        self.write_anchor(path)
         return path
+
+    def write_anchor(self, pin_path: Path) -> Path:
+        """The pin's anchor (cmake/source_anchor.py), beside it, made from the synthetic repositories
+        as `source_anchor.py anchor` makes the real one from a fetch: a commit they lack gets none."""
+        pin = json.loads(pin_path.read_text())
+        entries = {}
+        for name, repo in (("flash_attention", self.flash_attention), ("cutlass", self.cutlass)):
+            commit, paths = pin[name]["commit"], pin[name]["paths"]
+            try:
+                manifest = source_anchor.manifest_from_git(repo, commit, paths)
+            except source_anchor.AnchorError:
+                continue
+            entries[name] = source_anchor.component_entry(commit, paths, manifest)
+        out = source_anchor.anchor_path(pin_path)
+        source_anchor.write_anchor(out, entries)
+        return out
 
     def new_fa_commit(self, message: str = "another commit") -> str:
         """Another flash-attention commit (for moved tags and other-commit sources), on a
