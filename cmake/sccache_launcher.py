@@ -51,7 +51,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
 from compile_unit import output_of, this_build  # noqa: E402
-from dist_trust import verify_unit  # noqa: E402  (objects from the cluster: a sample compiled here again)
+# Objects from the cluster: a sample compiled here again, each object's origin recorded.
+from dist_trust import dist_counts, record_origin, servers_of, verify_unit  # noqa: E402
 from dist_output import abandon, claim, drop, private_output, with_output  # noqa: E402  (where the cluster writes)
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
                         silent_fallback)                                      # time per unit)
@@ -189,6 +190,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     mode = settings["dist"]
     if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
         local, local_env = local_command(settings, command)
+        record_origin(settings["build_dir"], output_of(command), "here")  # dist_trust.py: compiled here
         if settings.get("local"):
             return compile_through_server(settings, local, server_env(settings, settings["local"], build),
                                           settings["local"], settings_path, build)
@@ -204,6 +206,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     # dist_output.py: the cluster writes into a private temporary, moved into place below only
     # while this unit still waits for it; an answer after the bound lands there, not on the object.
     private = private_output(unit)
+    before = dist_counts(settings["sccache"], env)  # which build servers build it (dist_trust.servers_of)
     rc, out, err, interrupted, stopped = run_bounded(
         [*settings.get("client", [settings["sccache"]]), *with_output(command, private)], env, bound,
         lambda: silent_fallback(settings["build_dir"], unit, since))
@@ -221,9 +224,14 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
             fell_back = silent_fallback(settings["build_dir"], unit, since)
             if fell_back:
                 record_fallback(settings, unit, "fell-back", fell_back)
-            rc = verify_unit(settings, unit, command, private)  # dist_trust.py: VFA_DIST_VERIFY's sample
-            if rc == 0:
-                claim(private, unit)
+            servers = servers_of(before, dist_counts(settings["sccache"], env))
+            # dist_trust.py: VFA_DIST_VERIFY's sample; the object's origin recorded in the build dir.
+            rc, checked = verify_unit(settings, unit, command, private, servers, build)
+            if rc == 0 and claim(private, unit):
+                # No server counted a compile: a hit of the (read-only, trusted) cache, or sccache's own
+                # fallback here. Compiles of other units that ended meanwhile count too: an object is
+                # credited to the cluster rather than not.
+                record_origin(settings["build_dir"], unit, "cluster" if servers else "here", servers, checked)
         if not (stopped or interrupted):
             drop(private)
         return rc if rc >= 0 else 128 - rc
@@ -234,6 +242,8 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     if settings.get("local"):
         local_env = server_env(settings, settings["local"], build)
     rc, out, err, _ = run_captured(local, local_env)
+    if rc == 0:
+        record_origin(settings["build_dir"], unit, "here")
     # A unit that fails here too had an error of its own (unless nothing was compiled there).
     if rc == 0 or kind in ("refused", "timeout", "fell-back"):
         record_fallback(settings, output_of(command), kind, reason)

