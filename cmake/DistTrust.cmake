@@ -20,6 +20,22 @@ function(vfa_write_dist_trust)
   if(NOT written STREQUAL content)
     file(WRITE "${file}" "${content}")
   endif()
+  # The objects a cluster built in this build dir stay only for a build that takes them on the
+  # same terms (dist_trust.py reconcile): otherwise removed here, and compiled again before linking.
+  if(VFA_COMPILER_CACHE_ENABLED)
+    set(enabled 1)
+  else()
+    set(enabled 0)
+  endif()
+  execute_process(COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/dist_trust.py" reconcile
+                          "${CMAKE_BINARY_DIR}" ${enabled}
+                  OUTPUT_VARIABLE removed RESULT_VARIABLE failed)
+  if(failed)
+    message(FATAL_ERROR "vendored-flash-attn: cmake/dist_trust.py reconcile failed (${failed}): the objects an "
+      "sccache-dist cluster built in ${CMAKE_BINARY_DIR} could not be checked; remove that build dir")
+  elseif(removed)
+    message(STATUS "vendored-flash-attn: ${removed}")
+  endif()
   # VFA_DIST_STATE comes from the compiler cache's probe (CompilerCache.cmake), which runs first.
   if(NOT VFA_DIST_VERIFY GREATER 0)
     if(VFA_DIST_STATE STREQUAL "connected")

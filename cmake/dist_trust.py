@@ -65,6 +65,7 @@ VERIFIED = "vfa-dist-verified.tsv"  # this build's checked units (record_verifie
 # Every unit the launcher compiled while the cluster was on, where (record_origin): the last line of a unit says
 # where its object in the build dir came from.
 ORIGIN = "vfa-dist-origin.tsv"
+TERMS = "vfa-dist-terms.json"  # the terms the build dir's cluster objects were taken on (reconcile)
 # nvcc names its temporary files (and symbols derived from them) after its process id.
 NVCC_TEMPORARY = re.compile(rb"tmpxft_[0-9a-f]{8}_[0-9a-f]{8}")
 
@@ -334,8 +335,56 @@ def remove_cluster_objects(build_dir: str) -> int:
     return len(units)
 
 
+def terms_now(build_dir: str, cache_enabled: bool) -> dict:
+    """The terms this configure takes the cluster's objects on: whether compiles go to a cluster
+    (the launcher's settings, compiler_cache_probe.py), which scheduler, and VFA_DIST_VERIFY."""
+    settings = {}
+    if cache_enabled:
+        try:
+            settings = json.loads((Path(build_dir) / "vfa-sccache.json").read_text())
+        except (OSError, ValueError):
+            settings = {}
+    on = settings.get("dist") == "on"
+    return {"cluster": on, "scheduler": settings.get("scheduler", "") if on else "",
+            "verify": verify_every(build_dir) if on else 0}
+
+
+def reconcile(build_dir: str, cache_enabled: bool) -> str:
+    """At configure: the objects the cluster built in this build dir stay only for a build that
+    takes them on the same terms (TERMS: the cluster on, the same scheduler, the same
+    VFA_DIST_VERIFY); otherwise they are removed, so that this build compiles them here (a
+    `pip wheel` without the cluster, from a build dir a cluster build left, linked them and
+    recorded a local build). Returns the line to say ("" when nothing was removed)."""
+    now = terms_now(build_dir, cache_enabled)
+    path = Path(build_dir) / TERMS
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        before = None
+    said = ""
+    objects = cluster_objects(build_dir)
+    if objects and before != now:
+        removed = remove_cluster_objects(build_dir)
+        was = (f"the sccache-dist cluster {before['scheduler']} with VFA_DIST_VERIFY={before['verify']}"
+               if before and before.get("cluster") else "an sccache-dist cluster")
+        this = (f"the cluster {now['scheduler']} with VFA_DIST_VERIFY={now['verify']}" if now["cluster"]
+                else "no cluster")
+        said = (f"{removed} objects of this build dir were built by {was}; this build, with {this}, compiles them "
+                f"again here before it links anything (dist-compile/README.md, \"Trust model\")")
+    path.write_text(json.dumps(now) + "\n")
+    return said
+
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
         pass
+
+
+if __name__ == "__main__":
+    # cmake/DistTrust.cmake at configure: dist_trust.py reconcile BUILD_DIR CACHE_ENABLED(0|1)
+    if len(sys.argv) == 4 and sys.argv[1] == "reconcile":
+        print(reconcile(sys.argv[2], sys.argv[3] not in ("", "0", "FALSE", "OFF")), end="")
+    else:
+        sys.exit("usage: dist_trust.py reconcile BUILD_DIR CACHE_ENABLED")

@@ -150,17 +150,21 @@ def sources(synthetic, dist_root):
 def dist_wheel(cluster, sources, dist_root):
     root = dist_root / "wheel"
     env = client_env(root, cluster.client_conf("client"))
-    # FA3 only (the module whose units a cluster is for): half the compiles, same mechanism.
+    # FA3 only (the module whose units a cluster is for): half the compiles, same mechanism. At the
+    # release pipeline's VFA_DIST_VERIFY (.buildkite/scripts/build-wheels.sh): what it costs is printed.
     config = [f"-Ccmake.define.{k}={v}" for k, v in {**sources, "VFA_BUILD_FA2": "off"}.items()]
     try:
+        started = time.monotonic()
         result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
-                      str(root / "dist"), *config, str(checkout_copy(root / "checkout"))], env=env, timeout=3000)
+                      str(root / "dist"), *config, "-Ccmake.define.VFA_DIST_VERIFY=10",
+                      str(checkout_copy(root / "checkout"))], env=env, timeout=3000)
+        took = time.monotonic() - started
         assert result.returncode == 0, result.output[-8000:]
         s = stats(env)
     finally:
         stop_client(env)
     (wheel,) = (root / "dist").glob("*.whl")
-    return {"wheel": wheel, "log": result.output, "stats": s, "root": root}
+    return {"wheel": wheel, "log": result.output, "stats": s, "root": root, "config": config, "seconds": took}
 
 
 def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
@@ -183,6 +187,16 @@ def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
     assert "compiler_cache" not in wheel_info  # this machine's readings (BuildInfo.cmake)
     assert info["build"]["jobs"] == info["build"]["jobs_by_memory"] + 1 or "MAX_JOBS" in info["build"]["jobs_reason"]
     assert cluster.env["VFA_DIST_CLIENT_TOKEN"] not in json.dumps(info)
+    # The release setting checks something in every build (at least the first unit of the build and
+    # one of each server), says so at the end, and the wheel's record counts the cluster's objects.
+    verify = dist["build"]["verify"]
+    assert verify["every"] == 10 and verify["same"] >= 1 and verify["servers_checked"] == verify["servers"], verify
+    assert "VFA_DIST_VERIFY=10: " in log and "build servers with a checked unit: 1 of 1" in log
+    assert wheel_info["cluster"] == {"objects_from_cluster": verify["objects_from_cluster"],
+                                     "objects_verified": verify["objects_verified"], "verify_every": 10}
+    assert verify["objects_from_cluster"] >= 2, verify
+    print(f"VFA_DIST_VERIFY=10: {verify['checked']} of {verify['objects_from_cluster']} cluster units checked, "
+          f"{verify['seconds']} s compiling them here, in a {dist_wheel['seconds']:.0f} s pip wheel")
 
 
 def test_wheel_built_on_the_cluster_loads(dist_wheel, tmp_path):
@@ -211,6 +225,33 @@ def max_in_flight(slot_log: Path) -> int:
 def test_the_module_server_never_ran_more_than_its_slots(dist_wheel, cluster):
     assert cluster.slot_log.exists(), "no compile went through dist-compile/bwrap-slots"
     assert 1 <= max_in_flight(cluster.slot_log) <= 2
+
+
+def test_a_second_wheel_without_the_cluster_compiles_the_clusters_objects_here(dist_wheel, tmp_path):
+    """README's way to a release that does not depend on the cluster: `pip wheel` again without
+    SCCACHE_CONF, from the same checkout. Its build dir held the cluster's objects, which it
+    linked without compiling anything and recorded as a local build. Now the configure removes
+    them (the build dir records which objects the cluster built) and they are compiled here."""
+    root = dist_wheel["root"]
+    from_cluster = json.loads(zipfile.ZipFile(dist_wheel["wheel"]).read(
+        "vendored_flash_attn/build_info.json"))["cluster"]["objects_from_cluster"]
+    env = clean_env(SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_DIR=str(tmp_path / "cache"),
+                    SCCACHE_IDLE_TIMEOUT="0")
+    try:
+        result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                      str(tmp_path / "dist"), *dist_wheel["config"], str(root / "checkout")], env=env, timeout=3000)
+        assert result.returncode == 0, result.output[-8000:]
+        s = stats(env)
+    finally:
+        stop_client(env)
+    text = " ".join(result.output.split())
+    assert f"{from_cluster} objects of this build dir were built by the sccache-dist cluster" in text, text[-5000:]
+    assert "this build, with no cluster, compiles them again here before it links anything" in text
+    compiled = sum(s["cache_misses"]["counts"].get(language, 0) for language in ("CUDA", "C/C++"))
+    assert compiled >= from_cluster and not s["dist_compiles"], s
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    record = json.loads(zipfile.ZipFile(wheel).read("vendored_flash_attn/build_info.json"))
+    assert "cluster" not in record  # nothing in it came from a cluster
 
 
 def test_a_server_holds_compiles_to_its_slots(dist_root):
