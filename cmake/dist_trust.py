@@ -52,6 +52,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
+from compile_env import sccache_server_answers  # noqa: E402  (whether the build's sccache server listens)
+
 # Every cache backend's read-only switch in sccache 0.16 (its config.rs); the one of the
 # backend in use applies, the others are ignored.
 RW_MODE_VARS = ("SCCACHE_LOCAL_RW_MODE", "SCCACHE_S3_RW_MODE", "SCCACHE_REDIS_RW_MODE", "SCCACHE_MEMCACHED_RW_MODE",
@@ -156,7 +159,10 @@ def in_sample(key: bytes, unit: str, every: int) -> bool:
 
 
 def dist_counts(sccache: str, env: dict[str, str]) -> dict[str, int]:
-    """Compiles per build server, as the build's sccache server counts them ({} unreadable)."""
+    """Compiles per build server, as the build's sccache server counts them ({} unreadable, and
+    for a server not started yet, which has counted nothing)."""
+    if not sccache_server_answers(env):  # compile_env.py's check: asking sccache would start one
+        return {}
     try:
         out = subprocess.run([sccache, "--show-stats", "--stats-format=json"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, timeout=60).stdout

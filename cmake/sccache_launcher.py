@@ -50,12 +50,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
-from compile_unit import output_of, this_build  # noqa: E402
+from compile_unit import output_of, say_now, this_build  # noqa: E402
 # Objects from the cluster: a sample compiled here again, each object's origin recorded.
 from dist_trust import dist_counts, record_origin, servers_of, verify_unit  # noqa: E402
 from dist_output import abandon, claim, drop, private_output, with_output  # noqa: E402  (where the cluster writes)
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
-                        silent_fallback)                                      # time per unit)
+                        STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
 from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
 
 # sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
@@ -207,9 +207,20 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     # while this unit still waits for it; an answer after the bound lands there, not on the object.
     private = private_output(unit)
     before = dist_counts(settings["sccache"], env)  # which build servers build it (dist_trust.servers_of)
+
+    def waiting(waited: float) -> tuple[str, str] | None:
+        """Every minute a unit waits on the cluster: a line, and is the scheduler still answering?"""
+        from sccache_config import scheduler_hang  # not at the top: this module runs once per unit
+        hang = scheduler_hang(settings["scheduler"], STATUS_TIMEOUT_S)
+        hung = f"the scheduler does not answer ({hang})" if hang else None
+        say_now(settings["build_dir"], f"{unit} has waited {waited:.0f} s on the sccache-dist cluster "
+                                       f"{settings['scheduler']} (its bound: {bound:.0f} s)"
+                                       + (f"; {hung}: compiling it here" if hung else ""))
+        return ("no-scheduler", hung) if hung else None
+
     rc, out, err, interrupted, stopped = run_bounded(
         [*settings.get("client", [settings["sccache"]]), *with_output(command, private)], env, bound,
-        lambda: silent_fallback(settings["build_dir"], unit, since))
+        lambda: silent_fallback(settings["build_dir"], unit, since), waiting)
     if stopped or interrupted:
         abandon(settings["build_dir"], unit, private)
     if stopped and stopped[0] == "timeout":
@@ -245,7 +256,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     if rc == 0:
         record_origin(settings["build_dir"], unit, "here")
     # A unit that fails here too had an error of its own (unless nothing was compiled there).
-    if rc == 0 or kind in ("refused", "timeout", "fell-back"):
+    if rc == 0 or kind in ("refused", "timeout", "fell-back", "no-scheduler"):
         record_fallback(settings, output_of(command), kind, reason)
     else:
         record(settings, output_of(command), SOURCE_ERROR, reason)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -645,6 +647,54 @@ def test_a_scheduler_that_hangs_mid_build_cannot_hang_the_build(sources, tmp_pat
     print(f"4 units with a hung scheduler: {took:.1f} s")
 
 
+def test_a_scheduler_that_hangs_is_named_within_a_minute_at_the_default_bound(sources, tmp_path):
+    """The same hang with the default bounds (4 x the unit's declared time: 612 s for an FA3
+    instantiation, 216 s for this one): a unit waited its whole bound without a word. Now a unit that has waited a minute says so and asks
+    the scheduler for its status (cmake/dist_bound.py, WAIT_LINE_S, STATUS_TIMEOUT_S): a scheduler
+    that does not answer is named, and the unit compiled here. The units run through the build's
+    launcher directly, one at a time (launch): no ninja, so nothing else starts the build's sccache
+    server beside the first compile (a progress monitor racing it timed out its start at load 7)."""
+    c = start_cluster(tmp_path / "cluster", slots=2)
+    env = own_servers_env(tmp_path, c.client_conf("client"))
+    build = tmp_path / "build"
+    silent = None
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        commands = {os.path.relpath(build / c["output"], build): c for c in
+                    json.loads((build / "compile_commands.json").read_text())}
+        first, second = cuda_units(build)[:2]
+
+        def compile_unit(unit: str):
+            return run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+                        str(build / "vfa-sccache.json"), "--", *shlex.split(commands[unit]["command"])],
+                       env=env, cwd=commands[unit]["directory"])
+
+        assert compile_unit(first).returncode == 0
+        c.stop("scheduler")
+        silent = silent_listener(int(c.url.rsplit(":", 1)[1]))
+        started = time.monotonic()
+        built = compile_unit(second)
+        took = time.monotonic() - started
+    finally:
+        stop_build_servers(build, env)
+        for proc in c.procs.values():
+            proc.kill()
+        if silent is not None:
+            silent.close()
+    assert built.returncode == 0, built.output[-8000:]
+    out = " ".join(built.output.split())
+    waited = re.search(rf"{re.escape(second)} has waited 6\d s on the sccache-dist cluster {c.url} \(its bound: "
+                       r"(\d+) s\); the scheduler does not answer \(it accepts connections but sent no answer "
+                       r"within 10 s\): compiling it here", out)
+    assert waited, out[-3000:]
+    # The default bound (dist_bound.py: 4 x the unit's declared time, at least 120 s), which it did not wait for.
+    assert int(waited.group(1)) >= 120 and took < int(waited.group(1)), (waited.group(0), took)
+    assert "the sccache-dist cluster failed" in out and "compiled here instead" in out
+    assert took < 60 + 10 + 60, f"{took:.0f} s"  # a minute, the status request, the compile here
+    print(f"a unit with a hung scheduler at the default bound: {took:.1f} s")
+
+
 def test_a_build_server_that_hangs_mid_build_is_counted_and_left(sources, tmp_path):
     """The build server stops (SIGSTOP: its port accepts, nothing answers): the scheduler gives
     up assigning it a job after ~30 s and sccache compiles that step here, silently, then waits
@@ -726,7 +776,6 @@ def test_a_build_server_whose_disk_fills_leaves_the_cluster_and_comes_back(tmp_p
         assert wait_for(lambda: log.exists() and log.read_text().count("Server connected to scheduler") == 1, 30)
         assert wait_for(lambda: servers() == 2, 30)  # this one and the cluster's own
         assert subprocess.run(fill, capture_output=True).returncode == 0
-        import re
         assert wait_for(lambda: re.search(r"has \d+ MB free, below --min-free-mb=32: stopping sccache-dist",
                                           log.read_text()), 30), log.read_text()[-2000:]
         assert wait_for(lambda: servers() == 1, 150), "the scheduler kept the server whose disk is full"
