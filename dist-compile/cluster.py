@@ -170,6 +170,9 @@ def cmd_secrets(args) -> int:
     return 0
 
 
+FUTURE_SKEW_S = 300  # a creation time this far ahead of this machine's clock is refused (clocks differ a little)
+
+
 def key_expiry_problem(created: str, max_age_days: int) -> str:
     """Why the server key may not be used any more, or "" while it may.
 
@@ -182,6 +185,10 @@ def key_expiry_problem(created: str, max_age_days: int) -> str:
     if not created.isdigit():
         return f"the server key has no creation time (VFA_DIST_SERVER_KEY_CREATED, which `secrets` writes): {rotate}"
     age_days = (time.time() - int(created)) / 86400
+    if age_days < -FUTURE_SKEW_S / 86400:
+        return (f"the server key's creation time (VFA_DIST_SERVER_KEY_CREATED={created}) is "
+                f"{-age_days * 86400:.0f} s in the future: a stamp set ahead would stretch the key's life past "
+                f"--key-max-age-days. {rotate}")
     if age_days > max_age_days:
         return (f"the server key is {age_days:.0f} days old, older than --key-max-age-days={max_age_days}: "
                 f"every server token it signed expires with it. {rotate}")
@@ -295,6 +302,8 @@ def cmd_server(args) -> int:
 
 
 def cmd_client(args) -> int:
+    if args.scheduler_url == "-":  # from stdin: a URL on a command line is seen by every local user (ps)
+        args.scheduler_url = sys.stdin.readline().strip()
     found = secrets_in(args.scheduler_url)
     if found:
         sys.exit(f"--scheduler-url carries {' and '.join(found)} ({shown_url(args.scheduler_url)} without it): "
@@ -340,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", action="store_true", help="start it (foreground)")
     p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
     p = sub.add_parser("client")
-    p.add_argument("--scheduler-url", required=True)
+    p.add_argument("--scheduler-url", required=True, help="the scheduler's URL, or - to read it from stdin")
     p.add_argument("--out", required=True)
     p.add_argument("--toolchain-dir", help="where packaged toolchains are kept (default: beside --out)")
     args = parser.parse_args(argv)

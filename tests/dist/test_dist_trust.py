@@ -659,6 +659,12 @@ def test_an_expired_or_undated_server_key_is_refused(tmp_path):
     assert "the server key is 31 days old, older than --key-max-age-days=30" in expired.stderr
     assert "a rotation also revokes every token of the old key" in expired.stderr
     assert cluster(*scheduler, "--key-max-age-days", "60", env=dict(env, VFA_DIST_SERVER_KEY_CREATED=old)).returncode == 0
+    # A stamp set ahead would stretch the key's life: refused beyond a few minutes of clock skew.
+    elsewhere = ["scheduler", "--listen", "127.0.0.1:1", "--dir", str(tmp_path / "scheduler-ahead")]
+    ahead = cluster(*elsewhere, env=dict(env, VFA_DIST_SERVER_KEY_CREATED=str(int(time.time()) + 86400)))
+    assert ahead.returncode != 0 and "s in the future: a stamp set ahead would stretch" in ahead.stderr, ahead.stderr
+    skewed = cluster(*elsewhere, env=dict(env, VFA_DIST_SERVER_KEY_CREATED=str(int(time.time()) + 60)))
+    assert skewed.returncode == 0, skewed.stderr
     # A token is minted only while the key the config holds is in date.
     conf = tmp_path / "scheduler" / "scheduler.toml"
     conf.write_text(conf.read_text().replace("expires after 60 days", "expires after 30 days"))
