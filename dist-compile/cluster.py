@@ -195,19 +195,6 @@ def key_expiry_problem(created: str, max_age_days: int) -> str:
     return ""
 
 
-def run_foreground(cmd: list[str], env: dict[str, str], log: str | None) -> int:
-    """exec `cmd` (no secret on it: they are in its 0600 config) with `env`, output to a 0600 `log`."""
-    print("+ " + " ".join(cmd), flush=True)
-    if log:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.fchmod(fd, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    os.execve(cmd[0], cmd, env)
-    return 1  # not reached
-
-
 def scheduler_config(root: Path) -> Path:
     return root / "scheduler.toml"
 
@@ -222,7 +209,13 @@ def cmd_scheduler(args) -> int:
                   key_created=created, key_max_age_days=args.key_max_age_days)
     print(f"scheduler config: {conf}")
     if args.run:
-        return run_foreground([sccache_dist(), "scheduler", "--config", str(conf)], daemon_env(), args.log)
+        # Under scheduler_key.py: the scheduler stops when its key reaches its age, as it runs.
+        supervisor = [sys.executable, "-E", "-s", str(HERE / "scheduler_key.py"), "--created", created,
+                      "--max-age-days", str(args.key_max_age_days), *(["--log", args.log] if args.log else []),
+                      "--", sccache_dist(), "scheduler", "--config", str(conf)]
+        print("+ " + " ".join(supervisor), flush=True)
+        os.execve(supervisor[0], supervisor, daemon_env())
+        return 1  # not reached
     return 0
 
 

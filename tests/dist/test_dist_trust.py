@@ -674,6 +674,32 @@ def test_an_expired_or_undated_server_key_is_refused(tmp_path):
     assert not (tmp_path / "server.token").exists()
 
 
+def test_a_running_scheduler_stops_when_its_key_expires(tmp_path):
+    """cluster.py refused an expired key at start only: a scheduler started the moment before its
+    key's age ran on, and every token of the key kept working. Now it runs under
+    dist-compile/scheduler_key.py, which stops it when the key reaches --key-max-age-days."""
+    from test_sccache_dist import wait_for_port
+
+    env = clean_env()
+    cluster("secrets", "--out", str(tmp_path / "secrets.env"), env=env)
+    env.update(dict(line.split("=", 1) for line in (tmp_path / "secrets.env").read_text().split()))
+    env["VFA_DIST_SERVER_KEY_CREATED"] = str(int(time.time()) - 30 * 86400 + 8)  # expires in 8 s
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    proc = subprocess.Popen([sys.executable, str(CLUSTER), "scheduler", "--listen", f"127.0.0.1:{port}", "--dir",
+                             str(tmp_path / "scheduler"), "--run", "--log", str(log)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port)  # it started with the key still in date
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert rc == 3, log.read_text()[-2000:]
+    assert "vfa-dist: the server key has reached --key-max-age-days: stopping the scheduler" in log.read_text()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
 def test_rotating_the_key_revokes_every_server_token(tmp_path):
     """sccache-dist's scheduler checks only a server token's signature: the old key's tokens stop
     working when the scheduler runs with a new one."""

@@ -61,6 +61,15 @@ class Cluster:
         proc = self.procs[name]
         proc.kill()
         proc.wait(timeout=10)
+        if name == "scheduler":  # sccache-dist under cluster.py's supervisor dies with it (PDEATHSIG), a moment later
+            import socket
+            port, deadline = int(self.url.rsplit(":", 1)[1]), time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    return
+                time.sleep(0.1)
 
 
 def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = None,
