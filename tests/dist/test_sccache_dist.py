@@ -191,6 +191,8 @@ def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
     info = json.loads(next((dist_wheel["root"] / "checkout" / "build").glob("*/build_info.json")).read_text())
     dist = info["compiler_cache"]["dist"]
     assert dist["distributed"] is True and dist["state"] == "connected"
+    # The mode this build's compiles met: read-only (a build server's object stays out of the cache).
+    assert info["compiler_cache"]["rw_mode"] == "read-only" and "(Local disk, read-only)" in log
     assert dist["scheduler"] == cluster.url + "/" and dist["server_cpus"] == 1 and dist["remote_jobs"] == 1
     # Set at the end of the build: compiles did run on the build server.
     assert dist["used"] is True and dist["build"]["remote_compiles"] == remote, dist
