@@ -223,6 +223,12 @@ def probe(args) -> dict:
     # hands it only what a compile needs (the server it starts keeps the full environment).
     client = ([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV_SCRIPT), args.sccache] if dist_mode == "on"
               else [args.sccache])
+    if dist_mode == "on":
+        # What this build's compiles meet: a read-only cache (dist_trust.py), whatever the probe's own
+        # server, which had the environment's settings, found.
+        result["rw_mode"] = "read-only"
+        result["checks"].append(f"read-only for this build: its compiles go to the sccache-dist cluster (the cache "
+                                f"itself was {found['rw_mode']})")
     settings = {"sccache": args.sccache, "client": client, "build_dir": str(build_dir), "dist": dist_mode,
                 "scheduler": public_url,
                 "server": server, "own_server": not explicit, "local": local,

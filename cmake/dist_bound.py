@@ -37,6 +37,11 @@ from progress_estimate import parse_unit_kind  # the unit-kind spec, one parser 
 BOUNDS_FILE = "vfa-dist-bounds.json"  # written at configure (cmake/DistBounds.cmake)
 DIST_LOG = "vfa-sccache-dist.log"     # the cluster's sccache server's log (warnings)
 POLL_S = 0.5  # how often a running compile's log is read for sccache's fallback
+# While a unit waits on the cluster: a line every WAIT_LINE_S, and the scheduler asked directly (its
+# status over HTTP, sccache_config.scheduler_hang: not through the build's sccache server, which may be
+# busy packaging toolchains) whether it answers, so a hung scheduler is named within a minute.
+WAIT_LINE_S = 60.0
+STATUS_TIMEOUT_S = 10.0
 BOUND_FACTOR = 4.0
 BOUND_FLOOR_S = 120.0
 # Kinds every build has (cmake/build_monitor.py's REFERENCE_SECONDS): C++ units, CUDA of no kind.
@@ -50,6 +55,9 @@ BOUND_FIXES = {
                 "does not answer looks like this (`sccache --dist-status` with this SCCACHE_CONF says whether the "
                 "scheduler answers and how many servers it has; the servers' logs say more): restart or fix it, or "
                 "raise VFA_DIST_UNIT_TIMEOUT if the units are only slow there"),
+    "no-scheduler": ("The cluster's scheduler stopped answering while units waited on it (one that accepts "
+                     "connections and answers nothing looks like this; `sccache --dist-status` with this SCCACHE_CONF "
+                     "asks it): restart or fix it"),
     "fell-back": ("sccache gave up on a build server and compiled the unit here (a server that does not answer, or "
                   "one whose disk is full: `sccache --dist-status` with this SCCACHE_CONF lists the servers; their "
                   "logs say more): fix or stop that server"),
@@ -85,12 +93,15 @@ def bound_seconds(build_dir: str, unit: str) -> tuple[float, float]:
 
 
 def run_bounded(command: list[str], env: dict[str, str], seconds: float,
-                fell_back: Callable[[], str | None] = lambda: None) \
+                fell_back: Callable[[], str | None] = lambda: None,
+                waiting: Callable[[float], tuple[str, str] | None] = lambda waited: None) \
         -> tuple[int, bytes, bytes, int | None, tuple[str, str] | None]:
     """(exit status, stdout, stderr, signal received, why it was stopped): <command>, stopped
     after <seconds> ("timeout", ...) or as soon as <fell_back>() names a reason ("fell-back",
     ...: sccache gave up on the cluster for this unit and goes on here, after its own wait per
-    step). A signal sent to the launcher reaches the compile too (as run_captured)."""
+    step), or <waiting>(seconds waited), called every WAIT_LINE_S, does (it says a line and
+    asks the scheduler: sccache_launcher.py). A signal sent to the launcher reaches the compile
+    too (as run_captured)."""
     received: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -107,7 +118,9 @@ def run_bounded(command: list[str], env: dict[str, str], seconds: float,
             return 127, b"", f"{command[0]}: {error}\n".encode(), (received or [None])[0], None
         if received and proc.poll() is None:
             proc.send_signal(received[0])
-        deadline = time.monotonic() + seconds
+        started = time.monotonic()
+        deadline = started + seconds
+        next_line = started + WAIT_LINE_S
         while True:
             try:
                 out, err = proc.communicate(timeout=POLL_S)
@@ -120,6 +133,9 @@ def run_bounded(command: list[str], env: dict[str, str], seconds: float,
                 stopped = ("fell-back", reason)
             elif time.monotonic() > deadline:
                 stopped = ("timeout", "")
+            elif time.monotonic() > next_line and not received:
+                next_line += WAIT_LINE_S
+                stopped = waiting(time.monotonic() - started)
             if stopped and not received:
                 proc.kill()
                 out, err = proc.communicate()

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from dist_trust import VERIFIED  # this build's checked units (cmake/dist_trust.py)
 from sccache_stats import (COUNTS, UNIT_LANGUAGES, ProbeFailure, counters, dist_status, run, show_stats,
                            unit_counts, with_saved)
 
@@ -72,6 +73,50 @@ def record_build(settings: dict, report: dict) -> None:
     tmp = info_path.with_name(info_path.name + ".tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n")
     os.replace(tmp, info_path)
+
+
+def verification_report(settings: dict) -> dict:
+    """What dist_trust.py checked in this build (VERIFIED) and where the build dir's objects came
+    from (ORIGIN): the objects the cluster built, how many of them were checked here, by server."""
+    from dist_trust import cluster_objects, verified_lines, verify_every
+    build_dir = settings["build_dir"]
+    lines = verified_lines(build_dir)
+    objects = cluster_objects(build_dir)
+    servers = sorted({s for servers, _ in objects.values() for s in servers.split(",") if s})
+    checked_servers = sorted({line[2] for line in lines if line[3] == "same" and line[2] and "," not in line[2]})
+    return {"every": verify_every(build_dir), "checked": len(lines),
+            "same": sum(1 for line in lines if line[3] == "same"),
+            "differ": sum(1 for line in lines if line[3] != "same"),
+            "seconds": round(sum(float(line[4]) for line in lines), 1),
+            "why": {why: sum(1 for line in lines if line[5] == why) for why in sorted({line[5] for line in lines})},
+            "objects_from_cluster": len(objects), "objects_verified": sum(1 for _, v in objects.values() if v),
+            "servers": servers, "servers_checked": [s for s in servers if s in checked_servers]}
+
+
+def record_in_wheel(settings: dict, verify: dict) -> None:
+    """Into the wheel's record (B/build_info.wheel.json, installed as the package's
+    build_info.json): how many of the objects linked came from the cluster and how many of them
+    were checked here. Counts only: which servers and scheduler are this machine's readings."""
+    path = Path(settings["build_dir"]) / "build_info.wheel.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    info["cluster"] = {"objects_from_cluster": verify["objects_from_cluster"],
+                       "objects_verified": verify["objects_verified"], "verify_every": verify["every"]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def verification_line(verify: dict) -> str:
+    if verify["every"] <= 0:
+        return (f"VFA_DIST_VERIFY=0: {verify['objects_from_cluster']} objects of this build dir came from the "
+                "sccache-dist cluster, none checked here (release builds set VFA_DIST_VERIFY=10)")
+    return (f"VFA_DIST_VERIFY={verify['every']}: {verify['checked']} units the cluster built were compiled again "
+            f"here in this build ({verify['seconds']:.1f} s), {verify['same']} of them the same; build servers with "
+            f"a checked unit: {len(verify['servers_checked'])} of {len(verify['servers'])}; objects of this build "
+            f"dir from the cluster: {verify['objects_from_cluster']}, {verify['objects_verified']} of them checked")
 
 
 def stop_servers(sccache: str, settings: dict, build_server: bool) -> None:
@@ -130,11 +175,21 @@ def stats(args) -> int:
             summary = f"statistics unreadable ({exc})"
         print(f"vendored-flash-attn: compiler cache: {summary}; sccache's statistics are in {log}")
     if settings is not None:
+        # dist_output.py: the cluster's answers that came after their unit stopped waiting.
+        from dist_output import discard_late
+        late = discard_late(settings["build_dir"])
+        for unit in late:
+            print(f"vendored-flash-attn: discarded the sccache-dist cluster's answer for {unit}: it came after the "
+                  "unit's bound, when the unit had been compiled here (the object built here is the one linked)")
         try:
             report = build_report(args.sccache, settings)
         except (ProbeFailure, json.JSONDecodeError, KeyError) as exc:
             print(f"distributed compiles: unknown ({exc})")
             return 0
+        report["late_answers_discarded"] = len(late)
+        report["verify"] = verify = verification_report(settings)
+        if settings["dist"] != "none" or verify["objects_from_cluster"]:
+            record_in_wheel(settings, verify)
         record_build(settings, report)
         if settings["dist"] != "none":
             fell_back = report["sccache_fallbacks"] + report["launcher_fallbacks"]
@@ -145,6 +200,7 @@ def stats(args) -> int:
                 print(f"vendored-flash-attn: none of this build's {report['compiles_here']} compiles ran on the "
                       f"sccache-dist cluster {settings['scheduler']} (its scheduler or servers did not take them; "
                       "`sccache --dist-status` with this SCCACHE_CONF and the cluster's logs say why)")
+            print(f"vendored-flash-attn: {verification_line(verify)}")
             if report["cluster_turned_off"]:
                 print(f"the cluster failed {report['launcher_fallbacks']} compiles of this build, which then ran "
                       f"here: {Path(settings['build_dir']) / FALLBACKS} lists them")
@@ -153,7 +209,7 @@ def stats(args) -> int:
         stop_servers(args.sccache, settings, build_server=False)
         if settings.get("own_server"):
             run([args.sccache, "--zero-stats"], env)
-        for name in (FALLBACKS, DIST_OFF, COUNTS):
+        for name in (FALLBACKS, DIST_OFF, COUNTS, VERIFIED):  # this build's; the origins (ORIGIN) stay
             (Path(settings["build_dir"]) / name).unlink(missing_ok=True)
         return 0
     try:

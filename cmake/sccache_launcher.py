@@ -50,10 +50,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
-from compile_unit import output_of, this_build  # noqa: E402
-from dist_trust import verify_unit  # noqa: E402  (objects from the cluster: a sample compiled here again)
+from compile_unit import output_of, say_now, this_build  # noqa: E402
+# Objects from the cluster: a sample compiled here again, each object's origin recorded.
+from dist_trust import dist_counts, record_origin, servers_of, verify_unit  # noqa: E402
+from dist_output import abandon, claim, drop, private_output, with_output  # noqa: E402  (where the cluster writes)
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
-                        silent_fallback)                                      # time per unit)
+                        STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
 from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
 
 # sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
@@ -185,23 +187,42 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     env = server_env(settings, settings["server"], build)
     # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
     # to build servers may carry). The local server below has no [dist]: plain sccache.
-    through_sccache = [*settings.get("client", [settings["sccache"]]), *command]
     mode = settings["dist"]
     if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
         local, local_env = local_command(settings, command)
+        record_origin(settings["build_dir"], output_of(command), "here")  # dist_trust.py: compiled here
         if settings.get("local"):
             return compile_through_server(settings, local, server_env(settings, settings["local"], build),
                                           settings["local"], settings_path, build)
         return exec_command(local, local_env)
     if mode != "on":
+        through_sccache = [*settings.get("client", [settings["sccache"]]), *command]
         return compile_through_server(settings, through_sccache, env, settings["server"], settings_path, build)
 
     # dist_bound.py: the cluster gets the unit's bound, and sccache's own silent fallbacks count.
     unit = output_of(command)
     bound, expected = bound_seconds(settings["build_dir"], unit)
     since = log_size(settings["build_dir"])
-    rc, out, err, interrupted, stopped = run_bounded(through_sccache, env, bound,
-                                                     lambda: silent_fallback(settings["build_dir"], unit, since))
+    # dist_output.py: the cluster writes into a private temporary, moved into place below only
+    # while this unit still waits for it; an answer after the bound lands there, not on the object.
+    private = private_output(unit)
+    before = dist_counts(settings["sccache"], env)  # which build servers build it (dist_trust.servers_of)
+
+    def waiting(waited: float) -> tuple[str, str] | None:
+        """Every minute a unit waits on the cluster: a line, and is the scheduler still answering?"""
+        from sccache_config import scheduler_hang  # not at the top: this module runs once per unit
+        hang = scheduler_hang(settings["scheduler"], STATUS_TIMEOUT_S)
+        hung = f"the scheduler does not answer ({hang})" if hang else None
+        say_now(settings["build_dir"], f"{unit} has waited {waited:.0f} s on the sccache-dist cluster "
+                                       f"{settings['scheduler']} (its bound: {bound:.0f} s)"
+                                       + (f"; {hung}: compiling it here" if hung else ""))
+        return ("no-scheduler", hung) if hung else None
+
+    rc, out, err, interrupted, stopped = run_bounded(
+        [*settings.get("client", [settings["sccache"]]), *with_output(command, private)], env, bound,
+        lambda: silent_fallback(settings["build_dir"], unit, since), waiting)
+    if stopped or interrupted:
+        abandon(settings["build_dir"], unit, private)
     if stopped and stopped[0] == "timeout":
         failure = ("timeout", f"no answer within {bound:.0f} s; the unit takes about {expected:.0f} s")
     elif stopped:
@@ -214,15 +235,28 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
             fell_back = silent_fallback(settings["build_dir"], unit, since)
             if fell_back:
                 record_fallback(settings, unit, "fell-back", fell_back)
-            rc = verify_unit(settings, unit, command)  # dist_trust.py: VFA_DIST_VERIFY's sample
+            servers = servers_of(before, dist_counts(settings["sccache"], env))
+            # dist_trust.py: VFA_DIST_VERIFY's sample; the object's origin recorded in the build dir.
+            rc, checked = verify_unit(settings, unit, command, private, servers, build)
+            if rc == 0 and claim(private, unit):
+                # No server counted a compile: a hit of the (read-only, trusted) cache, or sccache's own
+                # fallback here. Compiles of other units that ended meanwhile count too: an object is
+                # credited to the cluster rather than not.
+                record_origin(settings["build_dir"], unit, "cluster" if servers else "here", servers, checked)
+        if not (stopped or interrupted):
+            drop(private)
         return rc if rc >= 0 else 128 - rc
+    if not stopped:
+        drop(private)
     kind, reason = failure
     local, local_env = local_command(settings, command)
     if settings.get("local"):
         local_env = server_env(settings, settings["local"], build)
     rc, out, err, _ = run_captured(local, local_env)
+    if rc == 0:
+        record_origin(settings["build_dir"], unit, "here")
     # A unit that fails here too had an error of its own (unless nothing was compiled there).
-    if rc == 0 or kind in ("refused", "timeout", "fell-back"):
+    if rc == 0 or kind in ("refused", "timeout", "fell-back", "no-scheduler"):
         record_fallback(settings, output_of(command), kind, reason)
     else:
         record(settings, output_of(command), SOURCE_ERROR, reason)

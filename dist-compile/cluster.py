@@ -170,6 +170,9 @@ def cmd_secrets(args) -> int:
     return 0
 
 
+FUTURE_SKEW_S = 300  # a creation time this far ahead of this machine's clock is refused (clocks differ a little)
+
+
 def key_expiry_problem(created: str, max_age_days: int) -> str:
     """Why the server key may not be used any more, or "" while it may.
 
@@ -182,23 +185,14 @@ def key_expiry_problem(created: str, max_age_days: int) -> str:
     if not created.isdigit():
         return f"the server key has no creation time (VFA_DIST_SERVER_KEY_CREATED, which `secrets` writes): {rotate}"
     age_days = (time.time() - int(created)) / 86400
+    if age_days < -FUTURE_SKEW_S / 86400:
+        return (f"the server key's creation time (VFA_DIST_SERVER_KEY_CREATED={created}) is "
+                f"{-age_days * 86400:.0f} s in the future: a stamp set ahead would stretch the key's life past "
+                f"--key-max-age-days. {rotate}")
     if age_days > max_age_days:
         return (f"the server key is {age_days:.0f} days old, older than --key-max-age-days={max_age_days}: "
                 f"every server token it signed expires with it. {rotate}")
     return ""
-
-
-def run_foreground(cmd: list[str], env: dict[str, str], log: str | None) -> int:
-    """exec `cmd` (no secret on it: they are in its 0600 config) with `env`, output to a 0600 `log`."""
-    print("+ " + " ".join(cmd), flush=True)
-    if log:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.fchmod(fd, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    os.execve(cmd[0], cmd, env)
-    return 1  # not reached
 
 
 def scheduler_config(root: Path) -> Path:
@@ -215,7 +209,13 @@ def cmd_scheduler(args) -> int:
                   key_created=created, key_max_age_days=args.key_max_age_days)
     print(f"scheduler config: {conf}")
     if args.run:
-        return run_foreground([sccache_dist(), "scheduler", "--config", str(conf)], daemon_env(), args.log)
+        # Under scheduler_key.py: the scheduler stops when its key reaches its age, as it runs.
+        supervisor = [sys.executable, "-E", "-s", str(HERE / "scheduler_key.py"), "--created", created,
+                      "--max-age-days", str(args.key_max_age_days), *(["--log", args.log] if args.log else []),
+                      "--", sccache_dist(), "scheduler", "--config", str(conf)]
+        print("+ " + " ".join(supervisor), flush=True)
+        os.execve(supervisor[0], supervisor, daemon_env())
+        return 1  # not reached
     return 0
 
 
@@ -295,6 +295,8 @@ def cmd_server(args) -> int:
 
 
 def cmd_client(args) -> int:
+    if args.scheduler_url == "-":  # from stdin: a URL on a command line is seen by every local user (ps)
+        args.scheduler_url = sys.stdin.readline().strip()
     found = secrets_in(args.scheduler_url)
     if found:
         sys.exit(f"--scheduler-url carries {' and '.join(found)} ({shown_url(args.scheduler_url)} without it): "
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", action="store_true", help="start it (foreground)")
     p.add_argument("--log", help="with --run: its output, appended to this file (mode 0600)")
     p = sub.add_parser("client")
-    p.add_argument("--scheduler-url", required=True)
+    p.add_argument("--scheduler-url", required=True, help="the scheduler's URL, or - to read it from stdin")
     p.add_argument("--out", required=True)
     p.add_argument("--toolchain-dir", help="where packaged toolchains are kept (default: beside --out)")
     args = parser.parse_args(argv)

@@ -72,9 +72,10 @@ dist_client_for_build() {
   fi
   : "${VFA_DIST_CLIENT_TOKEN:?VFA_DIST_SCHEDULER_URL is set but VFA_DIST_CLIENT_TOKEN is not (docs/release.md)}"
   mkdir -p "$ROOT/.sccache-dist"
+  # The URL through stdin (cluster.py client --scheduler-url -): on a command line `ps` would show it.
   VFA_DIST_CLIENT_TOKEN=$VFA_DIST_CLIENT_TOKEN python3 "$ROOT/dist-compile/cluster.py" client \
-    --scheduler-url "$url" --out "$ROOT/.sccache-dist/client.toml" \
-    --toolchain-dir "$container_root/.sccache-dist/toolchains" >/dev/null
+    --scheduler-url - --out "$ROOT/.sccache-dist/client.toml" \
+    --toolchain-dir "$container_root/.sccache-dist/toolchains" >/dev/null <<< "$url"
   export SCCACHE_CONF="$container_root/.sccache-dist/client.toml"
   # The URL as the project's one scrubber shows it (no user, password, query or fragment).
   # (The URL goes through stdin: on a command line `ps` would show it.)

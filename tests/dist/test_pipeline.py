@@ -168,8 +168,16 @@ def dist_client(tmp_path, **env) -> subprocess.CompletedProcess:
     root = tmp_path / "checkout"  # what the function uses: the scripts, dist-compile/ and cmake/url_secrets.py
     for folder in (".buildkite", "dist-compile", "cmake"):
         shutil.copytree(PROJECT / folder, root / folder)
+    # Every python3 the function runs, its command line logged (a shim first on PATH).
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {tmp_path / "argv.log"}\n'
+                                   f'exec {shutil.which("python3")} "$@"\n')
+    (shims / "python3").chmod(0o755)
     script = 'source .buildkite/scripts/common.sh; dist_client_for_build x86_64 /project; echo "conf=${SCCACHE_CONF:-}"'
-    return subprocess.run(["bash", "-c", script], cwd=root, env=clean_env(**env), capture_output=True, text=True)
+    environment = clean_env(**env)
+    environment["PATH"] = f"{shims}:{environment['PATH']}"
+    return subprocess.run(["bash", "-c", script], cwd=root, env=environment, capture_output=True, text=True)
 
 
 def test_wheel_agents_get_a_client_config_for_the_scheduler(tmp_path):
@@ -184,6 +192,9 @@ def test_wheel_agents_get_a_client_config_for_the_scheduler(tmp_path):
     assert conf["dist"]["auth"] == {"type": "token", "token": "t0ken"}
     assert conf["dist"]["cache_dir"] == "/project/.sccache-dist/toolchains"
     assert "t0ken" not in result.stdout
+    # The URL reaches cluster.py through stdin, as the script's comment says: on no command line.
+    argv = (tmp_path / "argv.log").read_text()
+    assert "dist-compile/cluster.py client" in argv and "s:10600" not in argv, argv
 
 
 def test_wheel_agents_without_a_scheduler_or_token(tmp_path):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -59,6 +61,15 @@ class Cluster:
         proc = self.procs[name]
         proc.kill()
         proc.wait(timeout=10)
+        if name == "scheduler":  # sccache-dist under cluster.py's supervisor dies with it (PDEATHSIG), a moment later
+            import socket
+            port, deadline = int(self.url.rsplit(":", 1)[1]), time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    return
+                time.sleep(0.1)
 
 
 def start_cluster(root: Path, slots: int, extra_env: dict[str, str] | None = None,
@@ -150,17 +161,21 @@ def sources(synthetic, dist_root):
 def dist_wheel(cluster, sources, dist_root):
     root = dist_root / "wheel"
     env = client_env(root, cluster.client_conf("client"))
-    # FA3 only (the module whose units a cluster is for): half the compiles, same mechanism.
+    # FA3 only (the module whose units a cluster is for): half the compiles, same mechanism. At the
+    # release pipeline's VFA_DIST_VERIFY (.buildkite/scripts/build-wheels.sh): what it costs is printed.
     config = [f"-Ccmake.define.{k}={v}" for k, v in {**sources, "VFA_BUILD_FA2": "off"}.items()]
     try:
+        started = time.monotonic()
         result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
-                      str(root / "dist"), *config, str(checkout_copy(root / "checkout"))], env=env, timeout=3000)
+                      str(root / "dist"), *config, "-Ccmake.define.VFA_DIST_VERIFY=10",
+                      str(checkout_copy(root / "checkout"))], env=env, timeout=3000)
+        took = time.monotonic() - started
         assert result.returncode == 0, result.output[-8000:]
         s = stats(env)
     finally:
         stop_client(env)
     (wheel,) = (root / "dist").glob("*.whl")
-    return {"wheel": wheel, "log": result.output, "stats": s, "root": root}
+    return {"wheel": wheel, "log": result.output, "stats": s, "root": root, "config": config, "seconds": took}
 
 
 def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
@@ -176,6 +191,8 @@ def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
     info = json.loads(next((dist_wheel["root"] / "checkout" / "build").glob("*/build_info.json")).read_text())
     dist = info["compiler_cache"]["dist"]
     assert dist["distributed"] is True and dist["state"] == "connected"
+    # The mode this build's compiles met: read-only (a build server's object stays out of the cache).
+    assert info["compiler_cache"]["rw_mode"] == "read-only" and "(Local disk, read-only)" in log
     assert dist["scheduler"] == cluster.url + "/" and dist["server_cpus"] == 1 and dist["remote_jobs"] == 1
     # Set at the end of the build: compiles did run on the build server.
     assert dist["used"] is True and dist["build"]["remote_compiles"] == remote, dist
@@ -183,6 +200,16 @@ def test_wheel_compiles_its_cuda_units_on_the_build_server(dist_wheel, cluster):
     assert "compiler_cache" not in wheel_info  # this machine's readings (BuildInfo.cmake)
     assert info["build"]["jobs"] == info["build"]["jobs_by_memory"] + 1 or "MAX_JOBS" in info["build"]["jobs_reason"]
     assert cluster.env["VFA_DIST_CLIENT_TOKEN"] not in json.dumps(info)
+    # The release setting checks something in every build (at least the first unit of the build and
+    # one of each server), says so at the end, and the wheel's record counts the cluster's objects.
+    verify = dist["build"]["verify"]
+    assert verify["every"] == 10 and verify["same"] >= 1 and verify["servers_checked"] == verify["servers"], verify
+    assert "VFA_DIST_VERIFY=10: " in log and "build servers with a checked unit: 1 of 1" in log
+    assert wheel_info["cluster"] == {"objects_from_cluster": verify["objects_from_cluster"],
+                                     "objects_verified": verify["objects_verified"], "verify_every": 10}
+    assert verify["objects_from_cluster"] >= 2, verify
+    print(f"VFA_DIST_VERIFY=10: {verify['checked']} of {verify['objects_from_cluster']} cluster units checked, "
+          f"{verify['seconds']} s compiling them here, in a {dist_wheel['seconds']:.0f} s pip wheel")
 
 
 def test_wheel_built_on_the_cluster_loads(dist_wheel, tmp_path):
@@ -211,6 +238,33 @@ def max_in_flight(slot_log: Path) -> int:
 def test_the_module_server_never_ran_more_than_its_slots(dist_wheel, cluster):
     assert cluster.slot_log.exists(), "no compile went through dist-compile/bwrap-slots"
     assert 1 <= max_in_flight(cluster.slot_log) <= 2
+
+
+def test_a_second_wheel_without_the_cluster_compiles_the_clusters_objects_here(dist_wheel, tmp_path):
+    """README's way to a release that does not depend on the cluster: `pip wheel` again without
+    SCCACHE_CONF, from the same checkout. Its build dir held the cluster's objects, which it
+    linked without compiling anything and recorded as a local build. Now the configure removes
+    them (the build dir records which objects the cluster built) and they are compiled here."""
+    root = dist_wheel["root"]
+    from_cluster = json.loads(zipfile.ZipFile(dist_wheel["wheel"]).read(
+        "vendored_flash_attn/build_info.json"))["cluster"]["objects_from_cluster"]
+    env = clean_env(SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_DIR=str(tmp_path / "cache"),
+                    SCCACHE_IDLE_TIMEOUT="0")
+    try:
+        result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                      str(tmp_path / "dist"), *dist_wheel["config"], str(root / "checkout")], env=env, timeout=3000)
+        assert result.returncode == 0, result.output[-8000:]
+        s = stats(env)
+    finally:
+        stop_client(env)
+    text = " ".join(result.output.split())
+    assert f"{from_cluster} objects of this build dir were built by the sccache-dist cluster" in text, text[-5000:]
+    assert "this build, with no cluster, compiles them again here before it links anything" in text
+    compiled = sum(s["cache_misses"]["counts"].get(language, 0) for language in ("CUDA", "C/C++"))
+    assert compiled >= from_cluster and not s["dist_compiles"], s
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    record = json.loads(zipfile.ZipFile(wheel).read("vendored_flash_attn/build_info.json"))
+    assert "cluster" not in record  # nothing in it came from a cluster
 
 
 def test_a_server_holds_compiles_to_its_slots(dist_root):
@@ -604,6 +658,54 @@ def test_a_scheduler_that_hangs_mid_build_cannot_hang_the_build(sources, tmp_pat
     print(f"4 units with a hung scheduler: {took:.1f} s")
 
 
+def test_a_scheduler_that_hangs_is_named_within_a_minute_at_the_default_bound(sources, tmp_path):
+    """The same hang with the default bounds (4 x the unit's declared time: 612 s for an FA3
+    instantiation, 216 s for this one): a unit waited its whole bound without a word. Now a unit that has waited a minute says so and asks
+    the scheduler for its status (cmake/dist_bound.py, WAIT_LINE_S, STATUS_TIMEOUT_S): a scheduler
+    that does not answer is named, and the unit compiled here. The units run through the build's
+    launcher directly, one at a time (launch): no ninja, so nothing else starts the build's sccache
+    server beside the first compile (a progress monitor racing it timed out its start at load 7)."""
+    c = start_cluster(tmp_path / "cluster", slots=2)
+    env = own_servers_env(tmp_path, c.client_conf("client"))
+    build = tmp_path / "build"
+    silent = None
+    try:
+        result = configure(build, {**sources, "VFA_BUILD_FA2": "off"}, env=env)
+        assert result.returncode == 0, result.output[-5000:]
+        commands = {os.path.relpath(build / c["output"], build): c for c in
+                    json.loads((build / "compile_commands.json").read_text())}
+        first, second = cuda_units(build)[:2]
+
+        def compile_unit(unit: str):
+            return run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+                        str(build / "vfa-sccache.json"), "--", *shlex.split(commands[unit]["command"])],
+                       env=env, cwd=commands[unit]["directory"])
+
+        assert compile_unit(first).returncode == 0
+        c.stop("scheduler")
+        silent = silent_listener(int(c.url.rsplit(":", 1)[1]))
+        started = time.monotonic()
+        built = compile_unit(second)
+        took = time.monotonic() - started
+    finally:
+        stop_build_servers(build, env)
+        for proc in c.procs.values():
+            proc.kill()
+        if silent is not None:
+            silent.close()
+    assert built.returncode == 0, built.output[-8000:]
+    out = " ".join(built.output.split())
+    waited = re.search(rf"{re.escape(second)} has waited 6\d s on the sccache-dist cluster {c.url} \(its bound: "
+                       r"(\d+) s\); the scheduler does not answer \(it accepts connections but sent no answer "
+                       r"within 10 s\): compiling it here", out)
+    assert waited, out[-3000:]
+    # The default bound (dist_bound.py: 4 x the unit's declared time, at least 120 s), which it did not wait for.
+    assert int(waited.group(1)) >= 120 and took < int(waited.group(1)), (waited.group(0), took)
+    assert "the sccache-dist cluster failed" in out and "compiled here instead" in out
+    assert took < 60 + 10 + 60, f"{took:.0f} s"  # a minute, the status request, the compile here
+    print(f"a unit with a hung scheduler at the default bound: {took:.1f} s")
+
+
 def test_a_build_server_that_hangs_mid_build_is_counted_and_left(sources, tmp_path):
     """The build server stops (SIGSTOP: its port accepts, nothing answers): the scheduler gives
     up assigning it a job after ~30 s and sccache compiles that step here, silently, then waits
@@ -685,7 +787,6 @@ def test_a_build_server_whose_disk_fills_leaves_the_cluster_and_comes_back(tmp_p
         assert wait_for(lambda: log.exists() and log.read_text().count("Server connected to scheduler") == 1, 120)
         assert wait_for(lambda: servers() == 2, 120)  # this one and the cluster's own
         assert subprocess.run(fill, capture_output=True).returncode == 0
-        import re
         assert wait_for(lambda: re.search(r"has \d+ MB free, below --min-free-mb=32: stopping sccache-dist",
                                           log.read_text()), 30), log.read_text()[-2000:]
         assert wait_for(lambda: servers() == 1, 150), "the scheduler kept the server whose disk is full"
