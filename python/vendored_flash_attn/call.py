@@ -2,10 +2,11 @@
 ``vllm_flash_attn/flash_attn_interface.py`` functions (names, order, defaults, keyword-only
 ones) as one table each, and from each table the two things the package uses:
 
-* the **call object** (``VarlenCall``, ``SparseCall``, ``SparseVarlenCall``): a dataclass of
-  every argument of one call, by parameter name. The interface hands it to a family's adapter
-  (fa2.py, fa3.py, fa4.py) and to the shared checks (validation.py), which read the
-  arguments they need by name;
+* the **call object** (``VarlenCall``, ``SparseCall``, ``SparseVarlenCall``,
+  ``SchedulerMetadataCall``): a dataclass of every argument of one call, by parameter name.
+  The interface hands it to a family's adapter (fa2.py, fa3.py, fa4.py; for
+  ``get_scheduler_metadata``, the adapter of the family declaring ``scheduler_metadata``)
+  and to the shared checks (validation.py), which read the arguments they need by name;
 * the **public function** (``Declared.function``): a function with exactly upstream's
   signature whose body builds the call object and hands it to the package's code. It is
   generated from the table, as ``collections.namedtuple`` and ``dataclasses`` generate
@@ -31,6 +32,8 @@ import inspect
 import keyword
 import linecache
 from typing import Callable, List, NamedTuple, Optional
+
+import torch
 
 EMPTY = inspect.Parameter.empty
 
@@ -166,11 +169,38 @@ SPARSE_VARLEN = Declared("sparse_attn_varlen_func", (
     *_SPARSE_TAIL,
 ), "SparseVarlenCall", "One call of sparse_attn_varlen_func: every argument, by parameter name.")
 
+# "NOTE only used in FA3" (upstream's words): served by the family declaring scheduler_metadata.
+SCHEDULER_METADATA = Declared("get_scheduler_metadata", (
+    Parameter("batch_size"), Parameter("max_seqlen_q"), Parameter("max_seqlen_k"), Parameter("num_heads_q"),
+    Parameter("num_heads_kv"), Parameter("headdim"),
+    Parameter("cache_seqlens", annotation=torch.Tensor),
+    Parameter("qkv_dtype", torch.bfloat16),
+    Parameter("headdim_v", None),
+    Parameter("cu_seqlens_q", None, Optional[torch.Tensor]),
+    Parameter("cu_seqlens_k_new", None, Optional[torch.Tensor]),
+    Parameter("cache_leftpad", None, Optional[torch.Tensor]),
+    Parameter("page_size", None, Optional[int]),
+    Parameter("max_seqlen_k_new", 0),
+    Parameter("causal", False),
+    Parameter("window_size", (-1, -1)),  # -1 means infinite context window
+    Parameter("has_softcap", False),
+    Parameter("num_splits", 0),  # Can be tuned for speed
+    Parameter("pack_gqa", None),  # Can be tuned for speed
+    Parameter("sm_margin", 0),  # Can be tuned if some SMs are used for communication
+), "SchedulerMetadataCall", "One call of get_scheduler_metadata: every argument, by parameter name.")
+
 VarlenCall = VARLEN.call_type
 SparseCall = SPARSE.call_type
 SparseVarlenCall = SPARSE_VARLEN.call_type
+SchedulerMetadataCall = SCHEDULER_METADATA.call_type
 
-DECLARED = {d.name: d for d in (VARLEN, SPARSE, SPARSE_VARLEN)}
+DECLARED = {d.name: d for d in (VARLEN, SPARSE, SPARSE_VARLEN, SCHEDULER_METADATA)}
+
+
+def maybe_contiguous(x):
+    """Upstream's helper of the same file (exported by the interface as upstream's is): a
+    tensor whose last dim is strided is copied (the kernels need stride 1)."""
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
 # The launch contract: what every family adapter's ``launch(resolved, *LAUNCH)`` takes, in this

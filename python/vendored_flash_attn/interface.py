@@ -18,7 +18,9 @@ its kernels and refuses what only that family cannot run. Two paths do that:
   and the capture refusal, then the family's declared adapter (families.py: ``adapter``;
   fa2.forward, fa3.forward, fa4.forward), which launches it the same way.
 
-``get_scheduler_metadata`` is the adapter's of the family declaring scheduler_metadata.
+``get_scheduler_metadata`` is generated the same way (call.SCHEDULER_METADATA) and hands its
+call object to the ``scheduler_metadata`` entry of the adapter of the family that declares the
+``scheduler_metadata`` feature (FA3's today); no adapter is named here.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from .build_info import ComponentInfo
-from .call import VARLEN, VarlenCall
+from .call import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall
+from .call import maybe_contiguous  # noqa: F401  (the package's API, as upstream's file has it)
 from .compiled import component as _component, ops as _ops
 from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import (FlashAttnCaptureError, FlashAttnInputError, FlashAttnTypeError,
                      FlashAttnUnavailableError)
-from .fa3 import get_scheduler_metadata, maybe_contiguous  # noqa: F401  (the package's API)
 from .families import Family, registry, titles_text
 from .kernels import dtype_name
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
@@ -449,3 +451,23 @@ choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
 (num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
 ``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
 """, quick=_quick)
+
+
+def _scheduler_metadata(call: SchedulerMetadataCall):
+    """get_scheduler_metadata's body: the call, to the family that declares the
+    scheduler_metadata feature (its adapter's ``scheduler_metadata(family, call)``)."""
+    having = registry().having("scheduler_metadata")
+    if not having:
+        raise FlashAttnUnavailableError("get_scheduler_metadata: no family of this package declares "
+                                        "scheduler_metadata (cmake/knobs.json); pass scheduler_metadata=None")
+    family = having[0]
+    return family.adapter_function().scheduler_metadata(family, call)
+
+
+get_scheduler_metadata = SCHEDULER_METADATA.function(_scheduler_metadata, __name__, """\
+Scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``, computed by
+the family that declares it (FA3); see docs/runtime.md.
+
+It holds the schedule of exactly one call shape; the returned tensor remembers the arguments,
+and a call that passes it is refused when the kernels would schedule that call differently.
+""")

@@ -42,6 +42,13 @@ UPSTREAM = {
     "sparse_attn_varlen_func": [("q", P, None), ("k", P, None), ("v", P, None)] + _INDEXES + [
         ("cu_seqlens_q", P, None), ("cu_seqlens_k", P, None), ("max_seqlen_q", P, None),
         ("max_seqlen_k", P, None)] + _OPTIONS,
+    "get_scheduler_metadata": [
+        ("batch_size", P, None), ("max_seqlen_q", P, None), ("max_seqlen_k", P, None), ("num_heads_q", P, None),
+        ("num_heads_kv", P, None), ("headdim", P, None), ("cache_seqlens", P, None),
+        ("qkv_dtype", P, "torch.bfloat16"), ("headdim_v", P, "None"), ("cu_seqlens_q", P, "None"),
+        ("cu_seqlens_k_new", P, "None"), ("cache_leftpad", P, "None"), ("page_size", P, "None"),
+        ("max_seqlen_k_new", P, "0"), ("causal", P, "False"), ("window_size", P, "(-1, -1)"),
+        ("has_softcap", P, "False"), ("num_splits", P, "0"), ("pack_gqa", P, "None"), ("sm_margin", P, "0")],
 }
 # Where this package differs on purpose: fa_version=None asks the selector (docs/runtime.md).
 DIFFERENCES = {("flash_attn_varlen_func", "fa_version"): "None"}
@@ -217,3 +224,21 @@ def test_launch_arguments_are_the_calls_in_the_contracts_order():
     assert (got["window_left"], got["window_right"], got["fp8"]) == (7, 8, "fp8?")
     for name in set(declared.LAUNCH) & set(values):
         assert got[name] == numbers.get(name, values[name]), name
+
+
+def test_the_interface_names_no_adapter():
+    """interface.py reaches every family's code through the declaration (its ``adapter``), never
+    by importing an adapter module by name: get_scheduler_metadata goes to the family declaring
+    scheduler_metadata."""
+    from vendored_flash_attn.families import registry
+
+    adapters = {f.adapter.partition(":")[0] for f in registry()}
+    tree = ast.parse((ROOT / "python" / "vendored_flash_attn" / "interface.py").read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = f"vendored_flash_attn.{node.module}" if node.level else node.module
+            imported |= {module, *(f"{module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert adapters and not adapters & imported, adapters & imported
