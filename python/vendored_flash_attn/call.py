@@ -16,8 +16,10 @@ ones) as one table each, and from each table the two things the package uses:
   when the quick path declines: on every layer of every serving step, building the object
   and reading its fields back cost more than the checks themselves.
 
-And the **launch contract** of the family adapters (``LAUNCH``, ``launch_arguments``): the
-arguments of a checked call as every family's ``launch`` takes them, positionally.
+And the **launch contract** of the family adapters (``LAUNCH_PARAMETERS``): the arguments of a
+checked call as every family's ``launch`` takes them, positionally, and the two calls of it,
+generated from that table: the public function's on the quick path and ``launch_arguments``
+(a call object's, on the full path).
 
 A parameter upstream adds is added to its table here, and read by name where it is used;
 nothing else lists the parameters. ``fa_version``'s default differs from upstream's on
@@ -81,9 +83,13 @@ class Declared:
     def function(self, dispatch: Callable, module: str, doc: str, quick: Optional[Callable] = None) -> Callable:
         """A function named like upstream's, with its signature, whose body is
         ``return dispatch(<call object of every argument>)``; with ``quick``, first
-        ``result = quick(<the arguments it names>)``, returned unless it is None (declined).
-        ``quick``'s parameters are declared names (any of them, in any order), plain
-        positional ones: it reads the arguments it needs as its own locals."""
+        ``answer = quick(<the arguments it names>)``, and unless it is None (declined) the
+        launch contract's call (LAUNCH_PARAMETERS; this table must declare every parameter of it
+        that is not computed): ``resolved, *LAUNCH_COMPUTED = answer``, then
+        ``result = resolved.launch(resolved, *LAUNCH)`` with the function's own arguments for
+        the rest, and upstream's return: ``out``, or ``(out, softmax_lse)`` with
+        ``return_softmax_lse``. ``quick``'s parameters are declared names (any of them, in
+        any order), plain positional ones: it reads the arguments it needs as its own locals."""
         params, star = [], False
         for i, p in enumerate(self.parameters):
             if p.keyword_only and not star:
@@ -92,23 +98,26 @@ class Declared:
             params.append(p.name if p.default is EMPTY else f"{p.name}=_default_{i}")
         head = ""
         if quick is not None:
-            head = (f"    result = _quick({', '.join(self._quick_parameters(quick))})\n"
-                    "    if result is not None:\n        return result\n")
+            passed = [p.name for p in LAUNCH_PARAMETERS if not p.computed]
+            missing = [n for n in passed + ["return_softmax_lse"] if n not in self.names]
+            if missing:
+                raise ValueError(f"{self.name}: a quick path launches with the declared arguments {missing}, which "
+                                 "this table lacks")
+            head = (f"    answer = _quick({', '.join(self._quick_parameters(quick))})\n"
+                    "    if answer is not None:\n"
+                    f"        resolved, {', '.join(LAUNCH_COMPUTED)} = answer\n"
+                    f"        result = resolved.launch(resolved, {', '.join(LAUNCH)})\n"
+                    "        return (result[0], result[1]) if return_softmax_lse else result[0]\n")
         # The call object is filled slot by slot, not through its __init__ (a second frame).
         source = (f"def {self.name}({', '.join(params)}):\n{head}    call = _new(_Call)\n"
                   + "".join(f"    call.{name} = {name}\n" for name in self.names)
                   + "    return _dispatch(call)\n")
         namespace = {f"_default_{i}": p.default for i, p in enumerate(self.parameters)}
         namespace.update(_dispatch=dispatch, _quick=quick, _new=object.__new__, _Call=self.call_type)
-        filename = f"<vendored_flash_attn.call: {self.name}>"
-        # Its text where a traceback or a debugger looks for it.
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-        function = namespace[self.name]
+        function = _generated(self.name, source, namespace)
         function.__module__, function.__qualname__, function.__doc__ = module, self.name, doc
         function.__annotations__ = {p.name: p.annotation for p in self.parameters if p.annotation is not EMPTY}
         return function
-
 
     def _quick_parameters(self, quick: Callable) -> list[str]:
         kinds = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}
@@ -203,31 +212,67 @@ def maybe_contiguous(x):
     return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
+class LaunchParameter(NamedTuple):
+    """One argument of the launch contract."""
+
+    name: str
+    # How the full path makes it of a checked call object (``call``), its window (``window``,
+    # validation.window_tuple(call.window_size)) and ``fp8`` (whether q is FP8): an expression.
+    of_call: str
+    # True: the quick path computes it (it answers it with its resolution); False: a declared
+    # parameter of the call, which the quick path accepts only as the kernels take it and
+    # passes as the caller gave it.
+    computed: bool = False
+
+
 # The launch contract: what every family adapter's ``launch(resolved, *LAUNCH)`` takes, in this
 # order, positionally - a checked call's arguments as the kernels take them: ints, bools and
 # floats of exact types, softmax_scale resolved (never None), the window as two ints (-1:
-# unbounded). It returns the kernels' result, out first and softmax_lse second. The
-# interface's quick path calls it with its own locals (no call object); an adapter's
-# declared ``forward(resolved, call, window, fp8)`` calls it with ``launch_arguments``.
-# What a family does not declare (q_v, alibi_slopes, s_aux, context parallelism) the shared
-# checks refused when set: its launch takes it and leaves it unread.
-LAUNCH = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k",
-          "block_table", "out", "scheduler_metadata", "q_descale", "k_descale", "v_descale", "softmax_scale",
-          "causal", "window_left", "window_right", "softcap", "num_splits", "return_softmax_lse", "fp8",
-          "q_v", "alibi_slopes", "s_aux", "cp_world_size", "cp_rank", "cp_tot_seqused_k")
+# unbounded). It returns the kernels' result, out first and softmax_lse second. Both calls of
+# it are generated from this table: the public function's on the quick path
+# (``Declared.function(..., launch=)``) and ``launch_arguments`` (an adapter's declared
+# ``forward(resolved, call, window, fp8)`` on the full path). What a family does not declare
+# (q_v, alibi_slopes, s_aux, context parallelism) the shared checks refused when set: its
+# launch takes it and leaves it unread. A parameter upstream adds is added here (and to each
+# adapter's ``launch``, which tests/unit/test_call.py holds to LAUNCH by name and order).
+LAUNCH_PARAMETERS = tuple(LaunchParameter(*entry) for entry in (
+    ("q", "call.q"), ("k", "call.k"), ("v", "call.v"), ("cu_seqlens_q", "call.cu_seqlens_q"),
+    ("cu_seqlens_k", "call.cu_seqlens_k"), ("seqused_k", "call.seqused_k"),
+    ("max_seqlen_q", "int(call.max_seqlen_q)"), ("max_seqlen_k", "int(call.max_seqlen_k)"),
+    ("block_table", "call.block_table"), ("out", "call.out"), ("scheduler_metadata", "call.scheduler_metadata"),
+    ("q_descale", "call.q_descale"), ("k_descale", "call.k_descale"), ("v_descale", "call.v_descale"),
+    ("softmax_scale", "float(scale_of(call))", True), ("causal", "bool(call.causal)"),
+    ("window_left", "window[0]", True), ("window_right", "window[1]", True),
+    ("softcap", "float(call.softcap)", True), ("num_splits", "int(call.num_splits)"),
+    ("return_softmax_lse", "bool(call.return_softmax_lse)"), ("fp8", "fp8", True),
+    ("q_v", "call.q_v"), ("alibi_slopes", "call.alibi_slopes"), ("s_aux", "call.s_aux"),
+    ("cp_world_size", "int(call.cp_world_size)"), ("cp_rank", "int(call.cp_rank)"),
+    ("cp_tot_seqused_k", "call.cp_tot_seqused_k"),
+))
+LAUNCH = tuple(p.name for p in LAUNCH_PARAMETERS)
+#: What the quick path answers after its resolution, in this order (the rest it passes as given).
+LAUNCH_COMPUTED = tuple(p.name for p in LAUNCH_PARAMETERS if p.computed)
 
 
-def launch_arguments(call, window: tuple[int, int], fp8: bool) -> tuple:
-    """``call``'s arguments as LAUNCH orders and types them; ``window``:
-    validation.window_tuple(call.window_size); ``fp8``: whether q is FP8."""
-    return (call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.seqused_k, int(call.max_seqlen_q),
-            int(call.max_seqlen_k), call.block_table, call.out, call.scheduler_metadata, call.q_descale,
-            call.k_descale, call.v_descale, float(scale_of(call)), bool(call.causal), window[0], window[1],
-            float(call.softcap), int(call.num_splits), bool(call.return_softmax_lse), fp8, call.q_v,
-            call.alibi_slopes, call.s_aux, int(call.cp_world_size), int(call.cp_rank), call.cp_tot_seqused_k)
+def _generated(name: str, source: str, namespace: dict) -> Callable:
+    """``source``'s function ``name``, compiled with its text where a traceback or a debugger
+    looks for it."""
+    filename = f"<vendored_flash_attn.call: {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    return namespace[name]
 
 
 def scale_of(call) -> float:
     """The call's softmax scale: its own, else upstream's default, 1 / sqrt(head size)."""
     scale = call.softmax_scale
     return call.q.shape[-1] ** (-0.5) if scale is None else scale
+
+
+launch_arguments = _generated("launch_arguments", (
+    "def launch_arguments(call, window, fp8):\n"
+    f"    return ({', '.join(p.of_call for p in LAUNCH_PARAMETERS)})\n"), {"scale_of": scale_of})
+launch_arguments.__module__ = __name__
+launch_arguments.__doc__ = """``call``'s arguments as LAUNCH orders and types them; ``window``:
+validation.window_tuple(call.window_size); ``fp8``: whether q is FP8. Generated from
+LAUNCH_PARAMETERS."""

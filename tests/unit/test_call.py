@@ -169,25 +169,55 @@ def test_a_malformed_table_is_refused(parameters, message):
         declared.Declared("f", parameters, "FCall", "doc")
 
 
-def test_the_quick_path_gets_the_arguments_it_names_and_its_answer_stands():
+def test_the_quick_path_gets_the_arguments_it_names_and_the_function_launches_with_its_answer():
     """With a quick path, the generated function first hands it the arguments it names (in its
-    order, whatever the table's); its result is returned, and only None (declined) builds the
-    call object for the dispatcher."""
-    seen, dispatched = [], []
+    order, whatever the table's); unless it declines (None), it answers the resolution and the
+    launch arguments it computes (LAUNCH_COMPUTED), and the function calls the resolution's
+    launch with the launch contract (LAUNCH): those answers, and the caller's own arguments for
+    the rest; upstream's return follows return_softmax_lse. Only None builds the call object
+    for the dispatcher."""
+    seen, dispatched, launched = [], [], []
     answer = []
+
+    class Resolved:
+        def launch(self, *args):
+            launched.append(args)
+            return ("out", "lse", "rest")
+
+    resolved = Resolved()
 
     def quick(v, fa_version, q):
         seen.append((v, fa_version, q))
         return answer[0]
 
     function = declared.VARLEN.function(dispatched.append, __name__, "doc", quick=quick)
-    answer.append("quick's result")
-    assert function(1, 2, 3, 4, 5, 6, fa_version=9) == "quick's result"
-    assert seen == [(3, 9, 1)] and dispatched == []
+    computed = {name: f"computed {name}" for name in declared.LAUNCH_COMPUTED}
+    answer.append((resolved, *computed.values()))
+    given = {p.name: f"given {p.name}" for p in declared.VARLEN.parameters}
+    assert function(**given) == ("out", "lse")  # return_softmax_lse: a true string
+    assert seen == [(given["v"], given["fa_version"], given["q"])] and dispatched == []
+    (args,) = launched
+    assert args[0] is resolved
+    assert dict(zip(declared.LAUNCH, args[1:])) == {n: computed.get(n, given.get(n)) for n in declared.LAUNCH}
+    assert len(args) == 1 + len(declared.LAUNCH)
+    assert function(**{**given, "return_softmax_lse": False}) == "out"
     answer[0] = None
     function(1, 2, 3, 4, 5, 6, fa_version=9)
     assert seen[-1] == (3, 9, 1) and [(c.q, c.v, c.fa_version) for c in dispatched] == [(1, 3, 9)]
     assert inspect.signature(function) == declared.VARLEN.signature()
+
+
+def test_a_quick_path_needs_a_table_with_the_launch_contracts_arguments():
+    with pytest.raises(ValueError, match="a quick path launches with the declared arguments"):
+        declared.SPARSE.function(print, __name__, "doc", quick=lambda q: None)
+
+
+def test_the_launch_contracts_computed_arguments_are_its_own_names():
+    """Every launch argument the quick path does not compute is one of the call's parameters
+    (what the generated function passes as given), and the rest are LAUNCH's."""
+    assert set(declared.LAUNCH_COMPUTED) <= set(declared.LAUNCH)
+    assert {n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED} <= set(declared.VARLEN.names)
+    assert len(set(declared.LAUNCH)) == len(declared.LAUNCH)
 
 
 @pytest.mark.parametrize("quick, wrong", [
@@ -202,13 +232,22 @@ def test_a_quick_path_of_other_parameters_is_refused(quick, wrong):
 
 
 def test_every_adapters_launch_takes_the_launch_contract():
-    """What the interface's quick path calls: every declared family's adapter has a launch whose
-    parameters are call.LAUNCH, after ``resolved``, in order."""
+    """What the generated function's quick path and launch_arguments call: every declared
+    family's adapter has a launch whose parameters are call.LAUNCH, after ``resolved``, in
+    order; and no other function of an adapter's module takes the contract's arguments (a
+    second, hand-written copy of the list)."""
+    import importlib
+
     from vendored_flash_attn.families import registry
 
     for family in registry():
         launch = family.adapter_function().launch
         assert list(inspect.signature(launch).parameters) == ["resolved", *declared.LAUNCH], family.name
+        module = importlib.import_module(family.adapter.partition(":")[0])
+        for name, value in vars(module).items():
+            if inspect.isfunction(value) and value.__module__ == module.__name__ and value is not launch:
+                taken = set(inspect.signature(value).parameters) & set(declared.LAUNCH)
+                assert len(taken) < len(declared.LAUNCH) // 2, f"{module.__name__}.{name} takes {sorted(taken)}"
 
 
 def test_launch_arguments_are_the_calls_in_the_contracts_order():
@@ -242,3 +281,74 @@ def test_the_interface_names_no_adapter():
         elif isinstance(node, ast.Import):
             imported |= {a.name for a in node.names}
     assert adapters and not adapters & imported, adapters & imported
+
+
+def _launch_calls():
+    """Calls the quick path takes, each launch argument distinct where the call sets it: an
+    asymmetric window, a scale, a softcap, split counts, out=, descales, LSE asked or not."""
+    import torch
+    from calls import descales, paged_call, varlen_call
+
+    out = torch.empty(6, 8, 128, dtype=torch.bfloat16)
+    return [
+        dict(varlen_call(), causal=False, window_size=(63, 5), softcap=2.5, softmax_scale=0.25,
+             return_softmax_lse=True),
+        dict(paged_call(), causal=True, softcap=0, window_size=[-1, -1], num_splits=3, max_seqlen_q=1, out=out,
+             **descales()),
+        dict(paged_call(kv_heads=1), causal=True, softmax_scale=0.3),
+        dict(varlen_call(d=64), causal=True, softcap=1),
+        dict(paged_call(torch.float8_e4m3fn), causal=True, window_size=(7, 0), out=out, **descales()),
+    ]
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_the_quick_paths_launch_is_the_full_paths(describe, fake_ops, monkeypatch, version):
+    """Each call twice, its adapter's launch replaced by a recorder: the first on the full path
+    (the call object, the shared checks, forward -> launch(*launch_arguments(...))), the second
+    on the quick path (the generated function's launch with the quick path's answer). The
+    launch sees the same argument under each of LAUNCH's names, of the same type: a launch
+    argument swapped, dropped or typed differently on either side fails it."""
+    import importlib
+
+    from runtime_fakes import FA4_RECORD, HOPPER, make_build
+    from vendored_flash_attn import interface
+    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.errors import FlashAttnInputError
+    from vendored_flash_attn.kernels import dtype_name
+
+    describe(caps=(HOPPER,), build=make_build("full", fa4=FA4_RECORD))
+    family = registry()[version]
+    module = importlib.import_module(family.adapter.partition(":")[0])
+    seen = []
+
+    def recorder(resolved, *args):
+        assert len(args) == len(declared.LAUNCH)
+        seen.append(dict(zip(declared.LAUNCH, args)))
+        return args[0], "lse"
+
+    monkeypatch.setattr(module, "launch", recorder)
+    monkeypatch.setattr(module.forward, "launch", recorder)
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a) or real(*a, **k))
+    compared = 0
+    for call in _launch_calls():
+        if dtype_name(call["q"].dtype) not in family.dtypes:
+            continue
+        seen.clear()
+        full.clear()
+        try:  # what the family does not take (FA2: no split-KV) the full path refuses: not a launch
+            results = [vendored_flash_attn.flash_attn_varlen_func(**call, fa_version=version)]
+        except FlashAttnInputError:
+            continue
+        results.append(vendored_flash_attn.flash_attn_varlen_func(**call, fa_version=version))
+        assert len(full) == 1, "the second call did not take the quick path"
+        first, second = seen
+        differ = [n for n in declared.LAUNCH if not (
+            first[n] is second[n] if first[n] is None or hasattr(first[n], "shape")
+            else (type(first[n]), first[n]) == (type(second[n]), second[n]))]
+        assert differ == [], {n: (first[n], second[n]) for n in differ}
+        assert type(results[0]) is type(results[1])
+        compared += 1
+    assert compared >= 3
+
