@@ -18,8 +18,8 @@ ones) as one table each, and from each table the two things the package uses:
 
 And the **launch contract** of the family adapters (``LAUNCH_PARAMETERS``): the arguments of a
 checked call as every family's ``launch`` takes them, positionally, and the two calls of it,
-generated from that table: the public function's on the quick path and ``launch_arguments``
-(a call object's, on the full path).
+generated from that table: the quick path's (``with_launch``) and ``launch_arguments`` (a call
+object's, on the full path).
 
 A parameter upstream adds is added to its table here, and read by name where it is used;
 nothing else lists the parameters. ``fa_version``'s default differs from upstream's on
@@ -29,15 +29,27 @@ tests/unit/test_call.py holds the tables to upstream's file at the pin.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import keyword
 import linecache
+import textwrap
+import types
 from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
 EMPTY = inspect.Parameter.empty
+
+
+def _generated(name: str, source: str, namespace: dict) -> Callable:
+    """``source``'s function ``name``, compiled with its text where a traceback or a debugger
+    looks for it."""
+    filename = f"<vendored_flash_attn.call: {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    return namespace[name]
 
 
 class Parameter(NamedTuple):
@@ -83,13 +95,9 @@ class Declared:
     def function(self, dispatch: Callable, module: str, doc: str, quick: Optional[Callable] = None) -> Callable:
         """A function named like upstream's, with its signature, whose body is
         ``return dispatch(<call object of every argument>)``; with ``quick``, first
-        ``answer = quick(<the arguments it names>)``, and unless it is None (declined) the
-        launch contract's call (LAUNCH_PARAMETERS; this table must declare every parameter of it
-        that is not computed): ``resolved, *LAUNCH_COMPUTED = answer``, then
-        ``result = resolved.launch(resolved, *LAUNCH)`` with the function's own arguments for
-        the rest, and upstream's return: ``out``, or ``(out, softmax_lse)`` with
-        ``return_softmax_lse``. ``quick``'s parameters are declared names (any of them, in
-        any order), plain positional ones: it reads the arguments it needs as its own locals."""
+        ``result = quick(<the arguments it names>)``, returned unless it is None (declined).
+        ``quick``'s parameters are declared names (any of them, in any order), plain
+        positional ones: it reads the arguments it needs as its own locals."""
         params, star = [], False
         for i, p in enumerate(self.parameters):
             if p.keyword_only and not star:
@@ -98,16 +106,8 @@ class Declared:
             params.append(p.name if p.default is EMPTY else f"{p.name}=_default_{i}")
         head = ""
         if quick is not None:
-            passed = [p.name for p in LAUNCH_PARAMETERS if not p.computed]
-            missing = [n for n in passed + ["return_softmax_lse"] if n not in self.names]
-            if missing:
-                raise ValueError(f"{self.name}: a quick path launches with the declared arguments {missing}, which "
-                                 "this table lacks")
-            head = (f"    answer = _quick({', '.join(self._quick_parameters(quick))})\n"
-                    "    if answer is not None:\n"
-                    f"        resolved, {', '.join(LAUNCH_COMPUTED)} = answer\n"
-                    f"        result = resolved.launch(resolved, {', '.join(LAUNCH)})\n"
-                    "        return (result[0], result[1]) if return_softmax_lse else result[0]\n")
+            head = (f"    result = _quick({', '.join(self._quick_parameters(quick))})\n"
+                    "    if result is not None:\n        return result\n")
         # The call object is filled slot by slot, not through its __init__ (a second frame).
         source = (f"def {self.name}({', '.join(params)}):\n{head}    call = _new(_Call)\n"
                   + "".join(f"    call.{name} = {name}\n" for name in self.names)
@@ -229,9 +229,8 @@ class LaunchParameter(NamedTuple):
 # order, positionally - a checked call's arguments as the kernels take them: ints, bools and
 # floats of exact types, softmax_scale resolved (never None), the window as two ints (-1:
 # unbounded). It returns the kernels' result, out first and softmax_lse second. Both calls of
-# it are generated from this table: the public function's on the quick path
-# (``Declared.function(..., launch=)``) and ``launch_arguments`` (an adapter's declared
-# ``forward(resolved, call, window, fp8)`` on the full path). What a family does not declare
+# it are generated from this table: the quick path's (``with_launch``) and ``launch_arguments``
+# (an adapter's declared ``forward(resolved, call, window, fp8)`` on the full path). What a family does not declare
 # (q_v, alibi_slopes, s_aux, context parallelism) the shared checks refused when set: its
 # launch takes it and leaves it unread. A parameter upstream adds is added here (and to each
 # adapter's ``launch``, which tests/unit/test_call.py holds to LAUNCH by name and order).
@@ -250,17 +249,63 @@ LAUNCH_PARAMETERS = tuple(LaunchParameter(*entry) for entry in (
     ("cp_tot_seqused_k", "call.cp_tot_seqused_k"),
 ))
 LAUNCH = tuple(p.name for p in LAUNCH_PARAMETERS)
-#: What the quick path answers after its resolution, in this order (the rest it passes as given).
+#: What the quick path computes (it names each in its launch call); the rest it passes as given.
 LAUNCH_COMPUTED = tuple(p.name for p in LAUNCH_PARAMETERS if p.computed)
 
 
-def _generated(name: str, source: str, namespace: dict) -> Callable:
-    """``source``'s function ``name``, compiled with its text where a traceback or a debugger
-    looks for it."""
-    filename = f"<vendored_flash_attn.call: {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-    return namespace[name]
+def launch(resolved, **computed):
+    """The quick path's launch call as its source writes it, ``launch(resolved, <each of
+    LAUNCH_COMPUTED>=...)``: ``with_launch`` rewrites it into the adapter's launch with the
+    whole contract in LAUNCH's order. Never runs."""
+    raise RuntimeError("call.launch is a marker for call.with_launch; this function was not rewritten")
+
+
+def with_launch(function: Callable) -> Callable:
+    """``function`` (the interface's quick path) recompiled from its source with its one
+    ``launch(resolved, name=value, ...)`` call rewritten into
+    ``resolved.launch(resolved, <LAUNCH, in order>)``: each of LAUNCH_COMPUTED as the call
+    names it, every other launch argument the function's own parameter of that name (the
+    caller's argument, which the function must not rebind). The positional call of the
+    contract is written here, from LAUNCH_PARAMETERS, not by hand; the function keeps its
+    globals, lines and name, and pays no extra frame (it runs on every layer of every step)."""
+    filename = inspect.getsourcefile(function)
+    lines, first = inspect.getsourcelines(function)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, first - 1)
+    (node,) = tree.body
+    node.decorator_list = []
+    parameters = [a.arg for a in node.args.args]
+    where = f"{function.__module__}.{function.__qualname__}"
+    passed = [n for n in LAUNCH if n not in LAUNCH_COMPUTED]
+    rebound = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+                     & set(passed))
+    missing = [n for n in passed if n not in parameters]
+    if rebound or missing:
+        raise ValueError(f"{where}: the launch passes these as the caller gave them, so they must be parameters "
+                         f"it never rebinds: rebound {rebound}, not parameters {missing}")
+    marks = [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == launch.__name__]
+    if len(marks) != 1:
+        raise ValueError(f"{where}: needs exactly one launch(resolved, ...) call, found {len(marks)}")
+    (mark,) = marks
+    named = {k.arg: k.value for k in mark.keywords}
+    if len(mark.args) != 1 or sorted(named) != sorted(LAUNCH_COMPUTED) or None in named:
+        raise ValueError(f"{where}: launch(resolved, ...) must name each of {list(LAUNCH_COMPUTED)} once, "
+                         f"got {[k.arg for k in mark.keywords]}")
+    (resolved,) = mark.args
+    mark.func = ast.Attribute(value=resolved, attr="launch", ctx=ast.Load())
+    mark.args = [resolved] + [named[n] if n in named else ast.Name(id=n, ctx=ast.Load()) for n in LAUNCH]
+    mark.keywords = []
+    ast.fix_missing_locations(tree)
+    scratch: dict = {}
+    exec(compile(tree, filename, "exec"), dict(function.__globals__), scratch)  # noqa: S102
+    made = scratch[node.name]
+    rewritten = types.FunctionType(made.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                   function.__closure__)
+    rewritten.__qualname__, rewritten.__doc__, rewritten.__module__ = (function.__qualname__, function.__doc__,
+                                                                       function.__module__)
+    rewritten.__wrapped_source__ = function  # the function as written, for tests and readers
+    return rewritten
 
 
 def scale_of(call) -> float:

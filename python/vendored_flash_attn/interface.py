@@ -10,9 +10,9 @@ its kernels and refuses what only that family cannot run. Two paths do that:
 * the **quick path** (``_quick``), which the common calls of a serving engine take on every
   layer of every step: it runs on the public function's own locals, finds the call's kind
   already resolved, checks the call with flat metadata reads (a conservative subset of the
-  shared checks: it only accepts, never refuses); the generated public function then calls
-  the adapter's ``launch`` (call.LAUNCH_PARAMETERS) with the arguments as they are. No call
-  object, no second set of rules;
+  shared checks: it only accepts, never refuses), and calls the adapter's ``launch``
+  (call.LAUNCH_PARAMETERS, the call written out by call.with_launch) with the arguments as
+  they are. No call object, no second set of rules;
 * the **full path** (``_dispatch``) for everything it declines: the call object
   (call.VarlenCall), the resolution (which may refuse), the shared checks
   (validation.check_varlen_call, which refuse with the precise message), the debug checks
@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from .build_info import ComponentInfo
-from .call import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall
+from .call import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall, launch, with_launch
 from .call import maybe_contiguous  # noqa: F401  (the package's API, as upstream's file has it)
 from .compiled import component as _component, ops as _ops
 from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
@@ -291,14 +291,14 @@ on_environment_change(_environment_swapped)
 _get_device, _is_cpu = torch.Tensor.get_device, operator.attrgetter("is_cpu")
 
 
+@with_launch
 def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p,
            softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, return_softmax_lse, out,
            scheduler_metadata, q_descale, k_descale, v_descale, num_splits, fa_version, s_aux, cp_world_size,
            cp_rank, cp_tot_seqused_k):
-    """The quick path: for a common call, its resolution and the launch arguments it computes
-    (call.LAUNCH_COMPUTED), with which call.VARLEN's generated function calls the adapter's
-    launch; or None to decline it (the full path, _dispatch, then takes it, and refuses it if
-    it is wrong). The generated function hands it these arguments as they came.
+    """The quick path: the result of a common call, or None to decline it (the full path,
+    _dispatch, then takes it, and refuses it if it is wrong). call.VARLEN's generated
+    function hands it these arguments as they came.
 
     A conservative subset of the shared checks (validation.check_varlen_call), on flat
     metadata reads, each tensor's read once: the two call shapes serving engines make on
@@ -434,9 +434,12 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             return None
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         return None  # not tensors, odd types or shapes: the full path explains
-    # call.LAUNCH_COMPUTED, in its order: the generated function launches with them and the
-    # call's own arguments (call.Declared.function).
-    return resolved, head_size ** -0.5 if softmax_scale is None else softmax_scale, left, right, softcap, fp8
+    # The adapter's launch: call.with_launch writes this call out in the launch contract's
+    # order (call.LAUNCH_PARAMETERS), with the computed arguments named here and this
+    # function's parameters (the caller's arguments) for the rest.
+    result = launch(resolved, softmax_scale=head_size ** -0.5 if softmax_scale is None else softmax_scale,
+                    window_left=left, window_right=right, softcap=softcap, fp8=fp8)
+    return (result[0], result[1]) if return_softmax_lse else result[0]
 
 
 flash_attn_varlen_func = VARLEN.function(_dispatch, __name__, """\

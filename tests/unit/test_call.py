@@ -169,55 +169,73 @@ def test_a_malformed_table_is_refused(parameters, message):
         declared.Declared("f", parameters, "FCall", "doc")
 
 
-def test_the_quick_path_gets_the_arguments_it_names_and_the_function_launches_with_its_answer():
+def test_the_quick_path_gets_the_arguments_it_names_and_its_answer_stands():
     """With a quick path, the generated function first hands it the arguments it names (in its
-    order, whatever the table's); unless it declines (None), it answers the resolution and the
-    launch arguments it computes (LAUNCH_COMPUTED), and the function calls the resolution's
-    launch with the launch contract (LAUNCH): those answers, and the caller's own arguments for
-    the rest; upstream's return follows return_softmax_lse. Only None builds the call object
-    for the dispatcher."""
-    seen, dispatched, launched = [], [], []
+    order, whatever the table's); its result is returned, and only None (declined) builds the
+    call object for the dispatcher."""
+    seen, dispatched = [], []
     answer = []
-
-    class Resolved:
-        def launch(self, *args):
-            launched.append(args)
-            return ("out", "lse", "rest")
-
-    resolved = Resolved()
 
     def quick(v, fa_version, q):
         seen.append((v, fa_version, q))
         return answer[0]
 
     function = declared.VARLEN.function(dispatched.append, __name__, "doc", quick=quick)
-    computed = {name: f"computed {name}" for name in declared.LAUNCH_COMPUTED}
-    answer.append((resolved, *computed.values()))
-    given = {p.name: f"given {p.name}" for p in declared.VARLEN.parameters}
-    assert function(**given) == ("out", "lse")  # return_softmax_lse: a true string
-    assert seen == [(given["v"], given["fa_version"], given["q"])] and dispatched == []
-    (args,) = launched
-    assert args[0] is resolved
-    assert dict(zip(declared.LAUNCH, args[1:])) == {n: computed.get(n, given.get(n)) for n in declared.LAUNCH}
-    assert len(args) == 1 + len(declared.LAUNCH)
-    assert function(**{**given, "return_softmax_lse": False}) == "out"
+    answer.append("quick's result")
+    assert function(1, 2, 3, 4, 5, 6, fa_version=9) == "quick's result"
+    assert seen == [(3, 9, 1)] and dispatched == []
     answer[0] = None
     function(1, 2, 3, 4, 5, 6, fa_version=9)
     assert seen[-1] == (3, 9, 1) and [(c.q, c.v, c.fa_version) for c in dispatched] == [(1, 3, 9)]
     assert inspect.signature(function) == declared.VARLEN.signature()
 
 
-def test_a_quick_path_needs_a_table_with_the_launch_contracts_arguments():
-    with pytest.raises(ValueError, match="a quick path launches with the declared arguments"):
-        declared.SPARSE.function(print, __name__, "doc", quick=lambda q: None)
+def _quick_writing(body: str):
+    """A quick path of this source (a function of a file, as with_launch reads it)."""
+    import importlib.util
+    import tempfile
+
+    parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "quick_source.py").write_text(
+        f"from vendored_flash_attn.call import launch\n\n\ndef quick(resolved, {parameters}):\n{body}",
+        encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"quick_source_{abs(hash(body))}", folder / "quick_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.quick
 
 
-def test_the_launch_contracts_computed_arguments_are_its_own_names():
-    """Every launch argument the quick path does not compute is one of the call's parameters
-    (what the generated function passes as given), and the rest are LAUNCH's."""
-    assert set(declared.LAUNCH_COMPUTED) <= set(declared.LAUNCH)
-    assert {n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED} <= set(declared.VARLEN.names)
-    assert len(set(declared.LAUNCH)) == len(declared.LAUNCH)
+_COMPUTED = "softmax_scale=0.5, window_left=-1, window_right=-1, softcap=0.0, fp8=False"
+
+
+def test_with_launch_writes_the_contracts_call():
+    """The quick path's launch(resolved, <computed>=...) becomes resolved.launch(resolved,
+    <LAUNCH in order>): the computed arguments as named, the rest the function's own."""
+    quick = declared.with_launch(_quick_writing(f"    return launch(resolved, {_COMPUTED})\n"))
+    got = []
+
+    class Resolved:
+        def launch(self, *args):
+            got.append(args)
+            return "result"
+
+    resolved = Resolved()
+    passed = [n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED]
+    assert quick(resolved, *passed) == "result"
+    computed = dict(softmax_scale=0.5, window_left=-1, window_right=-1, softcap=0.0, fp8=False)
+    assert got == [(resolved, *(computed[n] if n in computed else n for n in declared.LAUNCH))]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    return launch(resolved, softmax_scale=0.5)\n", "must name each of"),
+    (f"    launch(resolved, {_COMPUTED})\n    return launch(resolved, {_COMPUTED})\n", "exactly one"),
+    (f"    q = None\n    return launch(resolved, {_COMPUTED})\n", r"rebound \['q'\]"),
+    (f"    return launch(resolved, {_COMPUTED}, q=1)\n", "must name each of"),
+])
+def test_with_launch_refuses_a_quick_path_it_cannot_write_out(body, message):
+    with pytest.raises(ValueError, match=message):
+        declared.with_launch(_quick_writing(body))
 
 
 @pytest.mark.parametrize("quick, wrong", [
