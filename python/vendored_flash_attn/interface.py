@@ -27,7 +27,6 @@ call object to the ``scheduler_metadata`` entry of the adapter of the family tha
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -288,7 +287,7 @@ def _environment_swapped() -> None:
 
 
 on_environment_change(_environment_swapped)
-_get_device, _is_cpu = torch.Tensor.get_device, operator.attrgetter("is_cpu")
+_get_device = torch.Tensor.get_device
 
 
 @with_launch
@@ -307,7 +306,8 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
     exact ints and floats as the kernels take them, every tensor on q's device. It never
     refuses (a call it does not accept goes to the full path, whose messages and verdicts
     stay the only ones) and never accepts what the full path refuses
-    (tests/unit/test_quick_check.py holds it to that on a corpus of broken calls). What it
+    (tests/unit/test_quick_check.py holds it to that on a corpus of broken calls, and
+    tests/unit/test_quick_equals_full.py on a seeded random one). What it
     does not ask per call: the stream's capture state and the debug checks (a kind of call
     that needs either is not quick: Resolved.quick).
 
@@ -365,24 +365,37 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             return None  # the full path resolves it (the next such call is quick) or refuses it
         if k.dtype is not dtype or v.dtype is not dtype:
             return None
-        # Every tensor on q's device, q on the runtime's device type: one read per tensor.
-        if device >= 0:  # a CUDA tensor: compare device indexes
-            if not _cuda_runtime:
+        # Every tensor on q's device, q on the runtime's device type. On a CUDA runtime, by
+        # index and type: another device type (XPU, a private one) numbers its devices from 0
+        # too, and the full check compares torch.device objects (type and index).
+        if device >= 0:  # q is a tensor of an indexed device
+            if not _cuda_runtime or not q.is_cuda:
                 return None
-            where, here = _get_device, device
+            if (_get_device(k) != device or not k.is_cuda or _get_device(v) != device or not v.is_cuda
+                    or _get_device(cu_seqlens_q) != device or not cu_seqlens_q.is_cuda
+                    or (cu_seqlens_k is not None and (_get_device(cu_seqlens_k) != device or not cu_seqlens_k.is_cuda))
+                    or (seqused_k is not None and (_get_device(seqused_k) != device or not seqused_k.is_cuda))
+                    or (block_table is not None and (_get_device(block_table) != device or not block_table.is_cuda))
+                    or (out is not None and (_get_device(out) != device or not out.is_cuda))
+                    or (scheduler_metadata is not None
+                        and (_get_device(scheduler_metadata) != device or not scheduler_metadata.is_cuda))
+                    or (q_descale is not None and (_get_device(q_descale) != device or not q_descale.is_cuda))
+                    or (k_descale is not None and (_get_device(k_descale) != device or not k_descale.is_cuda))
+                    or (v_descale is not None and (_get_device(v_descale) != device or not v_descale.is_cuda))):
+                return None
         elif _cpu_runtime and q.is_cpu:  # a described CPU machine (the tests): get_device() is
-            where, here = _is_cpu, True  # -1 for cpu and meta tensors alike
+            # -1 for cpu and meta tensors alike
+            if (not k.is_cpu or not v.is_cpu or not cu_seqlens_q.is_cpu
+                    or (cu_seqlens_k is not None and not cu_seqlens_k.is_cpu)
+                    or (seqused_k is not None and not seqused_k.is_cpu)
+                    or (block_table is not None and not block_table.is_cpu)
+                    or (out is not None and not out.is_cpu)
+                    or (scheduler_metadata is not None and not scheduler_metadata.is_cpu)
+                    or (q_descale is not None and not q_descale.is_cpu)
+                    or (k_descale is not None and not k_descale.is_cpu)
+                    or (v_descale is not None and not v_descale.is_cpu)):
+                return None
         else:
-            return None
-        if (where(k) != here or where(v) != here or where(cu_seqlens_q) != here
-                or (cu_seqlens_k is not None and where(cu_seqlens_k) != here)
-                or (seqused_k is not None and where(seqused_k) != here)
-                or (block_table is not None and where(block_table) != here)
-                or (out is not None and where(out) != here)
-                or (scheduler_metadata is not None and where(scheduler_metadata) != here)
-                or (q_descale is not None and where(q_descale) != here)
-                or (k_descale is not None and where(k_descale) != here)
-                or (v_descale is not None and where(v_descale) != here)):
             return None
         (batch_plus_1,) = cu_seqlens_q.shape  # ValueError unless 1-D
         batch = batch_plus_1 - 1
@@ -400,7 +413,9 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             rows, _ = block_table.shape
             if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
                     or block_table.dtype is not _INT32 or rows != batch
-                    or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
+                    # stride(-1), as the full check asks: is_contiguous() ignores a dimension of
+                    # size 1, so a one-column table of any stride is "contiguous"
+                    or block_table.stride(-1) != 1
                     or block_size % resolved.page_size_multiple):
                 return None
         else:  # packed
