@@ -260,14 +260,19 @@ def launch(resolved, **computed):
     raise RuntimeError("call.launch is a marker for call.with_launch; this function was not rewritten")
 
 
-def with_launch(function: Callable) -> Callable:
+def with_launch(function: Callable, tuples: Optional[dict] = None) -> Callable:
     """``function`` (the interface's quick path) recompiled from its source with its one
     ``launch(resolved, name=value, ...)`` call rewritten into
     ``resolved.launch(resolved, <LAUNCH, in order>)``: each of LAUNCH_COMPUTED as the call
     names it, every other launch argument the function's own parameter of that name (the
     caller's argument, which the function must not rebind). The positional call of the
     contract is written here, from LAUNCH_PARAMETERS, not by hand; the function keeps its
-    globals, lines and name, and pays no extra frame (it runs on every layer of every step)."""
+    globals, lines and name, and pays no extra frame (it runs on every layer of every step).
+
+    ``tuples``: {name of a named tuple: its fields}; each call ``name(field=value, ...)`` in
+    the function, every field named once, becomes the plain tuple of the values in the
+    fields' order (equal to the named tuple, and hashed alike, without its constructor's
+    cost)."""
     filename = inspect.getsourcefile(function)
     lines, first = inspect.getsourcelines(function)
     tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -296,6 +301,7 @@ def with_launch(function: Callable) -> Callable:
     mark.func = ast.Attribute(value=resolved, attr="launch", ctx=ast.Load())
     mark.args = [resolved] + [named[n] if n in named else ast.Name(id=n, ctx=ast.Load()) for n in LAUNCH]
     mark.keywords = []
+    tree = _TuplesWrittenOut(dict(tuples or {}), where).visit(tree)
     ast.fix_missing_locations(tree)
     scratch: dict = {}
     exec(compile(tree, filename, "exec"), dict(function.__globals__), scratch)  # noqa: S102
@@ -306,6 +312,24 @@ def with_launch(function: Callable) -> Callable:
                                                                        function.__module__)
     rewritten.__wrapped_source__ = function  # the function as written, for tests and readers
     return rewritten
+
+
+class _TuplesWrittenOut(ast.NodeTransformer):
+    """with_launch's ``tuples``: ``Name(field=value, ...)`` -> ``(value, ...)`` in the fields' order."""
+
+    def __init__(self, tuples: dict, where: str):
+        self.tuples, self.where = tuples, where
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if not (isinstance(node.func, ast.Name) and node.func.id in self.tuples):
+            return node
+        fields = tuple(self.tuples[node.func.id])
+        named = {k.arg: k.value for k in node.keywords}
+        if node.args or sorted(named) != sorted(fields) or len(node.keywords) != len(fields):
+            raise ValueError(f"{self.where}: {node.func.id}(...) must name each of its fields {list(fields)} once, "
+                             f"by keyword, got {[k.arg for k in node.keywords]} and {len(node.args)} positional")
+        return ast.copy_location(ast.Tuple(elts=[named[f] for f in fields], ctx=ast.Load()), node)
 
 
 def scale_of(call) -> float:

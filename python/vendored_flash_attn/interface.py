@@ -75,8 +75,9 @@ def _device_index(tensor: torch.Tensor) -> int:
 
 class ResolutionKey(NamedTuple):
     """A kind of call: what its resolution (the family, and whether its calls may take the
-    quick path) depends on. The quick path looks it up as the plain tuple of these fields
-    (equal, and hashed alike), one allocation fewer on every call."""
+    quick path) depends on. Both paths build it by field name; in the quick path
+    call.with_launch writes it out as the plain tuple of these fields (equal, and hashed
+    alike), without the named tuple's constructor on every call."""
 
     fa_version: Optional[int]      # as the caller named it; None: the selector chooses
     device: int                    # q.get_device()
@@ -116,8 +117,12 @@ class Resolved:
 
 
 # One dictionary lookup per call: asking the selector costs microseconds on every layer of
-# every step, and the answer does not change within one environment.
+# every step, and the answer does not change within one environment. Bounded like the
+# package's other caches (fa4._ACCEPTED, kernels' head-size verdicts): a caller cycling
+# through odd shapes (a fuzzer) must not grow it without end; a serving engine has a handful
+# of kinds.
 _resolved: dict = {}
+_RESOLVED_MAX = 4096
 on_environment_change(_resolved.clear)
 
 # Bits of ResolutionKey.needs: the kernel features a call needs (the selector falls back to
@@ -141,6 +146,8 @@ def _resolve(key: ResolutionKey, tensor: torch.Tensor) -> Resolved:
     guard = debug or not family.call.cuda_graphs
     forward = family.adapter_function()
     launch = getattr(forward, "launch", None)
+    if len(_resolved) >= _RESOLVED_MAX:
+        _resolved.clear()
     hit = _resolved[key] = Resolved(
         family, comp, _forward_op(family), forward, static, debug, guard, launch,
         static and launch is not None and not guard, family.call.page_size_multiple,
@@ -242,8 +249,9 @@ def _dispatch(call: VarlenCall):
         pass
     alibi, sinks = call.alibi_slopes is not None, call.s_aux is not None
     env_version = _version_lookup(_version_key) if fa_version is None else None
-    key = ResolutionKey._make((fa_version, device, env_version, alibi, sinks, dtype, num_heads, head_size,
-                              num_heads_k, head_size_v, needs))
+    key = ResolutionKey(fa_version=fa_version, device=device, env_version=env_version, alibi=alibi, sinks=sinks,
+                        dtype=dtype, num_heads=num_heads, head_size=head_size, num_heads_k=num_heads_k,
+                        head_size_v=head_size_v, needs=needs)
     resolved = _resolved.get(key) or _resolve(key, q)
     if resolved.capture_guard:
         _refuse_capture(resolved, q)
@@ -290,7 +298,6 @@ on_environment_change(_environment_swapped)
 _get_device = torch.Tensor.get_device
 
 
-@with_launch
 def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p,
            softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, return_softmax_lse, out,
            scheduler_metadata, q_descale, k_descale, v_descale, num_splits, fa_version, s_aux, cp_world_size,
@@ -359,8 +366,11 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             needs |= 4
         if num_splits > 1:
             needs |= 8
-        resolved = _resolved.get((fa_version, device, None if fa_version is not None else _version_lookup(_version_key),
-                                  False, False, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+        resolved = _resolved.get(ResolutionKey(  # a plain tuple here (call.with_launch writes it out)
+            fa_version=fa_version, device=device,
+            env_version=None if fa_version is not None else _version_lookup(_version_key), alibi=False, sinks=False,
+            dtype=dtype, num_heads=num_heads, head_size=head_size, num_heads_k=num_heads_k, head_size_v=head_size_v,
+            needs=needs))
         if resolved is None or not resolved.quick:
             return None  # the full path resolves it (the next such call is quick) or refuses it
         if k.dtype is not dtype or v.dtype is not dtype:
@@ -457,6 +467,7 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
     return (result[0], result[1]) if return_softmax_lse else result[0]
 
 
+_quick = with_launch(_quick, tuples={"ResolutionKey": ResolutionKey._fields})
 flash_attn_varlen_func = VARLEN.function(_dispatch, __name__, """\
 Variable-length (and paged-KV) attention forward; see docs/runtime.md.
 

@@ -370,3 +370,29 @@ def test_the_quick_paths_launch_is_the_full_paths(describe, fake_ops, monkeypatc
         compared += 1
     assert compared >= 3
 
+
+
+def test_with_launch_writes_named_tuples_out_as_plain_tuples():
+    """``tuples``: a named tuple built by field name becomes the plain tuple of its values in
+    the fields' order (equal to the named tuple and hashed alike); a field missing, repeated
+    or unknown is refused."""
+    from typing import NamedTuple
+
+    class Key(NamedTuple):
+        a: int
+        b: int
+
+    body = f"    return Key(b=q, a=k), launch(resolved, {_COMPUTED})\n"
+    quick = declared.with_launch(_quick_writing(body), tuples={"Key": Key._fields})
+
+    class Resolved:
+        def launch(self, *args):
+            return None
+
+    passed = [n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED]
+    key, _ = quick(Resolved(), *passed)
+    assert type(key) is tuple and key == Key(a="k", b="q") and hash(key) == hash(Key(a="k", b="q"))
+    for wrong in ("Key(a=q)", "Key(a=q, b=k, c=v)", "Key(q, b=k)"):
+        with pytest.raises(ValueError, match="must name each of its fields"):
+            declared.with_launch(_quick_writing(f"    return {wrong}, launch(resolved, {_COMPUTED})\n"),
+                                 tuples={"Key": Key._fields})
