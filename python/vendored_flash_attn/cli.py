@@ -40,7 +40,7 @@ DEFAULT_BUILD_DIRS = "build/*"  # pyproject.toml's build-dir, build/{wheel_tag}
 
 def _read_json(path: Path) -> Optional[dict]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
