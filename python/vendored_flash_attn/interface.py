@@ -411,6 +411,10 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
         batch = batch_plus_1 - 1
         if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
             return None
+        # A zero-size q, k or v: the full path's (is_contiguous() below holds for a tensor of no
+        # elements whatever its strides, and the full check reads the strides themselves).
+        if not total_q or not num_heads or not num_heads_k or not k_shape[0]:
+            return None
         # k and v agree in all but the last dimension (one comparison when the head sizes
         # match, the common case).
         if k_shape != v_shape and (len(k_shape) != len(v_shape) or k_shape[:-1] != v_shape[:-1]):
@@ -420,12 +424,13 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
                 return None
             _, block_size, _, head_size_k = k_shape  # ValueError unless 4-D
             (used,) = seqused_k.shape
-            rows, _ = block_table.shape
+            rows, columns = block_table.shape
             if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
-                    or block_table.dtype is not _INT32 or rows != batch
-                    # stride(-1), as the full check asks: is_contiguous() ignores a dimension of
-                    # size 1, so a one-column table of any stride is "contiguous"
-                    or block_table.stride(-1) != 1
+                    or block_table.dtype is not _INT32 or rows != batch or not block_size
+                    # The full check reads stride(-1); is_contiguous() (a third of its cost)
+                    # answers it only for a table of more than one column: it ignores a
+                    # dimension of size 1 and the strides of a table of no elements.
+                    or ((columns <= 1 or not block_table.is_contiguous()) and block_table.stride(-1) != 1)
                     or block_size % resolved.page_size_multiple):
                 return None
         else:  # packed
