@@ -411,9 +411,9 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
         batch = batch_plus_1 - 1
         if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
             return None
-        # A zero-size q, k or v: the full path's (is_contiguous() below holds for a tensor of no
-        # elements whatever its strides, and the full check reads the strides themselves).
-        if not total_q or not num_heads or not num_heads_k or not k_shape[0]:
+        # No query tokens or no heads: the full path's (is_contiguous() below holds for an out=
+        # of no elements whatever its strides, and the full check reads out's stride itself).
+        if not total_q or not num_heads or not num_heads_k:
             return None
         # k and v agree in all but the last dimension (one comparison when the head sizes
         # match, the common case).

@@ -130,15 +130,16 @@ def _corpus(seed: int = SEED, count: int = CALLS):
             if rng.random() < 0.05:
                 call["cu_seqlens_k"] = _index(cu_q, rng)
         else:
-            k_lens = [rng.randint(1, 6) for _ in range(batch)]
+            k_lens = [rng.randint(1, 6) for _ in range(batch)] if rng.random() < 0.85 else [0] * batch
             cu_k = [0]
             for n in k_lens:
                 cu_k.append(cu_k[-1] + n)
-            call["k"] = make(cu_k[-1], kv_heads, d, kind=kv_dtype)
-            call["v"] = make(cu_k[-1], kv_heads, dv, kind=kv_dtype)
+            empty = None if cu_k[-1] else 0.5  # a K/V of no elements: its strides are anything
+            call["k"] = make(cu_k[-1], kv_heads, d, kind=kv_dtype, p=empty)
+            call["v"] = make(cu_k[-1], kv_heads, dv, kind=kv_dtype, p=empty)
             call["cu_seqlens_k"] = _index(cu_k if rng.random() < 0.95 else cu_k[:-1], rng)
             call["max_seqlen_k"] = max(k_lens)
-            if rng.random() < 0.05:
+            if rng.random() < 0.05 and max(k_lens):
                 call["seqused_k"] = _index(k_lens, rng)
         out_dtype = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
 
