@@ -101,3 +101,12 @@ def test_every_project_file_is_read_and_written_as_utf8():
     assert len(files) > 20
     found = {str(p.relative_to(ROOT)): lines for p in files if (lines := _text_io_without_encoding(p))}
     assert found == {}, f"text I/O in the locale's encoding: {found}; pass encoding=\"utf-8\""
+
+
+def test_the_packages_first_words_name_every_family():
+    """The module docstring's first paragraph (what `help()` and a reader meet first) names
+    each declared family."""
+    from vendored_flash_attn.families import registry
+
+    first = vendored_flash_attn.__doc__.split("\n\n")[0]
+    assert [f.title for f in registry() if f.title not in first] == [], first
