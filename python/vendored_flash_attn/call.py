@@ -273,8 +273,13 @@ def with_launch(function: Callable, tuples: Optional[dict] = None) -> Callable:
     the function, every field named once, becomes the plain tuple of the values in the
     fields' order (equal to the named tuple, and hashed alike, without its constructor's
     cost)."""
-    filename = inspect.getsourcefile(function)
-    lines, first = inspect.getsourcelines(function)
+    try:
+        filename = inspect.getsourcefile(function)
+        lines, first = inspect.getsourcelines(function)
+    except (OSError, TypeError) as exc:  # an install stripped of its .py files
+        raise ImportError(f"{function.__module__}: its source file is needed (call.with_launch writes the quick "
+                          f"path's launch out of it) and cannot be read: {exc}; reinstall the wheel as built, "
+                          "with its .py files") from exc
     tree = ast.parse(textwrap.dedent("".join(lines)))
     ast.increment_lineno(tree, first - 1)
     (node,) = tree.body
