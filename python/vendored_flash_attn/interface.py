@@ -337,11 +337,12 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             or (softmax_scale is not None and type(softmax_scale) is not float)
             or (fa_version is not None and type(fa_version) is not int)):
         return None
-    if type(softcap) is not float:
-        if type(softcap) is not int:
+    cap = softcap
+    if type(cap) is not float:
+        if type(cap) is not int:
             return None
-        softcap = float(softcap)  # vLLM passes 0 for "off"; the ops take a float
-    if softcap < 0:
+        cap = float(cap)  # vLLM passes 0 for "off"; the ops take a float
+    if cap < 0:
         return None
     if window_size is None:
         left = right = -1
@@ -360,7 +361,7 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
         # The kind of call (ResolutionKey, as a plain tuple); what it needs of the kernels:
         # bits of _NEEDS.
         needs = 0 if block_table is None else 1
-        if softcap > 0:
+        if cap > 0:
             needs |= 2
         if (left >= 0 or right >= 0) and _is_local((left, right), causal):
             needs |= 4
@@ -468,7 +469,7 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
     # order (call.LAUNCH_PARAMETERS), with the computed arguments named here and this
     # function's parameters (the caller's arguments) for the rest.
     result = launch(resolved, softmax_scale=head_size ** -0.5 if softmax_scale is None else softmax_scale,
-                    window_left=left, window_right=right, softcap=softcap, fp8=fp8)
+                    window_left=left, window_right=right, softcap=cap, fp8=fp8)
     return (result[0], result[1]) if return_softmax_lse else result[0]
 
 

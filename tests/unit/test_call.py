@@ -396,3 +396,50 @@ def test_with_launch_writes_named_tuples_out_as_plain_tuples():
         with pytest.raises(ValueError, match="must name each of its fields"):
             declared.with_launch(_quick_writing(f"    return {wrong}, launch(resolved, {_COMPUTED})\n"),
                                  tuples={"Key": Key._fields})
+
+
+def test_a_with_launch_quick_path_runs_inline_in_the_public_function():
+    """The public function runs a with_launch quick path's code itself (no call of it, one frame
+    fewer on every quick call): its result returns from the public function, its ``return None``
+    goes on to the call object and the dispatcher, and the caller's arguments reach both as
+    given."""
+    import importlib.util
+    import tempfile
+
+    parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "inline_source.py").write_text(f"""from vendored_flash_attn.call import launch
+
+SEEN = []
+
+
+class Resolved:
+    def launch(self, *args):
+        SEEN.append(args)
+        return ("out", "lse")
+
+
+RESOLVED = Resolved()
+
+
+def quick({parameters}):
+    \"\"\"Declines q == 'decline'.\"\"\"
+    if q == "decline":
+        return None
+    result = launch(RESOLVED, {_COMPUTED})
+    return result[0]
+""", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("inline_source", folder / "inline_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dispatched = []
+    function = declared.VARLEN.function(dispatched.append, __name__, "doc",
+                                        quick=declared.with_launch(module.quick))
+    assert "quick" not in function.__code__.co_names and "launch" in function.__code__.co_names
+    assert inspect.signature(function) == declared.VARLEN.signature()
+    assert function("q", "k", "v", 1, "cu", 2) == "out" and dispatched == []
+    (args,) = module.SEEN
+    assert args[1:4] == ("q", "k", "v") and args[declared.LAUNCH.index("max_seqlen_q") + 1] == 1
+    assert function("decline", "k", "v", 1, "cu", 2, softcap=3) is None
+    (call,) = dispatched
+    assert (call.q, call.cu_seqlens_q, call.softcap, call.num_splits) == ("decline", "cu", 3, 0)

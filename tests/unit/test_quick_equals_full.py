@@ -205,19 +205,31 @@ def fa4_kernels(monkeypatch):
     return reached
 
 
+class _Declined(Exception):
+    """The public function's quick path declined (its full path, swapped for this, raised it)."""
+
+
+def _refuse_the_full_path(call):
+    raise _Declined
+
+
 def test_the_quick_path_takes_only_what_the_full_path_takes(describe, fake_ops, fa4_kernels, monkeypatch):
     """Each call of the corpus through the full path with no kind resolved (interface._dispatch
     on its call object: it resolves the kind, checks the call, launches it or refuses it), then
-    through the quick path (interface._quick on the same arguments, its kind now resolved). Where
-    the quick path takes a call, the full path must have taken it too, with the same op call;
-    the quick path never refuses (it takes or declines)."""
+    through the public function's quick path (the function itself, its kind now resolved, with
+    its full path swapped for one that says it was reached). Where the quick path takes a call,
+    the full path must have taken it too, with the same op call; the quick path never refuses
+    (it takes or declines)."""
     from runtime_fakes import FA4_RECORD, make_build
     from vendored_flash_attn import fa4
     from vendored_flash_attn.call import VarlenCall
 
     describe(caps=(HOPPER, HOPPER), build=make_build("full", fa4=FA4_RECORD), device_type="cuda")
     monkeypatch.setattr(interface, "_Tensor", Placed)  # the stand-in is what q is here
-    quick_parameters = list(interface._quick.__code__.co_varnames[:interface._quick.__code__.co_argcount])
+    public = flash_attn_varlen_func
+    # the full path the generated function declines to (its closure's _dispatch), swapped
+    monkeypatch.setattr(public.__closure__[public.__code__.co_freevars.index("_dispatch")], "cell_contents",
+                        _refuse_the_full_path)
     refusals = (FlashAttnInputError, FlashAttnUnavailableError, fa4.FA4Unsupported)
     taken = {"both": 0, "full only": 0, "neither": 0}
     diverged = []
@@ -234,7 +246,10 @@ def test_the_quick_path_takes_only_what_the_full_path_takes(describe, fake_ops, 
             reasons[str(exc)[:50]] = reasons.get(str(exc)[:50], 0) + 1
         before = (len(fake_ops.calls), len(fa4_kernels))
         try:
-            quick_took = interface._quick(*(getattr(arguments, n) for n in quick_parameters)) is not None
+            public(**call)
+            quick_took = True
+        except _Declined:
+            quick_took = False
         except fa4.FA4Unsupported as exc:  # FA4's adapter refused what the quick path handed it
             if full_took or (type(full), str(full)) != (type(exc), str(exc)):
                 diverged.append(f"{label}: FA4 refused on the quick path ({exc!r}), the full path said {full!r}")
