@@ -79,6 +79,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import json
 import statistics
 import sys
 import time
@@ -806,6 +807,55 @@ def quick_path_note(full_path_calls: Optional[int]) -> str:
             "these figures are not the quick path's")
 
 
+def summarize_runs(results: list[dict]) -> dict:
+    """Several runs of this benchmark (their JSONs, each with the side-by-side section), read
+    together: per mode and family, this package's and upstream's overhead over the raw op and
+    their difference, each as the median over the runs with the runs' min and max (the noise
+    between runs, which one run's interleaved rounds do not show). A goal is met when the
+    median meets it; "within noise" when the runs' range crosses its bar."""
+    rows = []
+    for mode in ("isolated", "stalled"):
+        per_family: dict = {}
+        for result in results:
+            for r in ((result.get("modes") or {}).get("upstream") or {}).get(f"{mode}_overhead", []):
+                per_family.setdefault(r["family"], []).append(r)
+        for family, found in per_family.items():
+            row = {"mode": mode, "family": family, "runs": len(found)}
+            for key in ("ours_us", "upstream_us", "ours_minus_upstream_us"):
+                values = [r[key] for r in found if r.get(key) is not None]
+                if values:
+                    row[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            difference = row.get("ours_minus_upstream_us")
+            if difference:
+                row["goal_not_above_upstream"] = _goal(difference, 0.0)
+            if found[0].get("goal_selector_us") is not None:
+                row["goal_selector_us"] = found[0]["goal_selector_us"]
+                row["goal_selector"] = _goal(row["ours_us"], row["goal_selector_us"])
+            rows.append(row)
+    return {"benchmark": "overhead-runs", "runs": len(results), "rows": rows}
+
+
+def _goal(spread: dict, bar: float) -> str:
+    verdict = common.bar_verdict(spread["median"], bar, higher_is_better=False)
+    return verdict + (" (within noise: the runs range from {:+.2f} to {:+.2f})".format(spread["min"], spread["max"])
+                      if spread["min"] <= bar < spread["max"] else "")
+
+
+def print_runs(summary: dict, plain: bool = False) -> None:
+    def cell(spread):
+        return "-" if not spread else f"{spread['median']:+.2f} [{spread['min']:+.2f}, {spread['max']:+.2f}]"
+
+    rows = [[r["mode"], r["family"], cell(r.get("ours_us")), cell(r.get("upstream_us")),
+             cell(r.get("ours_minus_upstream_us")),
+             "; ".join(f"{label} {r[key]}" for key, label in (("goal_not_above_upstream", "<= upstream:"),
+                                                              ("goal_selector", f"<= {r.get('goal_selector_us')} us:"))
+                       if key in r)] for r in summary["rows"]]
+    common.print_table(f"Overhead over the raw op, us per call: median [min, max] of {summary['runs']} runs",
+                       ["mode", "family", "this package", "upstream", "package - upstream", "goals"], rows,
+                       ["each run interleaves the variants round by round; the range is the runs' spread (noise)"],
+                       plain=plain)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for overhead.json")
@@ -827,11 +877,20 @@ def parse_args(argv=None):
                    help="--cpu: a staged copy of upstream's flash_attn/cute (cmake/fa4_precompile.py stage --dest), "
                         "for the (u4) row")
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="read the overhead.json (or overhead-cpu.json) of several runs and print each family's "
+                        "overhead as the median of the runs with their spread (overhead-runs.json in --out)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        summary = summarize_runs([json.loads(path.read_text(encoding="utf-8")) for path in args.summarize])
+        path = common.write_json(args.out / "overhead-runs.json", summary)
+        print(f"[overhead] wrote {path}", file=sys.stderr)
+        print_runs(summary, plain=args.plain)
+        return 0 if summary["rows"] else 1
     import torch
 
     if args.cpu:

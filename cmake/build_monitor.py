@@ -91,7 +91,7 @@ MAX_INTERVAL_S = 300.0
 def runnable_now() -> int | None:
     """The processes runnable on this machine now, the caller aside (/proc/loadavg's 4th field)."""
     try:
-        with open("/proc/loadavg") as f:
+        with open("/proc/loadavg", encoding="utf-8") as f:
             return max(0, int(f.read().split()[3].split("/")[0]) - 1)
     except (OSError, ValueError, IndexError):
         return None

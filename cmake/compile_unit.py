@@ -135,7 +135,7 @@ def output_of(command: list[str]) -> str:
 def _stat(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             text = f.read()
         return text[text.rindex(")") + 2:].split()
     except (OSError, ValueError):
@@ -144,7 +144,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def _comm(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/comm") as f:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
             return f.read().strip()
     except OSError:
         return ""
@@ -331,16 +331,16 @@ def start_build_logs(build_dir: str, build: str | None) -> None:
         return
     marker = os.path.join(build_dir, LOGS_BUILD)
     try:
-        with open(marker) as f:
+        with open(marker, encoding="utf-8") as f:
             if f.read() == build:
                 return
     except OSError:
         pass
     try:
-        with open(marker + ".lock", "a") as lock:
+        with open(marker + ".lock", "a", encoding="utf-8") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                with open(marker) as f:
+                with open(marker, encoding="utf-8") as f:
                     if f.read() == build:
                         return
             except OSError:
@@ -349,7 +349,7 @@ def start_build_logs(build_dir: str, build: str | None) -> None:
                 path = os.path.join(build_dir, name)
                 if os.path.exists(path):
                     os.replace(path, path + ".1")
-            with open(marker + ".tmp", "w") as f:
+            with open(marker + ".tmp", "w", encoding="utf-8") as f:
                 f.write(build)
             os.replace(marker + ".tmp", marker)
     except OSError:

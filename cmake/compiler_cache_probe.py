@@ -119,7 +119,7 @@ def probe(args) -> dict:
             local_conf = build_dir / LOCAL_CONF
             local_conf.touch(mode=0o600)  # it may hold cache credentials, as the original does
             local_conf.chmod(0o600)
-            local_conf.write_text(text)
+            local_conf.write_text(text, encoding="utf-8")
     dist_mode = "on" if scheduler_url else "none"
     public_url = without_secrets(scheduler_url or "")
     probe_env = env
@@ -233,7 +233,7 @@ def probe(args) -> dict:
                 "scheduler": public_url,
                 "server": server, "own_server": not explicit, "local": local,
                 "max_cluster_failures": MAX_CLUSTER_FAILURES}
-    (build_dir / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
+    (build_dir / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
     return result
 
 
@@ -256,7 +256,7 @@ def cluster_server_settings(conf_path: Path, build_dir: Path) -> dict[str, str]:
         path = build_dir / DIST_CONF
         path.touch(mode=0o600)  # it may hold cache credentials, as the original does
         path.chmod(0o600)
-        path.write_text(copy)
+        path.write_text(copy, encoding="utf-8")
         settings["SCCACHE_CONF"] = str(path)
     return settings
 
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stop":
         return stop(args)
     result = probe(args)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

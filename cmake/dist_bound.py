@@ -66,7 +66,7 @@ BOUND_FIXES = {
 
 def read_bounds(build_dir: str) -> dict:
     try:
-        return json.loads((Path(build_dir) / BOUNDS_FILE).read_text())
+        return json.loads((Path(build_dir) / BOUNDS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 

@@ -82,7 +82,7 @@ def read_only_conf(path: Path) -> str | None:
     """The text of the sccache config file <path> with rw_mode = "READ_ONLY" in each of its
     [cache.<backend>] tables (its [dist] kept); None when it has no cache table, or when
     such a copy cannot be made safely (checked by parsing both)."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         conf = json.loads(text)
         caches = conf.get("cache") or {}
@@ -128,7 +128,7 @@ def read_only_conf(path: Path) -> str | None:
 def verify_every(build_dir: str) -> int:
     """VFA_DIST_VERIFY as the configure wrote it: 0 (off) or N (one unit in N)."""
     try:
-        return int(json.loads((Path(build_dir) / VERIFY_FILE).read_text()).get("every", 0))
+        return int(json.loads((Path(build_dir) / VERIFY_FILE).read_text(encoding="utf-8")).get("every", 0))
     except (OSError, ValueError):
         return 0
 
@@ -242,7 +242,7 @@ def compile_here(sccache: str, command: list[str], scratch: Path) -> subprocess.
     splits an nvcc call into its steps itself, and gives other bytes than nvcc alone), with
     nothing read from any cache. sccache's decomposed compiles are deterministic."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
-    (scratch / "empty.toml").write_text("")
+    (scratch / "empty.toml").write_text("", encoding="utf-8")
     env.update(SCCACHE_DIR=str(scratch / "cache"), SCCACHE_CONF=str(scratch / "empty.toml"), SCCACHE_IDLE_TIMEOUT="0",
                SCCACHE_SERVER_UDS=f"\\x00vfa-verify-{os.getpid()}-{hashlib.sha256(str(scratch).encode()).hexdigest()[:12]}")
     try:

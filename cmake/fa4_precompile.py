@@ -94,7 +94,7 @@ def keep_share_record(args: argparse.Namespace, report: dict) -> None:
     """After a run that compiled every kernel it was asked for: the record the next Python shares."""
     if args.share and "same_as" not in report:
         args.share.parent.mkdir(parents=True, exist_ok=True)
-        args.share.write_text(json.dumps(fa4_share.share_record(report), indent=1, sort_keys=True) + "\n")
+        args.share.write_text(json.dumps(fa4_share.share_record(report), indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p_worker.add_argument("--arch", required=True)
     args = parser.parse_args(argv)
     if args.command == "compile-worker":  # one share of `compile --jobs N` (compile_in_workers)
-        todo = [fa4_plan.KernelCall(**c) for c in json.loads(args.calls.read_text())]
-        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo)))
+        todo = [fa4_plan.KernelCall(**c) for c in json.loads(args.calls.read_text(encoding="utf-8"))]
+        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo)), encoding="utf-8")
         return 0
     if args.command == "probe":
         print(json.dumps(fa4_probe.probe()))
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stage":
         summary = fa4_stage.stage(args.cute_src, args.dest)
         if args.record:
-            fa4_stage.write_record(args.dest, json.loads(args.record.read_text()), summary)
+            fa4_stage.write_record(args.dest, json.loads(args.record.read_text(encoding="utf-8")), summary)
         print(f"staged {summary['files']} files ({summary['bytes']} bytes, {len(summary['rewritten'])} "
               f"with imports rewritten) as {summary['package']}")
         return 0
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     report = (fa4_compile.compile_selection(args.stage, args.out, args.arch, calls, verify=True) if verify
               else produce(args, calls))
     if args.report:
-        args.report.write_text(json.dumps(report, indent=2) + "\n")
+        args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     failed = [c["call"] for c in report["calls"] if c["error"] or (verify and c["objects"])]
     refused = sorted({c["call"] for c in report["calls"] if c["refused"]})
     if verify:

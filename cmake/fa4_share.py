@@ -93,7 +93,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
 
     if not share.is_file():
         return None, "no other Python has compiled these kernels"
-    first = json.loads(share.read_text())
+    first = json.loads(share.read_text(encoding="utf-8"))
     if first.get("schema") != SHARE_SCHEMA or first.get("arch") != arch:
         return None, f"{share} is not a record of this step for {arch}"
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
@@ -133,6 +133,6 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
         for kind, more in earlier.items():
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table))
+    index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table), encoding="utf-8")
     compiled.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size}, same_as=same_as)
     return compiled, ""

@@ -74,7 +74,7 @@ def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
     for parent in itertools.islice(target.parents, len(package.split(".")) - 1):
         init = parent / "__init__.py"
         if not init.exists():
-            init.write_text("")
+            init.write_text("", encoding="utf-8")
     rewritten, files, size = [], 0, 0
     for src in sorted(cute_src.rglob("*")):
         rel = src.relative_to(cute_src)
@@ -117,15 +117,15 @@ def write_record(dest: Path, configure: dict, summary: dict, package: str = VEND
                          "rewritten": len(summary["rewritten"])}}
     record.setdefault("precompile", {}).setdefault("runs", [])
     path = record_path(dest, package)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
 def add_precompile_run(record: Path, run: dict) -> None:
     """Append one ``compile`` run (an arch) to a stage's build record."""
-    data = json.loads(record.read_text())
+    data = json.loads(record.read_text(encoding="utf-8"))
     data.setdefault("precompile", {}).setdefault("runs", []).append(run)
-    record.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    record.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def portable(text: str) -> str:

@@ -163,7 +163,7 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
                 if stop_requested():
                     break
                 todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
-                todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]))
+                todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]), encoding="utf-8")
                 command = [sys.executable, *_interpreter_flags(), str(ENTRY), "compile-worker",
                            "--stage", str(stage_root), "--out", str(out), "--arch", arch,
                            "--calls", str(todo), "--report", str(report)]
@@ -201,7 +201,7 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
             why = f" but {problem}" if problem else f": {_first_error(errors.get(index, ''))}"
             raise WorkerFailed(f"FA4 compile worker {index + 1} of {len(workers)} exited with {code}{why} (the "
                                f"other {len(workers) - 1} stopped; each worker's stderr is above)")
-        reports = [json.loads(report.read_text()) for _, _, report, _ in workers]
+        reports = [json.loads(report.read_text(encoding="utf-8")) for _, _, report, _ in workers]
     order = {call.name: i for i, call in enumerate(calls)}
     merged = {**reports[0], "jobs": len(shards),
               "import_seconds": max(r["import_seconds"] for r in reports),

@@ -44,7 +44,7 @@ REQUIRED = {"type", "default", "scope", "cibuildwheel", "doc"}
 
 def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The declaration's bool words (its "bool_words"), ON words and OFF words."""
-    words = json.loads(Path(path).read_text())["bool_words"]
+    words = json.loads(Path(path).read_text(encoding="utf-8"))["bool_words"]
     return tuple(words["on"]), tuple(words["off"])
 
 
@@ -166,7 +166,7 @@ def _knob(name: str, entry: dict) -> Knob:
 
 def load(path: Path = DECLARATION) -> Declaration:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DeclarationError(f"cannot read {path}: {exc}") from exc
     knobs = {name: _knob(name, entry) for name, entry in data.get("knobs", {}).items()}
@@ -248,13 +248,13 @@ def generated(project: Path = PROJECT, decl: Optional[Declaration] = None) -> di
     """Each generated file's text as the declaration makes it."""
     decl = decl or load(project / "cmake" / "knobs.json")
     readme = project / "README.md"
-    text = readme.read_text()
+    text = readme.read_text(encoding="utf-8")
     for table, scopes in README_TABLES.items():
         begin = re.compile(rf"<!-- knobs:{table} begin[^\n]*-->")
         text = _replace_between(text, begin, f"<!-- knobs:{table} end -->", readme_table(decl, scopes),
                                 str(readme))
     pyproject = project / "pyproject.toml"
-    toml = _replace_between(pyproject.read_text(), re.compile(r"# knobs:environment-pass begin[^\n]*"),
+    toml = _replace_between(pyproject.read_text(encoding="utf-8"), re.compile(r"# knobs:environment-pass begin[^\n]*"),
                             "# knobs:environment-pass end", environment_pass_toml(decl), str(pyproject))
     return {readme: text, pyproject: toml}
 
@@ -263,7 +263,7 @@ def drift(project: Path = PROJECT) -> str:
     """A unified diff of what `write` would change; empty when all is in order."""
     out = []
     for path, want in generated(project).items():
-        have = path.read_text()
+        have = path.read_text(encoding="utf-8")
         if have != want:
             out += difflib.unified_diff(have.splitlines(True), want.splitlines(True),
                                         f"{path.name} (now)", f"{path.name} (from cmake/knobs.json)")
@@ -291,8 +291,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.command == "write":
             for path, text in generated().items():
-                if path.read_text() != text:
-                    path.write_text(text)
+                if path.read_text(encoding="utf-8") != text:
+                    path.write_text(text, encoding="utf-8")
                     print(f"rewrote {path.relative_to(PROJECT)}")
         elif args.command == "check":
             diff = drift()

@@ -36,7 +36,7 @@ def ninja_ancestor(pid: int) -> tuple[int, int] | None:
 
 def children(pid: int) -> list[int]:
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
             return [int(x) for x in f.read().split()]
     except OSError:
         found = []

@@ -118,7 +118,7 @@ def differences(upstream_dir: Path, module=None) -> list[str]:
         if relative not in registered:
             path = upstream_dir / relative
             try:
-                registered[relative] = registered_schemas(path.read_text(errors="replace"))
+                registered[relative] = registered_schemas(path.read_text(errors="replace", encoding="utf-8"))
             except OSError as exc:
                 problems.append(f"{relative}: cannot read it ({exc.strerror or exc})")
                 registered[relative] = {}

@@ -27,12 +27,12 @@ DIST_OFF = "vfa-dist-off"  # exists once the launcher stopped sending compiles t
 
 
 def launcher_settings(settings_path: Path) -> dict:
-    return json.loads(settings_path.read_text())
+    return json.loads(settings_path.read_text(encoding="utf-8"))
 
 
 def fallback_lines(build_dir: Path) -> list[list[str]]:
     try:
-        return [line.split("\t") for line in (build_dir / FALLBACKS).read_text().splitlines() if line]
+        return [line.split("\t") for line in (build_dir / FALLBACKS).read_text(encoding="utf-8").splitlines() if line]
     except OSError:
         return []
 
@@ -65,13 +65,13 @@ def record_build(settings: dict, report: dict) -> None:
         return  # nothing was compiled: what an earlier build recorded still holds
     info_path = Path(settings["build_dir"]) / "build_info.json"
     try:
-        info = json.loads(info_path.read_text())
+        info = json.loads(info_path.read_text(encoding="utf-8"))
         info["compiler_cache"]["dist"]["used"] = report["remote_compiles"] > 0
         info["compiler_cache"]["dist"]["build"] = report
     except (OSError, ValueError, KeyError, TypeError):
         return
     tmp = info_path.with_name(info_path.name + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, info_path)
 
 

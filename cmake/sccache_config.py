@@ -44,7 +44,7 @@ def read_conf(path: Path) -> dict | None:
     """The parsed config file, or None when it is missing or cannot be parsed here (sccache
     then says what is wrong with it when its server starts)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             return json.loads(text)
         return tomllib.loads(text) if tomllib else None
@@ -55,7 +55,7 @@ def read_conf(path: Path) -> dict | None:
 def without_dist(path: Path) -> str | None:
     """The config file's text minus its [dist] tables (the same cache settings, no scheduler),
     checked by parsing both; None when that cannot be made safely."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         conf = json.loads(text)
         conf.pop("dist", None)

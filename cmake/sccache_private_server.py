@@ -89,7 +89,7 @@ def check_private_server(args, env: dict[str, str], work: Path, start_failed) ->
 
     nonce = uuid.uuid4().hex
     source = work / "probe.cpp"
-    source.write_text(f'const char* vfa_cache_probe() {{ return "{nonce}"; }}\n')
+    source.write_text(f'const char* vfa_cache_probe() {{ return "{nonce}"; }}\n', encoding="utf-8")
     before = counters(stats)
     compile_through(args.sccache, shipped, [args.cxx], source, "C++")
     first = wait_for_write(args.sccache, env, before)
@@ -125,7 +125,7 @@ def check_private_server(args, env: dict[str, str], work: Path, start_failed) ->
         if args.cuda:
             cu = work / "probe.cu"
             cu.write_text(f'__global__ void vfa_cache_probe_kernel(int* x) {{ x[0] = {len(nonce)}; }}\n'
-                          f'const char* vfa_cache_probe_cu() {{ return "{nonce}"; }}\n')
+                          f'const char* vfa_cache_probe_cu() {{ return "{nonce}"; }}\n', encoding="utf-8")
             before = counters(show_stats(args.sccache, env))
             compile_through(args.sccache, shipped, [args.cuda, *args.cuda_flag], cu, "CUDA")
             d = delta(counters(show_stats(args.sccache, env)), before)

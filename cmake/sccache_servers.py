@@ -77,7 +77,7 @@ def build_running(build: str) -> bool:
     """Whether the build tool named by this_build() ("PID:START") still runs."""
     pid, _, start = build.partition(":")
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             text = f.read()
         return text[text.rindex(")") + 2:].split()[19] == start
     except (OSError, ValueError, IndexError):
@@ -115,7 +115,7 @@ class ServersLock:
         self.path = os.path.join(settings["build_dir"], SERVERS_LOCK)
 
     def __enter__(self):
-        self.file = open(self.path, "a")
+        self.file = open(self.path, "a", encoding="utf-8")
         fcntl.flock(self.file, fcntl.LOCK_EX)
         return self
 

@@ -108,7 +108,7 @@ def unit_counts(stats: dict) -> dict[str, int]:
 
 def saved_counts(build_dir: Path) -> dict[str, dict[str, int]]:
     try:
-        return json.loads((build_dir / COUNTS).read_text())
+        return json.loads((build_dir / COUNTS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -123,7 +123,7 @@ def save_counts(sccache: str, env: dict[str, str], build_dir: Path, role: str) -
     saved = saved_counts(build_dir)
     saved[role] = {k: saved.get(role, {}).get(k, 0) + v for k, v in now.items()}
     tmp = build_dir / (COUNTS + ".tmp")
-    tmp.write_text(json.dumps(saved) + "\n")
+    tmp.write_text(json.dumps(saved) + "\n", encoding="utf-8")
     os.replace(tmp, build_dir / COUNTS)
 
 

@@ -1,4 +1,6 @@
-"""vendored_flash_attn: FlashAttention 2 and 3 forward kernels for vLLM-style callers.
+"""vendored_flash_attn: FlashAttention forward kernels for vLLM-style callers: FA2 (sm80+), FA3
+(Hopper, with FP8) and FA4 (upstream's CuTe DSL kernels, with the ``[fa4]`` extra), behind one
+call signature and a runtime selector.
 
 Importing the package is cheap and never fails for lack of a GPU or of the compiled
 modules: names are resolved on first use, and the compiled modules are imported (and

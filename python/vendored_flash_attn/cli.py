@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +41,7 @@ DEFAULT_BUILD_DIRS = "build/*"  # pyproject.toml's build-dir, build/{wheel_tag}
 
 def _read_json(path: Path) -> Optional[dict]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -157,8 +158,8 @@ def collect(build_dir: Optional[str] = None) -> dict:
                       "fallbacks": [], "unsupported": {}}
             if report["config_error"] is None:
                 selection = select_flash_attn_version(device=index)
-                device.update(selected=selection.version, reason=selection.reason,
-                              fallbacks=list(selection.fallbacks))
+                device.update(selected=selection.version, reason=selection.reason, headline=selection.headline,
+                              notes=list(selection.notes), fallbacks=list(selection.fallbacks))
             for family in registry():
                 device["unsupported"][family.name] = version_problem(family.version, index)
             report["devices"].append(device)
@@ -312,12 +313,20 @@ def render(report: dict) -> str:
                                          if selection else ""))
     for device in report["devices"]:
         picked = device["selected"]
+        # One short line per GPU (its family, and why in a few words); the notes on the
+        # families passed over (the measured reasons a family that runs here is not the
+        # default) under it, one a line.
         lines.append(f"  cuda:{device['index']} {device['name']} (compute capability {device['capability']}): "
-                     + (f"FA{picked}" if picked else "no FlashAttention") + f" - {device['reason']}")
+                     + (f"FA{picked}" if picked else "no FlashAttention")
+                     + f" - {device.get('headline') or device['reason']}")
+        notes = device.get("notes") or ()
+        for note in notes:
+            lines.append(textwrap.fill(note, width=110, initial_indent="    ", subsequent_indent="      ",
+                                       break_long_words=False, break_on_hyphens=False))
         for fallback in device["fallbacks"]:
             lines.append(f"    fallback: {fallback}")
         for key, problem in device["unsupported"].items():
-            if problem:
+            if problem and not any(problem in note for note in notes):  # said once
                 lines.append(f"    {key.upper()} unusable: {problem}")
     figures = report.get("measured") or {}
     if figures.get("error") or figures.get("serving"):

@@ -27,7 +27,7 @@ def declaration_path() -> Path:
 
 
 def load(path: Optional[Path] = None) -> dict[str, Any]:
-    return json.loads(Path(path or declaration_path()).read_text())
+    return json.loads(Path(path or declaration_path()).read_text(encoding="utf-8"))
 
 
 def bool_words(data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -1,7 +1,8 @@
 """FA3's adapter: a call the shared checks (validation.py) passed, onto the compiled module's
 ``fwd`` in the argument order of its schema (op_schemas.FA3_FWD) (``launch``, in the launch
-contract of call.LAUNCH; ``forward``, the declared adapter, for a call object), and FA3's
-``get_scheduler_metadata``.
+contract of call.LAUNCH; ``forward``, the declared adapter, for a call object), and
+``scheduler_metadata``, what the interface's ``get_scheduler_metadata`` (call.SCHEDULER_METADATA)
+hands its call to.
 
 The family declaration (cmake/knobs.json, ``families.fa3``) names ``forward`` as its
 adapter and declares the ``scheduler_metadata`` feature, which this module serves: the
@@ -11,26 +12,19 @@ metadata a call passes is compared with the call shape it was computed for
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from .call import VarlenCall, launch_arguments
+from .call import SchedulerMetadataCall, VarlenCall, launch_arguments, maybe_contiguous
 from .compiled import component, ops
 from .environment import current_environment
 from .errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
-from .families import Family, registry
+from .families import Family
 from .kernels import dtype_name, dtype_problem, head_size_problem
 from .scheduler_metadata import MetadataArgs, check_call as check_scheduler_metadata
 from .scheduler_metadata import op_error, record as record_scheduler_metadata
 from .scheduler_metadata import records as scheduler_metadata_records
 from .selector import resolve_device_index, version_problem
 from .validation import _integer, window_tuple
-
-
-def _family() -> Family:
-    """The family whose module computes scheduler metadata (its declaration says so)."""
-    return registry().having("scheduler_metadata")[0]
 
 
 def _device_index(tensor: torch.Tensor) -> int:
@@ -40,33 +34,15 @@ def _device_index(tensor: torch.Tensor) -> int:
     return index
 
 
-def maybe_contiguous(x):
-    # Like upstream: a tensor whose last dim is strided is copied (the kernels need stride 1).
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
-
-
-def get_scheduler_metadata(
-    batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
-    cache_seqlens: torch.Tensor,
-    qkv_dtype=torch.bfloat16,
-    headdim_v=None,
-    cu_seqlens_q: Optional[torch.Tensor] = None,
-    cu_seqlens_k_new: Optional[torch.Tensor] = None,
-    cache_leftpad: Optional[torch.Tensor] = None,
-    page_size: Optional[int] = None,
-    max_seqlen_k_new=0,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    has_softcap=False,
-    num_splits=0,    # Can be tuned for speed
-    pack_gqa=None,   # Can be tuned for speed
-    sm_margin=0,     # Can be tuned if some SMs are used for communication
-):
-    """FA3 scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``.
+def scheduler_metadata(family: Family, call: SchedulerMetadataCall):
+    """``get_scheduler_metadata``'s adapter (call.SCHEDULER_METADATA; the interface hands it
+    the call with the family declaring ``scheduler_metadata``): the scheduler metadata for a
+    later ``flash_attn_varlen_func(..., scheduler_metadata=)``.
 
     It holds the schedule of exactly one call shape; the returned tensor remembers the
     arguments, and a call that passes it is refused when FA3 would schedule that call
     differently (scheduler_metadata.py)."""
+    cache_seqlens = call.cache_seqlens
     if not isinstance(cache_seqlens, torch.Tensor):
         raise FlashAttnTypeError("cache_seqlens must be a torch.Tensor (the KV length of each sequence)")
     env = current_environment()
@@ -75,26 +51,24 @@ def get_scheduler_metadata(
                                   f"{env.device_type.upper()} device")
     if cache_seqlens.dtype != torch.int32:
         raise FlashAttnTypeError(f"cache_seqlens must have dtype torch.int32, got {cache_seqlens.dtype}")
-    family = _family()
     problem = version_problem(family.version, _device_index(cache_seqlens))
     if problem is not None:
         raise FlashAttnUnavailableError(f"get_scheduler_metadata needs {family.title}: {problem}")
     comp = component(family.version)
-    if headdim_v is None:
-        headdim_v = headdim
-    batch_size = _integer("batch_size", batch_size, 1)
-    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
-    num_heads_q = _integer("num_heads_q", num_heads_q, 1)
-    num_heads_kv = _integer("num_heads_kv", num_heads_kv, 1)
-    headdim, headdim_v = _integer("headdim", headdim, 1), _integer("headdim_v", headdim_v, 1)
-    max_seqlen_k_new = _integer("max_seqlen_k_new", max_seqlen_k_new)
-    num_splits, sm_margin = _integer("num_splits", num_splits), _integer("sm_margin", sm_margin)
-    if page_size is not None:
-        page_size = _integer("page_size", page_size, 1)
-    window = window_tuple(window_size)
-    if pack_gqa is not None:
-        pack_gqa = bool(pack_gqa)
+    headdim_v = call.headdim if call.headdim_v is None else call.headdim_v
+    batch_size = _integer("batch_size", call.batch_size, 1)
+    max_seqlen_q = _integer("max_seqlen_q", call.max_seqlen_q)
+    max_seqlen_k = _integer("max_seqlen_k", call.max_seqlen_k)
+    num_heads_q = _integer("num_heads_q", call.num_heads_q, 1)
+    num_heads_kv = _integer("num_heads_kv", call.num_heads_kv, 1)
+    headdim, headdim_v = _integer("headdim", call.headdim, 1), _integer("headdim_v", headdim_v, 1)
+    max_seqlen_k_new = _integer("max_seqlen_k_new", call.max_seqlen_k_new)
+    num_splits, sm_margin = _integer("num_splits", call.num_splits), _integer("sm_margin", call.sm_margin)
+    page_size = None if call.page_size is None else _integer("page_size", call.page_size, 1)
+    window = window_tuple(call.window_size)
+    pack_gqa = None if call.pack_gqa is None else bool(call.pack_gqa)
+    causal, has_softcap, qkv_dtype = bool(call.causal), bool(call.has_softcap), call.qkv_dtype
+    cu_seqlens_q, cu_seqlens_k_new, cache_leftpad = call.cu_seqlens_q, call.cu_seqlens_k_new, call.cache_leftpad
     name = dtype_name(qkv_dtype)
     problem = dtype_problem(family, comp, name, shown=str(qkv_dtype).replace("torch.", "")) or head_size_problem(
         family, comp, headdim, headdim_v, name)
@@ -125,6 +99,7 @@ def get_scheduler_metadata(
         if not x.is_contiguous():
             raise FlashAttnInputError(f"{label} must be contiguous; pass {label}.contiguous()")
     cache_seqlens = maybe_contiguous(cache_seqlens)
+    # In the op's schema order (op_schemas.FA3_GET_SCHEDULER_METADATA).
     metadata = ops(family.version).get_scheduler_metadata(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
         qkv_dtype,
@@ -136,16 +111,16 @@ def get_scheduler_metadata(
         cache_leftpad,
         page_size,
         max_seqlen_k_new,
-        bool(causal),
+        causal,
         window[0], window[1],
-        bool(has_softcap),
+        has_softcap,
         num_splits,
         pack_gqa,
         sm_margin,
     )
     record_scheduler_metadata(metadata, MetadataArgs(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
-        qkv_dtype, cu_seqlens_q is not None, page_size, bool(causal), window, bool(has_softcap),
+        qkv_dtype, cu_seqlens_q is not None, page_size, causal, window, has_softcap,
         num_splits, pack_gqa, sm_margin, max_seqlen_k_new,
         cu_seqlens_k_new is not None, cache_leftpad is not None))
     return metadata
@@ -226,3 +201,6 @@ def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
 
 
 forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments
+# The interface's get_scheduler_metadata hands its call here: the declaration names this
+# family's adapter, and the family declares the scheduler_metadata feature.
+forward.scheduler_metadata = scheduler_metadata

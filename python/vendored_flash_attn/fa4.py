@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -159,7 +159,7 @@ def check_call(family: Family, arch: int, q, k, v, block_table, seqused_k, softc
     (validation.check_varlen_call) refused before. What is FA4's own is checked here, each
     rule one of upstream's ``assert``s that the call would reach (interface.py and the kernel
     classes at the pin): ``python -O`` removes those, so none is left to them (docs/runtime.md
-    lists each). The paged page-size rules that need upstream's tile choice are in ``_launch``.
+    lists each). The paged page-size rules that need upstream's tile choice are in ``launch``.
     The arguments are the call's (``window``: window_tuple(window_size))."""
     key = (id(family), arch, q.dtype, k.dtype, v.dtype, q.shape[-1], v.shape[-1], block_table is not None,
            num_splits > 1, s_aux is not None, softcap > 0, _is_local(window, causal), seqused_k is not None)
@@ -245,28 +245,12 @@ def single_split(generation: Optional[str], head_size: int, head_size_v: int) ->
     return generation == "sm100" and head_size == head_size_v and -(-head_size_v // 16) * 16 >= 192
 
 
-def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
-           scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right,
-           softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux, cp_world_size, cp_rank,
-           cp_tot_seqused_k):
-    """FA4's kernels for a call the interface's shared checks (validation.py, against FA4's
-    declaration) and debug checks passed, on q's GPU, in the launch contract (call.LAUNCH):
-    (out, softmax_lse); LSE is (num_heads, total_q), float32, as FA3's, or None unless asked.
-    What FA4 does not declare (scheduler_metadata, q_v, ALiBi, context parallelism) the shared
-    checks refused when set; FA4 tells FP8 q from FP8 KV itself (check_call)."""
-    return _launch(resolved.family, device_arch(q), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                   max_seqlen_k, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale,
-                   softmax_scale, causal, window_left, window_right, softcap, num_splits, return_softmax_lse, fp8,
-                   q_v, alibi_slopes, s_aux, cp_world_size, cp_rank, cp_tot_seqused_k)
+class Target(NamedTuple):
+    """What ``run`` hands ``launch`` for ``resolved``: the family, and the arch to compile
+    for instead of q's device's."""
 
-
-def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
-    """FA4's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the shared
-    checks passed, through ``launch``."""
-    return launch(resolved, *launch_arguments(call, window, fp8))
-
-
-forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments
+    family: Family
+    arch: int
 
 
 def run(arch: int, *args, **kwargs):
@@ -277,15 +261,24 @@ def run(arch: int, *args, **kwargs):
     it ships have the very compile keys these calls reach at run time. Returns ``out``, or
     ``(out, softmax_lse)`` with ``return_softmax_lse=True``."""
     call = VarlenCall(*args, **kwargs)
-    out, lse = _launch(FAMILY, arch, *launch_arguments(call, window_tuple(call.window_size), call.q.dtype == _E4M3))
+    out, lse = launch(Target(FAMILY, arch),
+                      *launch_arguments(call, window_tuple(call.window_size), call.q.dtype == _E4M3))
     return (out, lse) if call.return_softmax_lse else out
 
 
-def _launch(family: Family, arch: int, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-            block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal,
-            window_left, window_right, softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux,
-            cp_world_size, cp_rank, cp_tot_seqused_k):
-    """``launch`` on a given ``arch`` (the call.LAUNCH arguments after family and arch)."""
+def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
+           scheduler_metadata, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right,
+           softcap, num_splits, return_softmax_lse, fp8, q_v, alibi_slopes, s_aux, cp_world_size, cp_rank,
+           cp_tot_seqused_k):
+    """FA4's kernels for a call the interface's shared checks (validation.py, against FA4's
+    declaration) and debug checks passed, on q's GPU, in the launch contract (call.LAUNCH):
+    (out, softmax_lse); LSE is (num_heads, total_q), float32, as FA3's, or None unless asked.
+    What FA4 does not declare (scheduler_metadata, q_v, ALiBi, context parallelism) the shared
+    checks refused when set; FA4 tells FP8 q from FP8 KV itself (check_call). ``resolved``:
+    the interface's resolution (its ``family``; the arch is q's device's), or ``run``'s Target
+    (the family and the arch to compile for)."""
+    family = resolved.family
+    arch = resolved.arch if type(resolved) is Target else device_arch(q)
     window = (window_left, window_right)
     fp8_kv_dequant = check_call(family, arch, q, k, v, block_table, seqused_k, softcap, num_splits, s_aux, causal,
                                 window)
@@ -330,6 +323,15 @@ def _launch(family: Family, arch: int, q, k, v, cu_seqlens_q, cu_seqlens_k, sequ
         # Upstream checks shapes with assert, before compiling or launching: a clear error type.
         raise FA4Unsupported(f"{family.title} refused the call: {exc}") from exc
     return result[0], result[1]
+
+
+def forward(resolved, call: VarlenCall, window: tuple[int, int], fp8: bool):
+    """FA4's adapter (the declaration's ``adapter``): (out, softmax_lse) of a call the shared
+    checks passed, through ``launch``."""
+    return launch(resolved, *launch_arguments(call, window, fp8))
+
+
+forward.launch = launch  # the interface's quick path calls it with a quick call's own arguments
 
 
 def _check_page_size(family: Family, interface, arch: int, q, k, v, causal: bool,

@@ -11,32 +11,34 @@ its kernels and refuses what only that family cannot run. Two paths do that:
   layer of every step: it runs on the public function's own locals, finds the call's kind
   already resolved, checks the call with flat metadata reads (a conservative subset of the
   shared checks: it only accepts, never refuses), and calls the adapter's ``launch``
-  (call.LAUNCH) with the arguments as they are. No call object, no second set of rules;
+  (call.LAUNCH_PARAMETERS, the call written out by call.with_launch) with the arguments as
+  they are. No call object, no second set of rules;
 * the **full path** (``_dispatch``) for everything it declines: the call object
   (call.VarlenCall), the resolution (which may refuse), the shared checks
   (validation.check_varlen_call, which refuse with the precise message), the debug checks
   and the capture refusal, then the family's declared adapter (families.py: ``adapter``;
   fa2.forward, fa3.forward, fa4.forward), which launches it the same way.
 
-``get_scheduler_metadata`` is the adapter's of the family declaring scheduler_metadata.
+``get_scheduler_metadata`` is generated the same way (call.SCHEDULER_METADATA) and hands its
+call object to the ``scheduler_metadata`` entry of the adapter of the family that declares the
+``scheduler_metadata`` feature (FA3's today); no adapter is named here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from .build_info import ComponentInfo
-from .call import VARLEN, VarlenCall
+from .call import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall, launch, with_launch
+from .call import maybe_contiguous  # noqa: F401  (the package's API, as upstream's file has it)
 from .compiled import component as _component, ops as _ops
 from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
 from .environment import current_environment, on_environment_change
 from .errors import (FlashAttnCaptureError, FlashAttnInputError, FlashAttnTypeError,
                      FlashAttnUnavailableError)
-from .fa3 import get_scheduler_metadata, maybe_contiguous  # noqa: F401  (the package's API)
 from .families import Family, registry, titles_text
 from .kernels import dtype_name
 from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
@@ -73,8 +75,9 @@ def _device_index(tensor: torch.Tensor) -> int:
 
 class ResolutionKey(NamedTuple):
     """A kind of call: what its resolution (the family, and whether its calls may take the
-    quick path) depends on. The quick path looks it up as the plain tuple of these fields
-    (equal, and hashed alike), one allocation fewer on every call."""
+    quick path) depends on. Both paths build it by field name; in the quick path
+    call.with_launch writes it out as the plain tuple of these fields (equal, and hashed
+    alike), without the named tuple's constructor on every call."""
 
     fa_version: Optional[int]      # as the caller named it; None: the selector chooses
     device: int                    # q.get_device()
@@ -114,8 +117,12 @@ class Resolved:
 
 
 # One dictionary lookup per call: asking the selector costs microseconds on every layer of
-# every step, and the answer does not change within one environment.
+# every step, and the answer does not change within one environment. Bounded like the
+# package's other caches (fa4._ACCEPTED, kernels' head-size verdicts): a caller cycling
+# through odd shapes (a fuzzer) must not grow it without end; a serving engine has a handful
+# of kinds.
 _resolved: dict = {}
+_RESOLVED_MAX = 4096
 on_environment_change(_resolved.clear)
 
 # Bits of ResolutionKey.needs: the kernel features a call needs (the selector falls back to
@@ -139,6 +146,8 @@ def _resolve(key: ResolutionKey, tensor: torch.Tensor) -> Resolved:
     guard = debug or not family.call.cuda_graphs
     forward = family.adapter_function()
     launch = getattr(forward, "launch", None)
+    if len(_resolved) >= _RESOLVED_MAX:
+        _resolved.clear()
     hit = _resolved[key] = Resolved(
         family, comp, _forward_op(family), forward, static, debug, guard, launch,
         static and launch is not None and not guard, family.call.page_size_multiple,
@@ -240,8 +249,9 @@ def _dispatch(call: VarlenCall):
         pass
     alibi, sinks = call.alibi_slopes is not None, call.s_aux is not None
     env_version = _version_lookup(_version_key) if fa_version is None else None
-    key = ResolutionKey._make((fa_version, device, env_version, alibi, sinks, dtype, num_heads, head_size,
-                              num_heads_k, head_size_v, needs))
+    key = ResolutionKey(fa_version=fa_version, device=device, env_version=env_version, alibi=alibi, sinks=sinks,
+                        dtype=dtype, num_heads=num_heads, head_size=head_size, num_heads_k=num_heads_k,
+                        head_size_v=head_size_v, needs=needs)
     resolved = _resolved.get(key) or _resolve(key, q)
     if resolved.capture_guard:
         _refuse_capture(resolved, q)
@@ -285,7 +295,7 @@ def _environment_swapped() -> None:
 
 
 on_environment_change(_environment_swapped)
-_get_device, _is_cpu = torch.Tensor.get_device, operator.attrgetter("is_cpu")
+_get_device = torch.Tensor.get_device
 
 
 def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p,
@@ -303,7 +313,8 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
     exact ints and floats as the kernels take them, every tensor on q's device. It never
     refuses (a call it does not accept goes to the full path, whose messages and verdicts
     stay the only ones) and never accepts what the full path refuses
-    (tests/unit/test_quick_check.py holds it to that on a corpus of broken calls). What it
+    (tests/unit/test_quick_check.py holds it to that on a corpus of broken calls, and
+    tests/unit/test_quick_equals_full.py on a seeded random one). What it
     does not ask per call: the stream's capture state and the debug checks (a kind of call
     that needs either is not quick: Resolved.quick).
 
@@ -326,11 +337,12 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             or (softmax_scale is not None and type(softmax_scale) is not float)
             or (fa_version is not None and type(fa_version) is not int)):
         return None
-    if type(softcap) is not float:
-        if type(softcap) is not int:
+    cap = softcap
+    if type(cap) is not float:
+        if type(cap) is not int:
             return None
-        softcap = float(softcap)  # vLLM passes 0 for "off"; the ops take a float
-    if softcap < 0:
+        cap = float(cap)  # vLLM passes 0 for "off"; the ops take a float
+    if cap < 0:
         return None
     if window_size is None:
         left = right = -1
@@ -349,40 +361,60 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
         # The kind of call (ResolutionKey, as a plain tuple); what it needs of the kernels:
         # bits of _NEEDS.
         needs = 0 if block_table is None else 1
-        if softcap > 0:
+        if cap > 0:
             needs |= 2
         if (left >= 0 or right >= 0) and _is_local((left, right), causal):
             needs |= 4
         if num_splits > 1:
             needs |= 8
-        resolved = _resolved.get((fa_version, device, None if fa_version is not None else _version_lookup(_version_key),
-                                  False, False, dtype, num_heads, head_size, num_heads_k, head_size_v, needs))
+        resolved = _resolved.get(ResolutionKey(  # a plain tuple here (call.with_launch writes it out)
+            fa_version=fa_version, device=device,
+            env_version=None if fa_version is not None else _version_lookup(_version_key), alibi=False, sinks=False,
+            dtype=dtype, num_heads=num_heads, head_size=head_size, num_heads_k=num_heads_k, head_size_v=head_size_v,
+            needs=needs))
         if resolved is None or not resolved.quick:
             return None  # the full path resolves it (the next such call is quick) or refuses it
         if k.dtype is not dtype or v.dtype is not dtype:
             return None
-        # Every tensor on q's device, q on the runtime's device type: one read per tensor.
-        if device >= 0:  # a CUDA tensor: compare device indexes
-            if not _cuda_runtime:
+        # Every tensor on q's device, q on the runtime's device type. On a CUDA runtime, by
+        # index and type: another device type (XPU, a private one) numbers its devices from 0
+        # too, and the full check compares torch.device objects (type and index).
+        if device >= 0:  # q is a tensor of an indexed device
+            if not _cuda_runtime or not q.is_cuda:
                 return None
-            where, here = _get_device, device
+            if (_get_device(k) != device or not k.is_cuda or _get_device(v) != device or not v.is_cuda
+                    or _get_device(cu_seqlens_q) != device or not cu_seqlens_q.is_cuda
+                    or (cu_seqlens_k is not None and (_get_device(cu_seqlens_k) != device or not cu_seqlens_k.is_cuda))
+                    or (seqused_k is not None and (_get_device(seqused_k) != device or not seqused_k.is_cuda))
+                    or (block_table is not None and (_get_device(block_table) != device or not block_table.is_cuda))
+                    or (out is not None and (_get_device(out) != device or not out.is_cuda))
+                    or (scheduler_metadata is not None
+                        and (_get_device(scheduler_metadata) != device or not scheduler_metadata.is_cuda))
+                    or (q_descale is not None and (_get_device(q_descale) != device or not q_descale.is_cuda))
+                    or (k_descale is not None and (_get_device(k_descale) != device or not k_descale.is_cuda))
+                    or (v_descale is not None and (_get_device(v_descale) != device or not v_descale.is_cuda))):
+                return None
         elif _cpu_runtime and q.is_cpu:  # a described CPU machine (the tests): get_device() is
-            where, here = _is_cpu, True  # -1 for cpu and meta tensors alike
+            # -1 for cpu and meta tensors alike
+            if (not k.is_cpu or not v.is_cpu or not cu_seqlens_q.is_cpu
+                    or (cu_seqlens_k is not None and not cu_seqlens_k.is_cpu)
+                    or (seqused_k is not None and not seqused_k.is_cpu)
+                    or (block_table is not None and not block_table.is_cpu)
+                    or (out is not None and not out.is_cpu)
+                    or (scheduler_metadata is not None and not scheduler_metadata.is_cpu)
+                    or (q_descale is not None and not q_descale.is_cpu)
+                    or (k_descale is not None and not k_descale.is_cpu)
+                    or (v_descale is not None and not v_descale.is_cpu)):
+                return None
         else:
-            return None
-        if (where(k) != here or where(v) != here or where(cu_seqlens_q) != here
-                or (cu_seqlens_k is not None and where(cu_seqlens_k) != here)
-                or (seqused_k is not None and where(seqused_k) != here)
-                or (block_table is not None and where(block_table) != here)
-                or (out is not None and where(out) != here)
-                or (scheduler_metadata is not None and where(scheduler_metadata) != here)
-                or (q_descale is not None and where(q_descale) != here)
-                or (k_descale is not None and where(k_descale) != here)
-                or (v_descale is not None and where(v_descale) != here)):
             return None
         (batch_plus_1,) = cu_seqlens_q.shape  # ValueError unless 1-D
         batch = batch_plus_1 - 1
         if batch < 1 or cu_seqlens_q.dtype is not _INT32 or not cu_seqlens_q.is_contiguous():
+            return None
+        # No query tokens or no heads: the full path's (is_contiguous() below holds for an out=
+        # of no elements whatever its strides, and the full check reads out's stride itself).
+        if not total_q or not num_heads or not num_heads_k:
             return None
         # k and v agree in all but the last dimension (one comparison when the head sizes
         # match, the common case).
@@ -393,10 +425,13 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
                 return None
             _, block_size, _, head_size_k = k_shape  # ValueError unless 4-D
             (used,) = seqused_k.shape
-            rows, _ = block_table.shape
+            rows, columns = block_table.shape
             if (used != batch or seqused_k.dtype is not _INT32 or not seqused_k.is_contiguous()
-                    or block_table.dtype is not _INT32 or rows != batch
-                    or (not block_table.is_contiguous() and block_table.stride(-1) != 1)
+                    or block_table.dtype is not _INT32 or rows != batch or not block_size
+                    # The full check reads stride(-1); is_contiguous() (a third of its cost)
+                    # answers it only for a table of more than one column: it ignores a
+                    # dimension of size 1 and the strides of a table of no elements.
+                    or ((columns <= 1 or not block_table.is_contiguous()) and block_table.stride(-1) != 1)
                     or block_size % resolved.page_size_multiple):
                 return None
         else:  # packed
@@ -430,14 +465,15 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
             return None
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         return None  # not tensors, odd types or shapes: the full path explains
-    result = resolved.launch(
-        resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table, out,
-        scheduler_metadata, q_descale, k_descale, v_descale,
-        head_size ** -0.5 if softmax_scale is None else softmax_scale, causal, left, right, softcap, num_splits,
-        return_softmax_lse, fp8, None, None, None, 1, 0, None)
+    # The adapter's launch: call.with_launch writes this call out in the launch contract's
+    # order (call.LAUNCH_PARAMETERS), with the computed arguments named here and this
+    # function's parameters (the caller's arguments) for the rest.
+    result = launch(resolved, softmax_scale=head_size ** -0.5 if softmax_scale is None else softmax_scale,
+                    window_left=left, window_right=right, softcap=cap, fp8=fp8)
     return (result[0], result[1]) if return_softmax_lse else result[0]
 
 
+_quick = with_launch(_quick, tuples={"ResolutionKey": ResolutionKey._fields})
 flash_attn_varlen_func = VARLEN.function(_dispatch, __name__, """\
 Variable-length (and paged-KV) attention forward; see docs/runtime.md.
 
@@ -449,3 +485,23 @@ choose; FP8 (float8_e4m3fn q/k/v, bf16 out, float32 descales of shape
 (num_seqs, num_kv_heads)) needs FA3 on Hopper. ``deterministic`` and
 ``return_attn_probs`` are accepted for compatibility and have no effect (forward only).
 """, quick=_quick)
+
+
+def _scheduler_metadata(call: SchedulerMetadataCall):
+    """get_scheduler_metadata's body: the call, to the family that declares the
+    scheduler_metadata feature (its adapter's ``scheduler_metadata(family, call)``)."""
+    having = registry().having("scheduler_metadata")
+    if not having:
+        raise FlashAttnUnavailableError("get_scheduler_metadata: no family of this package declares "
+                                        "scheduler_metadata (cmake/knobs.json); pass scheduler_metadata=None")
+    family = having[0]
+    return family.adapter_function().scheduler_metadata(family, call)
+
+
+get_scheduler_metadata = SCHEDULER_METADATA.function(_scheduler_metadata, __name__, """\
+Scheduler metadata for a later ``flash_attn_varlen_func(..., scheduler_metadata=)``, computed by
+the family that declares it (FA3); see docs/runtime.md.
+
+It holds the schedule of exactly one call shape; the returned tensor remembers the arguments,
+and a call that passes it is refused when the kernels would schedule that call differently.
+""")

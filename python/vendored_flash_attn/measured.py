@@ -24,7 +24,7 @@ PHASES = (("prefill_s", "prefill"), ("decode_graph_s", "decode in CUDA graphs"),
 @functools.lru_cache(maxsize=1)
 def load(path: Optional[Path] = None) -> dict:
     try:
-        data = json.loads(Path(path or FILE).read_text())
+        data = json.loads(Path(path or FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return {"error": f"{FILE.name}: {exc}"}
     if not isinstance(data, dict) or not isinstance(data.get("serving", {}), dict):

@@ -39,6 +39,15 @@ class Selection:
     version: Optional[int]
     reason: str
     fallbacks: tuple[str, ...] = ()
+    # The reason's notes on the families passed over (each also in ``reason``, after its
+    # headline): why one that runs here is not the default, why one is unusable.
+    notes: tuple[str, ...] = ()
+
+    @property
+    def headline(self) -> str:
+        """The reason without its notes: which family, and why, in a few words."""
+        suffix = "; " + "; ".join(self.notes)
+        return self.reason[:-len(suffix)] if self.notes and self.reason.endswith(suffix) else self.reason
 
 
 def requested_version() -> Optional[int]:
@@ -183,10 +192,11 @@ def _serve_problem(family: Family, index, major: int, info, dtype, head_size, he
     return problem
 
 
-def _default_family(info, major: int, minor: int, index: int, fall_back) -> tuple[Family, str, bool]:
+def _default_family(info, major: int, minor: int, index: int,
+                    fall_back) -> tuple[Family, str, bool, tuple[str, ...]]:
     """The first family of the declared default order that is the default on this GPU
     generation and usable; the reason says why those before it were passed over and why a
-    family that runs here is not the default (FA4 on Hopper)."""
+    family that runs here is not the default (FA4 on Hopper), which are also its notes."""
     families = registry()
     skipped: list[str] = []
     unusable_built: list[tuple[Family, str]] = []
@@ -226,10 +236,10 @@ def _default_family(info, major: int, minor: int, index: int, fall_back) -> tupl
             fall_back(f"{family.title} is built but unusable on GPU {index}: {problem}; using {picked.title}")
     generation = " (Hopper)" if major == 9 else ""
     reason = f"default for compute capability {major}.{minor}{generation}: {picked.title} is built and loads"
-    notes = [s for s in skipped if not s.startswith(f"{picked.title} ")]
+    notes = tuple(s for s in skipped if not s.startswith(f"{picked.title} "))
     if notes:
         reason += "; " + "; ".join(notes)
-    return picked, reason, usable
+    return picked, reason, usable, notes
 
 
 @functools.lru_cache(maxsize=512)
@@ -252,6 +262,7 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
         fallbacks.append(message)
         _warn_once(message)
 
+    notes: tuple[str, ...] = ()
     if override is not None:
         family, reason = families[override], f"{ENV_VAR}={override}"
         problem = version_problem(override, index)
@@ -261,7 +272,7 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
             fall_back(f"{ENV_VAR}={override} asks for {family.title}, but {problem}; using {target.title}")
             family, usable = target, False
     else:
-        family, reason, usable = _default_family(info, major, minor, index, fall_back)
+        family, reason, usable, notes = _default_family(info, major, minor, index, fall_back)
 
     # The request itself: what the picked family cannot serve goes to its fallback (once).
     if family.fallback is not None:
@@ -304,7 +315,7 @@ def _select(generation, override, requires_alibi, head_size, head_size_v, dtype,
                                        f"{'which is not' if len(having) == 1 else 'none of which is'} usable here",
                                  tuple(fallbacks))
             return Selection(None, f"{family.title} cannot be used: {problem}", tuple(fallbacks))
-    return Selection(family.version, reason, tuple(fallbacks))
+    return Selection(family.version, reason, tuple(fallbacks), notes)
 
 
 def select_flash_attn_version(

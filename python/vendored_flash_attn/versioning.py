@@ -79,7 +79,7 @@ def upstream_commit(project_dir: Path, env: Optional[Mapping[str, str]] = None) 
 
 def _pin_commit(pin_path: Path) -> str:
     try:
-        pin = json.loads(pin_path.read_text())
+        pin = json.loads(pin_path.read_text(encoding="utf-8"))
         commit = pin["flash_attention"]["commit"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise VersionSchemeError(f"cannot read the upstream commit from {pin_path}: {exc}") from exc
@@ -100,7 +100,7 @@ def _torch_cuda_version() -> Optional[str]:
         path = Path(location) / "version.py"
         if not path.is_file():
             continue
-        for node in ast.parse(path.read_text()).body:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
             target = None
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 target, value = node.target.id, node.value
@@ -257,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if base is None:
         if tomllib is None:
             parser.error("--base is needed on Python 3.10 (no tomllib)")
-        pyproject = tomllib.loads((args.project / "pyproject.toml").read_text())
+        pyproject = tomllib.loads((args.project / "pyproject.toml").read_text(encoding="utf-8"))
         base = next(e["base-version"] for e in pyproject["tool"]["dynamic-metadata"] if "base-version" in e)
     try:
         parts = compute(base, args.project)

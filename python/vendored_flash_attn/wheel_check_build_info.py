@@ -185,7 +185,7 @@ def compare_build_info(info: dict[str, Any], expect: Expectations, version: Opti
     if info.get("schema") != 1:
         problems.append(f"build info schema {info.get('schema')!r}, expected 1")
     if expect.pin is not None:
-        pin = json.loads(Path(expect.pin).read_text())
+        pin = json.loads(Path(expect.pin).read_text(encoding="utf-8"))
         for key, name in (("upstream", "flash_attention"), ("cutlass", "cutlass")):
             got = info.get(key, {})
             want = pin[name]["commit"]

@@ -39,7 +39,7 @@ def check_installed(report_path: Path | None = None) -> int:
     if fa4_cache.kernel_files(user):
         raise SystemExit(f"the user cache {user} is not empty: point FLASH_ATTENTION_CUTE_DSL_CACHE_DIR at an empty folder")
     family = registry().by_name(FAMILY)
-    record = json.loads(resources.files(vendored_flash_attn).joinpath(*family.record.split("/")).read_text())
+    record = json.loads(resources.files(vendored_flash_attn).joinpath(*family.record.split("/")).read_text(encoding="utf-8"))
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a"
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -84,6 +84,6 @@ def check_installed(report_path: Path | None = None) -> int:
           f"(Python {python}); first call median {result['first_call_median_s'] * 1e3:.1f} ms, max "
           f"{result['first_call_max_s'] * 1e3:.1f} ms; FA4 load {result['load_seconds']} s")
     if report_path:
-        report_path.write_text(json.dumps(result, indent=2) + "\n")
+        report_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 1 if bad else 0
 

@@ -11,6 +11,9 @@
 #     > .upstream-tests/flash_attn_interface.py          (carry: .upstream-tests)
 #
 #   tests/gpu/serving_h200.sh [all | tests | serving | overhead ...]      (default: all)
+#   OVERHEAD_RUNS=5 (the default): the overhead stage's whole runs, summarized together
+#   (benchmarks/overhead.py --summarize: each family's overhead as the median of the runs
+#   with their spread, isolated and stalled); about a minute each.
 #
 # OVERLAY_SOURCE=1 (the default) first copies this checkout's Python files and JSON
 # declarations over the installed package (same compiled modules; the interface, the
@@ -71,13 +74,19 @@ stage_serving() {  # ~2-3 min; its own budget stops it at 300 s with partial row
   return "$rc"
 }
 
-stage_overhead() {  # ~1 min: this package, upstream's wrappers and the raw ops, same run
-  local rc=0 upstream=()
+stage_overhead() {  # ~1 min a run, OVERHEAD_RUNS (5) runs: this package, upstream's wrappers and the raw ops
+  local rc=0 upstream=() runs=${OVERHEAD_RUNS:-5} jsons=() i
   [[ -f $ROOT/.upstream-tests/flash_attn_interface.py ]] && upstream=(--upstream-file "$ROOT/.upstream-tests/flash_attn_interface.py")
   [[ ${#upstream[@]} == 0 ]] && echo "NOT compared with upstream's wrapper: carry .upstream-tests/flash_attn_interface.py"
-  timeout 300 "$PY" "$ROOT/benchmarks/overhead.py" --out "$RES" --plain "${upstream[@]}" > "$RES/overhead.log" 2>&1 || rc=$?
-  echo "overhead rc=$rc" >> "$RES/overhead.log"
-  tail -n 45 "$RES/overhead.log"
+  for ((i = 1; i <= runs; i++)); do  # whole runs one after another: their spread is the noise between runs
+    timeout 300 "$PY" "$ROOT/benchmarks/overhead.py" --out "$RES/overhead-run$i" --plain "${upstream[@]}" \
+      > "$RES/overhead-run$i.log" 2>&1 || { rc=$?; echo "overhead run $i rc=$rc"; }
+    [[ -f $RES/overhead-run$i/overhead.json ]] && jsons+=("$RES/overhead-run$i/overhead.json")
+  done
+  tail -n 45 "$RES/overhead-run1.log"
+  "$PY" "$ROOT/benchmarks/overhead.py" --summarize "${jsons[@]}" --out "$RES" --plain > "$RES/overhead.log" 2>&1 || rc=1
+  echo "overhead rc=$rc (${#jsons[@]} of $runs runs)" >> "$RES/overhead.log"
+  cat "$RES/overhead.log"
   return "$rc"
 }
 

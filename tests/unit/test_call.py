@@ -42,6 +42,13 @@ UPSTREAM = {
     "sparse_attn_varlen_func": [("q", P, None), ("k", P, None), ("v", P, None)] + _INDEXES + [
         ("cu_seqlens_q", P, None), ("cu_seqlens_k", P, None), ("max_seqlen_q", P, None),
         ("max_seqlen_k", P, None)] + _OPTIONS,
+    "get_scheduler_metadata": [
+        ("batch_size", P, None), ("max_seqlen_q", P, None), ("max_seqlen_k", P, None), ("num_heads_q", P, None),
+        ("num_heads_kv", P, None), ("headdim", P, None), ("cache_seqlens", P, None),
+        ("qkv_dtype", P, "torch.bfloat16"), ("headdim_v", P, "None"), ("cu_seqlens_q", P, "None"),
+        ("cu_seqlens_k_new", P, "None"), ("cache_leftpad", P, "None"), ("page_size", P, "None"),
+        ("max_seqlen_k_new", P, "0"), ("causal", P, "False"), ("window_size", P, "(-1, -1)"),
+        ("has_softcap", P, "False"), ("num_splits", P, "0"), ("pack_gqa", P, "None"), ("sm_margin", P, "0")],
 }
 # Where this package differs on purpose: fa_version=None asks the selector (docs/runtime.md).
 DIFFERENCES = {("flash_attn_varlen_func", "fa_version"): "None"}
@@ -183,6 +190,54 @@ def test_the_quick_path_gets_the_arguments_it_names_and_its_answer_stands():
     assert inspect.signature(function) == declared.VARLEN.signature()
 
 
+def _quick_writing(body: str):
+    """A quick path of this source (a function of a file, as with_launch reads it)."""
+    import importlib.util
+    import tempfile
+
+    parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "quick_source.py").write_text(
+        f"from vendored_flash_attn.call import launch\n\n\ndef quick(resolved, {parameters}):\n{body}",
+        encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"quick_source_{abs(hash(body))}", folder / "quick_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.quick
+
+
+_COMPUTED = "softmax_scale=0.5, window_left=-1, window_right=-1, softcap=0.0, fp8=False"
+
+
+def test_with_launch_writes_the_contracts_call():
+    """The quick path's launch(resolved, <computed>=...) becomes resolved.launch(resolved,
+    <LAUNCH in order>): the computed arguments as named, the rest the function's own."""
+    quick = declared.with_launch(_quick_writing(f"    return launch(resolved, {_COMPUTED})\n"))
+    got = []
+
+    class Resolved:
+        def launch(self, *args):
+            got.append(args)
+            return "result"
+
+    resolved = Resolved()
+    passed = [n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED]
+    assert quick(resolved, *passed) == "result"
+    computed = dict(softmax_scale=0.5, window_left=-1, window_right=-1, softcap=0.0, fp8=False)
+    assert got == [(resolved, *(computed[n] if n in computed else n for n in declared.LAUNCH))]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    return launch(resolved, softmax_scale=0.5)\n", "must name each of"),
+    (f"    launch(resolved, {_COMPUTED})\n    return launch(resolved, {_COMPUTED})\n", "exactly one"),
+    (f"    q = None\n    return launch(resolved, {_COMPUTED})\n", r"rebound \['q'\]"),
+    (f"    return launch(resolved, {_COMPUTED}, q=1)\n", "must name each of"),
+])
+def test_with_launch_refuses_a_quick_path_it_cannot_write_out(body, message):
+    with pytest.raises(ValueError, match=message):
+        declared.with_launch(_quick_writing(body))
+
+
 @pytest.mark.parametrize("quick, wrong", [
     (lambda q, not_a_parameter: None, "not_a_parameter"),
     (lambda q, k=None: None, "k"),
@@ -195,13 +250,22 @@ def test_a_quick_path_of_other_parameters_is_refused(quick, wrong):
 
 
 def test_every_adapters_launch_takes_the_launch_contract():
-    """What the interface's quick path calls: every declared family's adapter has a launch whose
-    parameters are call.LAUNCH, after ``resolved``, in order."""
+    """What the generated function's quick path and launch_arguments call: every declared
+    family's adapter has a launch whose parameters are call.LAUNCH, after ``resolved``, in
+    order; and no other function of an adapter's module takes the contract's arguments (a
+    second, hand-written copy of the list)."""
+    import importlib
+
     from vendored_flash_attn.families import registry
 
     for family in registry():
         launch = family.adapter_function().launch
         assert list(inspect.signature(launch).parameters) == ["resolved", *declared.LAUNCH], family.name
+        module = importlib.import_module(family.adapter.partition(":")[0])
+        for name, value in vars(module).items():
+            if inspect.isfunction(value) and value.__module__ == module.__name__ and value is not launch:
+                taken = set(inspect.signature(value).parameters) & set(declared.LAUNCH)
+                assert len(taken) < len(declared.LAUNCH) // 2, f"{module.__name__}.{name} takes {sorted(taken)}"
 
 
 def test_launch_arguments_are_the_calls_in_the_contracts_order():
@@ -217,3 +281,165 @@ def test_launch_arguments_are_the_calls_in_the_contracts_order():
     assert (got["window_left"], got["window_right"], got["fp8"]) == (7, 8, "fp8?")
     for name in set(declared.LAUNCH) & set(values):
         assert got[name] == numbers.get(name, values[name]), name
+
+
+def test_the_interface_names_no_adapter():
+    """interface.py reaches every family's code through the declaration (its ``adapter``), never
+    by importing an adapter module by name: get_scheduler_metadata goes to the family declaring
+    scheduler_metadata."""
+    from vendored_flash_attn.families import registry
+
+    adapters = {f.adapter.partition(":")[0] for f in registry()}
+    tree = ast.parse((ROOT / "python" / "vendored_flash_attn" / "interface.py").read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = f"vendored_flash_attn.{node.module}" if node.level else node.module
+            imported |= {module, *(f"{module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert adapters and not adapters & imported, adapters & imported
+
+
+def _launch_calls():
+    """Calls the quick path takes, each launch argument distinct where the call sets it: an
+    asymmetric window, a scale, a softcap, split counts, out=, descales, LSE asked or not."""
+    import torch
+    from calls import descales, paged_call, varlen_call
+
+    out = torch.empty(6, 8, 128, dtype=torch.bfloat16)
+    return [
+        dict(varlen_call(), causal=False, window_size=(63, 5), softcap=2.5, softmax_scale=0.25,
+             return_softmax_lse=True),
+        dict(paged_call(), causal=True, softcap=0, window_size=[-1, -1], num_splits=3, max_seqlen_q=1, out=out,
+             **descales()),
+        dict(paged_call(kv_heads=1), causal=True, softmax_scale=0.3),
+        dict(varlen_call(d=64), causal=True, softcap=1),
+        dict(paged_call(torch.float8_e4m3fn), causal=True, window_size=(7, 0), out=out, **descales()),
+    ]
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_the_quick_paths_launch_is_the_full_paths(describe, fake_ops, monkeypatch, version):
+    """Each call twice, its adapter's launch replaced by a recorder: the first on the full path
+    (the call object, the shared checks, forward -> launch(*launch_arguments(...))), the second
+    on the quick path (the generated function's launch with the quick path's answer). The
+    launch sees the same argument under each of LAUNCH's names, of the same type: a launch
+    argument swapped, dropped or typed differently on either side fails it."""
+    import importlib
+
+    from runtime_fakes import FA4_RECORD, HOPPER, make_build
+    from vendored_flash_attn import interface
+    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.errors import FlashAttnInputError
+    from vendored_flash_attn.kernels import dtype_name
+
+    describe(caps=(HOPPER,), build=make_build("full", fa4=FA4_RECORD))
+    family = registry()[version]
+    module = importlib.import_module(family.adapter.partition(":")[0])
+    seen = []
+
+    def recorder(resolved, *args):
+        assert len(args) == len(declared.LAUNCH)
+        seen.append(dict(zip(declared.LAUNCH, args)))
+        return args[0], "lse"
+
+    monkeypatch.setattr(module, "launch", recorder)
+    monkeypatch.setattr(module.forward, "launch", recorder)
+    full = []
+    real = interface.check_varlen_call
+    monkeypatch.setattr(interface, "check_varlen_call", lambda *a, **k: full.append(a) or real(*a, **k))
+    compared = 0
+    for call in _launch_calls():
+        if dtype_name(call["q"].dtype) not in family.dtypes:
+            continue
+        seen.clear()
+        full.clear()
+        try:  # what the family does not take (FA2: no split-KV) the full path refuses: not a launch
+            results = [vendored_flash_attn.flash_attn_varlen_func(**call, fa_version=version)]
+        except FlashAttnInputError:
+            continue
+        results.append(vendored_flash_attn.flash_attn_varlen_func(**call, fa_version=version))
+        assert len(full) == 1, "the second call did not take the quick path"
+        first, second = seen
+        differ = [n for n in declared.LAUNCH if not (
+            first[n] is second[n] if first[n] is None or hasattr(first[n], "shape")
+            else (type(first[n]), first[n]) == (type(second[n]), second[n]))]
+        assert differ == [], {n: (first[n], second[n]) for n in differ}
+        assert type(results[0]) is type(results[1])
+        compared += 1
+    assert compared >= 3
+
+
+
+def test_with_launch_writes_named_tuples_out_as_plain_tuples():
+    """``tuples``: a named tuple built by field name becomes the plain tuple of its values in
+    the fields' order (equal to the named tuple and hashed alike); a field missing, repeated
+    or unknown is refused."""
+    from typing import NamedTuple
+
+    class Key(NamedTuple):
+        a: int
+        b: int
+
+    body = f"    return Key(b=q, a=k), launch(resolved, {_COMPUTED})\n"
+    quick = declared.with_launch(_quick_writing(body), tuples={"Key": Key._fields})
+
+    class Resolved:
+        def launch(self, *args):
+            return None
+
+    passed = [n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED]
+    key, _ = quick(Resolved(), *passed)
+    assert type(key) is tuple and key == Key(a="k", b="q") and hash(key) == hash(Key(a="k", b="q"))
+    for wrong in ("Key(a=q)", "Key(a=q, b=k, c=v)", "Key(q, b=k)"):
+        with pytest.raises(ValueError, match="must name each of its fields"):
+            declared.with_launch(_quick_writing(f"    return {wrong}, launch(resolved, {_COMPUTED})\n"),
+                                 tuples={"Key": Key._fields})
+
+
+def test_a_with_launch_quick_path_runs_inline_in_the_public_function():
+    """The public function runs a with_launch quick path's code itself (no call of it, one frame
+    fewer on every quick call): its result returns from the public function, its ``return None``
+    goes on to the call object and the dispatcher, and the caller's arguments reach both as
+    given."""
+    import importlib.util
+    import tempfile
+
+    parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "inline_source.py").write_text(f"""from vendored_flash_attn.call import launch
+
+SEEN = []
+
+
+class Resolved:
+    def launch(self, *args):
+        SEEN.append(args)
+        return ("out", "lse")
+
+
+RESOLVED = Resolved()
+
+
+def quick({parameters}):
+    \"\"\"Declines q == 'decline'.\"\"\"
+    if q == "decline":
+        return None
+    result = launch(RESOLVED, {_COMPUTED})
+    return result[0]
+""", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("inline_source", folder / "inline_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dispatched = []
+    function = declared.VARLEN.function(dispatched.append, __name__, "doc",
+                                        quick=declared.with_launch(module.quick))
+    assert "quick" not in function.__code__.co_names and "launch" in function.__code__.co_names
+    assert inspect.signature(function) == declared.VARLEN.signature()
+    assert function("q", "k", "v", 1, "cu", 2) == "out" and dispatched == []
+    (args,) = module.SEEN
+    assert args[1:4] == ("q", "k", "v") and args[declared.LAUNCH.index("max_seqlen_q") + 1] == 1
+    assert function("decline", "k", "v", 1, "cu", 2, softcap=3) is None
+    (call,) = dispatched
+    assert (call.q, call.cu_seqlens_q, call.softcap, call.num_splits) == ("decline", "cu", 3, 0)

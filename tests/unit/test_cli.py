@@ -180,3 +180,24 @@ def test_the_report_names_the_packages_own_version(describe, capsys, monkeypatch
     assert cli.main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["package"] == {"name": "vendored-flash-attn",
                                                               "version": "1.2.3+fa617264c.cu13"}
+
+
+def test_each_gpus_default_is_one_short_line_with_its_reasons_under_it(describe, capsys):
+    """A GPU's line says its family and why in a few words; the notes on the families passed
+    over (FA4's measured reasons for not being Hopper's default, a family that cannot run)
+    follow it, indented, each said once."""
+    from runtime_fakes import FA4_RECORD
+
+    describe(caps=(HOPPER, AMPERE), build=make_build("full", fa4=FA4_RECORD), device_type="cuda")
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    gpus = text[text.index("\nGPUs\n") + 6:text.index("\n\n", text.index("\nGPUs\n") + 6)].splitlines()
+    heads = [i for i, line in enumerate(gpus) if line.startswith("  cuda:")]
+    assert len(heads) == 2 and heads[0] == 0
+    assert gpus[0].startswith("  cuda:0 GPU 0 (compute capability 9.0): FA3 - ") and len(gpus[0]) <= 120, gpus[0]
+    assert gpus[heads[1]].startswith("  cuda:1 GPU 1 (compute capability 8.0): FA2 - ") and len(gpus[heads[1]]) <= 120
+    hopper = "\n".join(gpus[1:heads[1]])
+    assert hopper.startswith("    FA4 is not the default here: ") and "measured" in hopper
+    assert all(line.startswith("    ") and len(line) <= 110 for line in gpus if not line.startswith("  cuda:"))
+    ampere = gpus[heads[1] + 1:]
+    assert sum("FA3 unusable" in line for line in ampere) == 1, ampere

@@ -390,3 +390,18 @@ def test_the_machines_lookup_of_the_override_follows_os_environ(monkeypatch):
     assert answers[0] != answers[1] and answers[0] == answers[2] and None not in answers
     monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION")
     assert lookup(key) is None
+
+
+def test_the_resolutions_are_bounded(describe, fake_ops, monkeypatch):
+    """interface._resolved holds at most _RESOLVED_MAX kinds of call (a caller cycling through
+    odd shapes must not grow it without end), and calls past the bound still run."""
+    from vendored_flash_attn import interface
+
+    describe(caps=(HOPPER,))
+    monkeypatch.setattr(interface, "_RESOLVED_MAX", 3)
+    interface._resolved.clear()
+    sizes = []
+    for d in (64, 96, 128, 192, 256, 64, 96):
+        flash_attn_varlen_func(**varlen_call(d=d), fa_version=3)
+        sizes.append(len(interface._resolved))
+    assert max(sizes) <= 3 and len(fake_ops.calls) == 7, sizes

@@ -147,9 +147,13 @@ exit 0
     lines = calls.read_text().splitlines()
     out = tmp_path / "out" / "serving"
     assert f"{ROOT}/benchmarks/serving.py --out {out} --plain" in lines
-    overhead = next(line for line in lines if "overhead.py" in line)
+    overhead = [line for line in lines if "overhead.py" in line]
     carried = ROOT / ".upstream-tests" / "flash_attn_interface.py"
-    assert ("--upstream-file" in overhead) == carried.is_file()
+    # OVERHEAD_RUNS (5) whole runs, each in its folder, then their summary
+    assert [line.split(" --out ")[1].split()[0] for line in overhead[:-1]] == [
+        f"{out}/overhead-run{i}" for i in range(1, 6)]
+    assert all(("--upstream-file" in line) == carried.is_file() for line in overhead[:-1])
+    assert "overhead.py --summarize" in overhead[-1] and f"--out {out}" in overhead[-1]
     assert not any(line.startswith("-m pytest") for line in lines)  # only the stages named
     bad = run("serving_h200.sh", "bench", env={**env, "OVERLAY_SOURCE": "0"})
     assert bad.returncode == 2 and "unknown stage bench" in bad.stderr

@@ -165,3 +165,31 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
     assert "not the pinned file, not run" in section["upstream_error"]
     assert "stand-in" in section["cpu"] and "stalled" not in section
     assert section["full_path_calls"] == 0  # what is timed is the quick path, FA4's included
+
+
+def test_runs_are_summarized_as_medians_with_their_spread(tmp_path, capsys):
+    """--summarize: several runs' side-by-side rows read together, per mode and family: the
+    median of the runs with their min and max; a goal is met by the median, and a range that
+    crosses the bar is called within noise."""
+    import json
+
+    def run(ours, theirs, selector):
+        rows = [{"family": "FA3", "ours_us": ours, "upstream_us": theirs, "ours_minus_upstream_us": ours - theirs},
+                {"family": "FA3 (selector)", "ours_us": selector, "upstream_us": theirs,
+                 "ours_minus_upstream_us": selector - theirs, "goal_selector_us": 3.0}]
+        return {"modes": {"upstream": {"isolated_overhead": rows, "stalled_overhead": rows[:1]}}}
+
+    paths = []
+    for i, (ours, theirs, selector) in enumerate(((4.0, 5.0, 2.5), (4.2, 4.0, 2.9), (9.0, 4.5, 3.4),
+                                                   (4.1, 4.6, 2.8), (4.3, 4.4, 2.7))):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run(ours, theirs, selector)), encoding="utf-8")
+    assert overhead.main(["--summarize", *map(str, paths), "--out", str(tmp_path), "--plain"]) == 0
+    summary = json.loads((tmp_path / "overhead-runs.json").read_text(encoding="utf-8"))
+    fa3, selector, stalled = summary["rows"]
+    assert (fa3["mode"], fa3["family"], fa3["runs"], stalled["mode"]) == ("isolated", "FA3", 5, "stalled")
+    assert fa3["ours_us"] == {"median": 4.2, "min": 4.0, "max": 9.0}
+    assert fa3["ours_minus_upstream_us"]["median"] == pytest.approx(-0.1)
+    assert fa3["goal_not_above_upstream"].startswith("PASS (within noise")
+    assert selector["goal_selector"] == "PASS (within noise: the runs range from +2.50 to +3.40)"
+    assert "median [min, max] of 5 runs" in capsys.readouterr().out
