@@ -16,7 +16,7 @@ concern is a module of its own beside it:
     nothing but the standard library (+ packaging).
 
 ``plan`` (python/vendored_flash_attn/fa4_plan.py: the installed wheel's check reads it too)
-    Prints the kernels of a selection (the wheel's head dims, dtypes and features, the GQA
+    Prints the kernels of FA4's selection (its knobs' head dims, dtypes, features and GQA
     ratios, LSE) that vLLM's calls reach through the adapter on an arch, one per compile key.
 
 ``compile`` (fa4_compile.py; ``--jobs N``: fa4_workers.py; ``--share FILE``: fa4_share.py)
@@ -109,16 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check-installed", help="on a GPU: the installed wheel's precompiled kernels run "
                              "with no compile (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR: an empty folder)")
     p_check.add_argument("--report", type=Path, help="write the result as JSON here")
-    defaults = fa4_plan.Selection()
+    defaults = fa4_plan.Selection()  # the minimal preset's (cmake/knobs.json)
     for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
-        p.add_argument("--head-dims", default=",".join(map(str, defaults.head_dims)),
-                       help="the wheel's head dims (VFA_FA3_HEAD_DIMS)")
-        p.add_argument("--dtypes", default=",".join(defaults.dtypes), help="the wheel's dtypes (VFA_FA3_DTYPES)")
-        p.add_argument("--features", default=",".join(defaults.features),
-                       help="the wheel's features (VFA_FA3_FEATURES): paged, split, local widen the selection")
-        p.add_argument("--gqa-ratios", default=",".join(map(str, defaults.gqa_ratios)),
-                       help="query heads per KV head (VFA_FA4_PRECOMPILE_GQA_RATIOS)")
+        for axis, knob in fa4_plan.KNOBS.items():
+            p.add_argument(f"--{axis.replace('_', '-')}", default=",".join(map(str, getattr(defaults, axis))),
+                           help=f"FA4's selection: {knob} (default: the minimal preset's)")
         p.add_argument("--lse", choices=("no", "yes", "both"), default="both")
         p.add_argument("--arch", default="sm_90a")
         if name in ("compile", "verify"):
@@ -164,9 +160,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         for call in calls:
             print(call.name)
-        skipped = sorted(set(selection.features) & set(fa4_plan.NOT_PRECOMPILED))
-        for feature in skipped:
-            print(f"# not precompiled: {feature}: {fa4_plan.NOT_PRECOMPILED[feature]}")
         return 0
     if args.command == "compile" and args.best_effort:
         return compile_best_effort(args, calls)

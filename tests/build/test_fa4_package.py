@@ -205,6 +205,31 @@ def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sourc
     assert not [name for name in plan if "e4m3" in name]
 
 
+def test_fa3_knobs_choose_nothing_of_fa4_and_fa4_knobs_do(sources, tmp_path):
+    # FA4's selection is its own (issue 36). FA3's knobs all changed; FA4's head dims, features
+    # and ratios set to a small selection with its FP8 KV head dim 512, its dtypes left to the
+    # preset: the build asks for FA4's values only (bf16 + e4m3 where FA3's say bf16).
+    log = tmp_path / "precompile.jsonl"
+    fake = tmp_path / "fa4-python"
+    fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    build = tmp_path / "build"
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_FA4_PRECOMPILE": "on",
+                               "VFA_FA4_PRECOMPILE_PYTHONS": str(fake), "VFA_FA3_HEAD_DIMS": "64",
+                               "VFA_FA3_DTYPES": "bf16", "VFA_FA3_FEATURES": "none",
+                               "VFA_FA4_PRECOMPILE_HEAD_DIMS": "512", "VFA_FA4_PRECOMPILE_FEATURES": "paged",
+                               "VFA_FA4_PRECOMPILE_GQA_RATIOS": "1"})
+    assert result.returncode == 0, result.text[-5000:]
+    built = run([tool("cmake"), "--build", str(build), "--target", "vfa_fa4"])
+    assert built.returncode == 0, built.text[-5000:]
+    (line,) = log.read_text().splitlines()
+    record = json.loads(line)
+    assert record["rc"] == 0, record
+    for flag in ("--head-dims=512", "--dtypes=bf16,e4m3", "--features=paged", "--gqa-ratios=1"):
+        assert flag in record["argv"], record["argv"]
+    assert "paged-hd512-e4m3-full-gqa1" in record["plan"] and "varlen-hd512-bf16-causal-gqa1-lse" in record["plan"]
+
+
 def test_every_python_of_the_build_shares_one_kernel_set_per_arch(sources, tmp_path):
     # Two named Pythons: both compile steps get the same --share file for the arch (the
     # first compiles and records its keys there, the second ships an index of those files),

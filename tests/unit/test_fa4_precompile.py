@@ -249,7 +249,7 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
             monkeypatch.setattr(precompile.fa4_compile, "compile_selection", FakeDSL(python, arch_salt=arch))
             out = dest / "vendored_flash_attn/_fa4/kernels"
             assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", arch,
-                                    "--features", "split", "--gqa-ratios", "4", "--lse", "no",
+                                    "--dtypes", "bf16", "--features", "split", "--gqa-ratios", "4", "--lse", "no",
                                     "--share", str(dest / f"share/{arch}.json"), "--record", str(record)]) == 0
     aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
     assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
@@ -350,7 +350,13 @@ def test_ctrl_c_stops_every_worker_and_is_no_warning(precompile, staged, fake_wo
     dest, record = staged
     fake_workers.plan(w0="30", w1="30")
     out, args = _compile_args(dest, record, "--best-effort")
-    threading.Timer(1.5, _thread.interrupt_main).start()
+    def interrupt_once_both_run():  # an event, not a time: both workers have logged their pids
+        deadline = time.monotonic() + 60
+        while len(fake_workers.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         precompile.main(args)
     pids = fake_workers.pids()
@@ -370,13 +376,19 @@ def test_sigterm_stops_every_worker_and_the_step_exits_non_zero(staged, fake_wor
     driver = ("import os, runpy, signal, sys, threading\n"
               f"sys.executable = {fake_workers.python!r}\n"
               f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
-              "threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+              # SIGTERM once both workers run (each logs its pid first): an event, not a time
+              "import time\n"
+              "def stop():\n"
+              f"    log = {os.environ.get('FAKE_WORKER_LOG', '')!r}\n"
+              "    deadline = time.monotonic() + 60\n"
+              "    while time.monotonic() < deadline and (not os.path.exists(log) or len(open(log).read().splitlines()) < 2):\n"
+              "        time.sleep(0.05)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "threading.Thread(target=stop, daemon=True).start()\n"
               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    start = time.monotonic()
-    proc = subprocess.run([fake_workers.real_python, "-c", driver], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([fake_workers.real_python, "-c", driver], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
     assert proc.returncode == 130, proc.stderr[-3000:]
-    assert time.monotonic() - start < 25
     assert "interrupted; every FA4 compile worker it started has stopped" in proc.stderr
     pids = fake_workers.pids()
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "a worker outlived the step"
