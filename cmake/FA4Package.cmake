@@ -225,9 +225,19 @@ function(vfa_add_fa4_package)
     string(REPLACE ";" "," values "${values}")
     list(APPEND selection "--${flag}=${values}")
   endforeach()
-  set(flags "")
+  # Each worker is held to a per-kernel bound, and the step says how far it is at least once a
+  # minute (cmake/fa4_workers.py); a step that precompiles runs in ninja's console pool, so those
+  # lines reach the console as they come (ninja holds back a command's output until it ends
+  # otherwise). It waits for the compiled modules (below), so the build's progress monitor,
+  # also in that pool, has ended by then.
+  set(terminal "")
+  if(archs)
+    set(terminal USES_TERMINAL)
+  endif()
+  vfa_option(VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT)
+  set(flags --kernel-timeout ${VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT})
   if(VFA_FA4_PRECOMPILE STREQUAL "auto")
-    set(flags --best-effort)
+    list(APPEND flags --best-effort)
   endif()
   foreach(interpreter IN LISTS pythons)
     if(interpreter STREQUAL "BUILD")
@@ -247,7 +257,7 @@ function(vfa_add_fa4_package)
     COMMAND "${CMAKE_COMMAND}" -E touch "${stage}/.staged"
     DEPENDS ${inputs} ${deps} "${facts_file}"
     COMMENT "vendored-flash-attn: staging FA4 as vendored_flash_attn._fa4.cute (precompile: ${precompile_state} ${archs})"
-    VERBATIM)
+    ${terminal} VERBATIM)
   add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
   # The stage reads the sources the build verified, from the folder the source check
   # verified: where the build checks them again before anything reads them (the target

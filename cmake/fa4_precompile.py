@@ -81,13 +81,18 @@ def produce(args: argparse.Namespace, calls: list[fa4_plan.KernelCall]) -> dict:
     them the same, else this Python's own (then recorded in ``--share`` for the next Python)."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if args.share:
-        report, why = fa4_share.share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs)
+        report, why = fa4_share.share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs,
+                                          bounds(args))
         if report is not None:
             if why:
                 print(f"Python {python} ships its own FA4 kernels for {args.arch}: {why}", flush=True)
             return report
         print(f"Python {python} compiles its own FA4 kernels for {args.arch}: {why}", flush=True)
-    return fa4_workers.compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
+    return fa4_workers.compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs, bounds(args))
+
+
+def bounds(args: argparse.Namespace) -> "fa4_workers.Bounds":
+    return fa4_workers.Bounds(kernel_seconds=args.kernel_timeout)
 
 
 def keep_share_record(args: argparse.Namespace, report: dict) -> None:
@@ -125,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "compile":
             p.add_argument("--jobs", type=int, default=1,
                            help="worker processes (each imports the DSL: about 1.4 GB); the build passes its job count")
+            p.add_argument("--kernel-timeout", type=float, default=None,
+                           help="seconds a worker may go without finishing a kernel (the build passes "
+                                "VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT); given, every job runs in a supervised worker")
             p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
             p.add_argument("--share", type=Path,
                            help="one kernel set for every Python: absent, compile and record the keys here; "
@@ -133,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                            help="a build that did not ask for kernels: on any failure warn, ship none of "
                                 "this run's kernels, exit 0")
     p_worker = sub.add_parser("compile-worker", help=argparse.SUPPRESS)
-    for flag in ("--stage", "--out", "--calls", "--report"):
+    for flag in ("--stage", "--out", "--calls", "--report", "--progress"):
         p_worker.add_argument(flag, type=Path, required=True)
     p_worker.add_argument("--arch", required=True)
     args = parser.parse_args(argv)
     if args.command == "compile-worker":  # one share of `compile --jobs N` (compile_in_workers)
         todo = [fa4_plan.KernelCall(**c) for c in json.loads(args.calls.read_text())]
-        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo)))
+        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo,
+                                                                        progress=args.progress)))
         return 0
     if args.command == "probe":
         print(json.dumps(fa4_probe.probe()))

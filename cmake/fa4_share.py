@@ -81,7 +81,7 @@ def byte_differences(first: dict, compiled: dict, out: Path, compiled_out: Path)
 
 
 def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path,
-              jobs: int = 1) -> tuple[dict | None, str]:
+              jobs: int = 1, bounds: fa4_workers.Bounds = fa4_workers.Bounds()) -> tuple[dict | None, str]:
     """``--share`` with another Python's record. This Python compiles every call too, into a
     scratch folder, and compares each kernel it made byte for byte with the other Python's
     file for the same call and position (all of them: one sample would trust the rest).
@@ -98,7 +98,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
         return None, f"{share} is not a record of this step for {arch}"
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
         scratch = Path(tmp)
-        compiled = fa4_workers.compile_in_workers(stage_root, scratch, arch, calls, jobs)
+        compiled = fa4_workers.compile_in_workers(stage_root, scratch, arch, calls, jobs, bounds)
         own = share_record(compiled)
         why = ""
         if compiled["flavour"] != first["flavour"]:

@@ -166,7 +166,7 @@ kept, skip = [], False
 for arg in rest:
     if skip:
         skip = False
-    elif arg in ("--stage", "--out", "--record", "--report", "--jobs", "--share"):
+    elif arg in ("--stage", "--out", "--record", "--report", "--jobs", "--share", "--kernel-timeout"):
         skip = True
     elif arg != "--best-effort":
         kept.append(arg)
@@ -197,6 +197,8 @@ def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sourc
     assert "--dtypes=bf16,e4m3" in runs[0]["argv"] and "--gqa-ratios=1,4,8" in runs[0]["argv"]
     jobs = runs[0]["argv"][runs[0]["argv"].index("--jobs") + 1]
     assert int(jobs) >= 1  # the build's job count: the precompile's workers
+    # each held to the per-kernel bound (VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT's default)
+    assert runs[0]["argv"][runs[0]["argv"].index("--kernel-timeout") + 1] == "600"
     plan = runs[0]["plan"]
     # bf16: 3 layouts x 3 masks x 2 split x 2 LSE x 3 ratios; no e4m3 at head dim 128: FA4's
     # FP8 KV path is declared for head dim 512 only (the adapter refuses it at 128)

@@ -260,24 +260,49 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
 # running FAKE_WORKER instead of the real script) fail, stall or would write late, as the
 # environment's FAKE_WORKER_PLAN tells each (by its index).
 FAKE_WORKER = '''#!{python}
-import json, os, pathlib, sys, time
+import json, os, pathlib, signal, subprocess, sys, time
 args = sys.argv[1:]
 value = lambda flag: pathlib.Path(args[args.index(flag) + 1])
 index = value("--calls").name.split(".")[0]
-with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
-    log.write(f"{{index}} {{os.getpid()}}\\n")
 plan = json.loads(os.environ["FAKE_WORKER_PLAN"])[index]
-if plan == "fail":
-    # once every worker has started (each has logged its pid), so that the others are running
-    deadline = time.monotonic() + 20
-    while len(open(os.environ["FAKE_WORKER_LOG"]).read().splitlines()) < 2 and time.monotonic() < deadline:
+log_path = os.environ["FAKE_WORKER_LOG"]
+
+def wait_for(ready):  # an event, bounded
+    deadline = time.monotonic() + 60
+    while not ready() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+def logged():
+    return len(open(log_path).read().splitlines())
+
+if plan == "child":
+    # something the worker started (as the DSL's compile may): it must end with the worker
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(log_path + ".children", "a") as children:
+        children.write(f"{{child.pid}}\\n")
+with open(log_path, "a") as log:
+    log.write(f"{{index}} {{os.getpid()}}\\n")
+if plan in ("fail", "oom"):
+    # once every worker has started (each has logged its pid), so that the others are running
+    wait_for(lambda: logged() >= 2)
+if plan == "fail":
     sys.stderr.write("compiling varlen-hd128-bf16-full-gqa1\\nTraceback (most recent call last):\\n"
                      "  File \\"flash_fwd.py\\", line 844\\nNameError: name 'mDynamicCausal' is not defined\\n")
     sys.exit(1)
-time.sleep(float(plan))
-(value("--out") / "late.o").write_bytes(b"a kernel written after the step ended")
-value("--report").write_text(json.dumps({{"calls": [], "import_seconds": 0, "peak_rss_mb": 1}}))
+if plan == "oom":  # what the kernel's out-of-memory killer does
+    os.kill(os.getpid(), signal.SIGKILL)
+if plan in ("hang", "child"):  # compiles nothing, ever
+    time.sleep(300)
+if plan.startswith("wait:"):  # finishes a kernel once the test says so
+    wait_for(lambda: os.path.exists(plan[5:]))
+    with open(value("--progress"), "a") as progress:
+        progress.write("a kernel\\n")
+else:
+    time.sleep(float(plan))
+    (value("--out") / "late.o").write_bytes(b"a kernel written after the step ended")
+value("--report").write_text(json.dumps({{"calls": [], "import_seconds": 0, "peak_rss_mb": 1, "arch": "sm_90a",
+                                          "flavour": "cu12.9", "python": "3.12", "cutlass": "4.6.0.dev0",
+                                          "tvm_ffi": "0.1.15", "fingerprint": "f"}}))
 '''
 
 
@@ -414,3 +439,79 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
     assert reason.startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl, ")
     assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
     assert len(reason) < 160, reason
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_worker_that_finishes_no_kernel_is_stopped_at_the_bound(precompile, staged, fake_workers, capsys, jobs):
+    # A worker that hangs (no kernel ever ends) under the per-kernel bound: the step stops every
+    # worker and says which kernel it was stuck on. With one job, too: a bound runs every job
+    # in a worker (in this process it could not be stopped).
+    dest, record = staged
+    fake_workers.plan(w0="hang", w1="hang")
+    out, args = _compile_args(dest, record, "--best-effort", "--kernel-timeout", "1")
+    args[args.index("--jobs") + 1] = jobs
+    assert precompile.main(args) == 0
+    pids = fake_workers.pids()
+    assert len(pids) == int(jobs) and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    printed = capsys.readouterr().out
+    assert (f"FA4 compile worker 1 of {jobs} finished no kernel in 1 s (the bound, VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT), "
+            "stuck on varlen-hd128-bf16-full-gqa1") in printed, printed
+
+
+def test_a_worker_the_oom_killer_took_is_named_so_with_the_memory_then(precompile, staged, fake_workers, capsys):
+    dest, record = staged
+    fake_workers.plan(w0="oom", w1="30")
+    out, args = _compile_args(dest, record, "--best-effort")
+    assert precompile.main(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "FA4 compile worker 1 of 2 was killed by signal 9 (SIGKILL), most likely by the kernel's " \
+           "out-of-memory killer (" in printed, printed
+    assert re.search(r"\d+ MB of \d+ MB were available when it died", printed), printed
+    assert "MAX_JOBS" in printed and "(nothing on stderr)" not in printed
+    assert not any(_alive(pid) for pid in fake_workers.pids())
+
+
+def test_stopping_a_worker_stops_what_it_started(precompile, staged, fake_workers, tmp_path):
+    # Worker 2 started a process of its own (as a compile may) and hangs; worker 1 fails: the
+    # stop takes worker 2's whole process group, its child included.
+    dest, record = staged
+    fake_workers.plan(w0="fail", w1="child")
+    out, args = _compile_args(dest, record, "--best-effort")
+    assert precompile.main(args) == 0
+    children = [int(pid) for pid in Path(os.environ["FAKE_WORKER_LOG"] + ".children").read_text().split()]
+    assert len(children) == 1
+    assert not _alive(children[0]), "a worker's child outlived the step"
+    assert not any(_alive(pid) for pid in fake_workers.pids())
+
+
+def test_the_step_says_how_far_it_is_while_workers_run(staged, fake_workers, tmp_path):
+    # A progress line while both workers are busy (the interval made short here; 60 s in the
+    # build): read from the step's output as it comes, then the workers are let finish.
+    import subprocess
+
+    dest, record = staged
+    go = tmp_path / "go"
+    fake_workers.plan(w0=f"wait:{go}", w1=f"wait:{go}")
+    out, args = _compile_args(dest, record, "--kernel-timeout", "300")
+    driver = ("import functools, runpy, sys\n"
+              f"sys.executable = {fake_workers.python!r}\n"
+              f"sys.path[:0] = [{str(ROOT / 'cmake')!r}]\n"
+              "import fa4_workers\n"
+              "fa4_workers.Bounds = functools.partial(fa4_workers.Bounds, progress_seconds=0.2)\n"
+              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.Popen([fake_workers.real_python, "-u", "-c", driver], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    try:
+        lines = []
+        for line in proc.stdout:  # ends when the step ends: it cannot end before `go` exists
+            lines.append(line)
+            if line.startswith("FA4 precompile sm_90a: 0 of "):
+                break
+        assert lines and "kernels compiled in" in lines[-1], "".join(lines)
+        assert "2 of 2 workers running (worker 1: varlen-hd128-bf16-full-gqa1 for " in lines[-1], lines[-1]
+        go.touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        proc.wait()
