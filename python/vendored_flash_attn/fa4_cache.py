@@ -142,16 +142,30 @@ def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[s
             for kind, table in kinds.items()}
 
 
+class NoUserCacheHome(ValueError):
+    """No folder for the user cache: neither knob names one and HOME is unusable."""
+
+
 def user_cache_root(environ=None) -> Path:
     """Where the user cache is asked to live: ``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/vendored-flash-attn/fa4`` (a relative ``XDG_CACHE_HOME`` is ignored, as
     the XDG spec says), else ``~/.cache/vendored-flash-attn/fa4``. Whether it may be used is
-    ``checked_user_root``'s answer."""
+    ``checked_user_root``'s answer. Raises NoUserCacheHome where it would be under HOME and HOME
+    is empty, relative or ``/`` (Python's ``~`` makes an empty HOME ``/``: the cache would wander
+    to ``/.cache``)."""
     environ = os.environ if environ is None else environ
     if environ.get(USER_CACHE_DIR_ENV):
         return Path(environ[USER_CACHE_DIR_ENV])
     xdg = environ.get("XDG_CACHE_HOME") or ""
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    if os.path.isabs(xdg):
+        base = xdg
+    else:
+        home = environ["HOME"] if "HOME" in environ else os.path.expanduser("~")  # unset: the password database
+        if not os.path.isabs(home) or not home.strip("/"):
+            raise NoUserCacheHome(
+                f"HOME is {home!r}, so there is no folder of yours for it: set HOME to your home folder, or "
+                f"{USER_CACHE_DIR_ENV} (or XDG_CACHE_HOME) to an absolute folder only you can write")
+        base = os.path.join(home, ".cache")
     return Path(base) / "vendored-flash-attn" / "fa4"  # a folder's name (README, docs): this is FA4's cache
 
 
@@ -339,7 +353,10 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
         shipped = shipped_root()
     user_problem = None
     if user is None and user_cache_enabled():
-        user = user_cache_root()
+        try:
+            user = user_cache_root()
+        except NoUserCacheHome as exc:  # off, with the one warning of a cache that cannot be used
+            user_problem = str(exc)
     if user is not None:
         user, user_problem = checked_user_root(user)
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)

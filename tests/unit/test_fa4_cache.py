@@ -562,3 +562,47 @@ def test_an_unreadable_index_is_ignored_with_a_warning(tmp_path):
     path.write_text("{truncated")
     with pytest.warns(RuntimeWarning, match="damaged"):
         assert fa4_cache.read_aliases(tmp_path / "site", FLAVOUR, OTHER_FINGERPRINT) == {}
+
+
+# --- what cannot block or wander (issue 36) -------------------------------------------------
+
+def test_a_fifo_where_a_kernel_should_be_is_never_opened(tmp_path):
+    # A FIFO opened for reading waits for a writer for ever: FA4's first call hung. Only a
+    # regular file is opened (lstat first, then O_NONBLOCK and the descriptor checked); the
+    # lookup runs in a thread, so that a hang fails the test instead of hanging it.
+    import threading
+
+    _kind_dir(tmp_path).mkdir(parents=True)
+    os.mkfifo(_kind_dir(tmp_path) / f"{_digest()}.o", 0o600)
+    cache, _ = _install(tmp_path)
+    found = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lookup = threading.Thread(target=lambda: found.append(KEY in cache), daemon=True)
+        lookup.start()
+        lookup.join(timeout=60)
+    assert not lookup.is_alive(), "the lookup blocked on the FIFO"
+    assert found == [False]
+    messages = _cache_warnings(record)
+    assert messages and "is not a regular file" in messages[0], messages
+
+
+@pytest.mark.parametrize("home", ["", "relative/home", "/"])
+def test_an_unusable_home_turns_the_user_cache_off_with_one_warning(tmp_path, monkeypatch, home):
+    # Python's "~" makes an empty HOME "/": the cache went to /.cache. Now no folder is made
+    # or read anywhere, and one warning names the fix.
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    with pytest.raises(fa4_cache.NoUserCacheHome, match="HOME is"):
+        fa4_cache.user_cache_root()
+    cache, layout = _install_default_root(tmp_path)
+    assert layout["user_root"] is None and f"HOME is {home!r}" in layout["user_problem"]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert KEY not in cache
+        cache[KEY] = Compiled("in memory")
+        cache[("another",)] = Compiled("in memory too")
+    messages = _cache_warnings(record)
+    assert len(messages) == 1 and "is not used: HOME is" in messages[0], messages
+    # an explicit folder still serves
+    assert fa4_cache.user_cache_root({"HOME": home, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/a"}) == Path("/a")
