@@ -238,7 +238,8 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: f
     shipped = {**_shipped_objects(report), **report.get("aliased", {})}
     # A Python sharing another's kernels: its kernels are the aliases its index lists.
     kernels = report["aliases"] if "same_as" in report else len(shipped)
-    same_as = {"same_as": {k: report["same_as"][k] for k in ("python", "fingerprint")}} if "same_as" in report else {}
+    same_as = ({"same_as": {k: report["same_as"][k] for k in ("python", "fingerprint", "index_sha256")
+                            if k in report["same_as"]}} if "same_as" in report else {})
     return {"arch": arch, "kernels": kernels, "selection": chosen, "jobs": report.get("jobs", 1),
             "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
             "bytes": sum(shipped.values()), **same_as,

@@ -11,6 +11,7 @@ Python's files, read by fa4_cache); else its own set ships and the log says why.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -134,5 +135,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table))
+    # The run time believes the index only with this digest from the build record (fa4_cache).
+    same_as["index_sha256"] = hashlib.sha256(index.read_bytes()).hexdigest()
     compiled.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size}, same_as=same_as)
     return compiled, ""

@@ -54,6 +54,7 @@ runs at first FA4 use (fa4.py), after the dependency check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -70,6 +71,9 @@ FORWARD_CACHES = {"_flash_attn_fwd": "fwd", "_flash_attn_fwd_combine": "fwd_comb
 SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
 # <root>/<flavour>/<fingerprint>/ALIASES_FILE: a Python whose kernels are another's files
 ALIASES_FILE = "aliases.json"
+# FA4's build record, beside the shipped kernels' folder (_fa4/build_info.json): each Python's
+# index is verified against the sha256 its run recorded.
+RECORD_FILE = "build_info.json"
 _HASH = re.compile(r"[0-9a-f]{64}")
 # "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
 # or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
@@ -124,16 +128,39 @@ def aliases_text(same_as: str, python: str, kinds: dict[str, dict[str, str]]) ->
     return json.dumps({"same_as": same_as, "python": python, "kinds": kinds}, indent=1, sort_keys=True) + "\n"
 
 
-def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[str, Path]]:
+def recorded_index_digest(root: Path, flavour: str, fingerprint: str) -> str:
+    """The sha256 FA4's build record (``RECORD_FILE`` beside the shipped kernels' folder) gives
+    for the index of ``fingerprint`` (its last run's, the index growing with each arch), or ""
+    when it gives none."""
+    try:
+        runs = json.loads((Path(root).parent / RECORD_FILE).read_text())["precompile"]["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    digest = ""
+    for run in runs if isinstance(runs, list) else ():
+        if (isinstance(run, dict) and run.get("flavour") == flavour and run.get("fingerprint") == fingerprint
+                and isinstance(run.get("same_as"), dict)):
+            digest = str(run["same_as"].get("index_sha256") or digest)
+    return digest
+
+
+def read_aliases(root: Path, flavour: str, fingerprint: str, expected_sha256: str | None = None
+                 ) -> dict[str, dict[str, Path]]:
     """This Python's shipped kernels that are another Python's files: ``{kind: {key hash:
     .o path}}`` from ``<root>/<flavour>/<fingerprint>/aliases.json`` ({} when there is none).
-    An index that is not what the build writes is ignored with a warning: its kernels then
-    compile at first use."""
+    An index that is not what the build writes, or (``expected_sha256`` given: the run time
+    passes the build record's, recorded_index_digest) not the one the build recorded — another
+    build's, a swapped one, whose entries could name another kernel's file — is ignored with a
+    warning: its kernels then compile at first use."""
     path = Path(root) / flavour / fingerprint / ALIASES_FILE
     if not path.is_file():
         return {}
     try:
-        same_as, kinds = parse_aliases(path.read_bytes())
+        data = path.read_bytes()
+        if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+            raise ValueError("it is not the index FA4's build record " + (
+                f"names (sha256 {expected_sha256[:12]}...)" if expected_sha256 else "lists (it names none)"))
+        same_as, kinds = parse_aliases(data)
     except (OSError, ValueError) as exc:
         warnings.warn(f"FA4's kernel index {path} is damaged ({exc}): the kernels it lists compile at first "
                       "use. Reinstall vendored-flash-attn.", RuntimeWarning, stacklevel=2)
@@ -362,7 +389,8 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
     layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off,
               "user_root": str(user) if user else None, "user_problem": user_problem, "kinds": {}}
-    aliases = read_aliases(shipped, flavour, fingerprint) if shipped else {}
+    aliases = (read_aliases(shipped, flavour, fingerprint, recorded_index_digest(shipped, flavour, fingerprint))
+               if shipped else {})
     for attribute, kind in FORWARD_CACHES.items():
         function = getattr(interface, attribute, None)
         if function is None:

@@ -6,6 +6,7 @@ supervision."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -187,7 +188,12 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     assert aliases["fwd"][own].read_bytes() == b"sass of varlen-hd128-bf16-causal-gqa4"
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert [(r["python"], r["kernels"]) for r in runs] == [("3.12", 5), ("3.14", 5)]
-    assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12")}
+    index = out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE
+    assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12"),
+                                  "index_sha256": hashlib.sha256(index.read_bytes()).hexdigest()}
+    # what the run time believes: the index the build record (beside the kernels) names
+    assert fa4_cache.recorded_index_digest(out, "cu12.9", fingerprint) == runs[1]["same_as"]["index_sha256"]
+    assert fa4_cache.read_aliases(out, "cu12.9", fingerprint, runs[1]["same_as"]["index_sha256"]) == aliases
     assert runs[1]["bytes"] == (out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE).stat().st_size
     assert "shipped once: Python 3.12's files, 5 listed" in capsys.readouterr().out
     # the record the next Python shares stays the compiling Python's
