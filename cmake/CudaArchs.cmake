@@ -224,7 +224,11 @@ function(vfa_select_cuda_archs nvcc_version)
   # Listed archs that no module of this build runs on, from the arch table's lowest GPU on:
   # an older GPU (torch's own lists name 7.5) is not one the project knows, and is ignored.
   vfa_arch_table_lowest(lowest)
+  vfa_declared_families(all_families)
+  set(packaged ${all_families})
+  list(REMOVE_ITEM packaged ${families})
   set(bare "")
+  set(pending_archs "")
   foreach(arch IN LISTS archs)
     if(arch VERSION_LESS lowest)
       continue()
@@ -238,12 +242,30 @@ function(vfa_select_cuda_archs nvcc_version)
         set(served TRUE)
       endif()
     endforeach()
-    if(NOT served)
+    if(served)
+      continue()
+    endif()
+    # A packaged family (FA4) declared for it and not turned off may serve it: whether it does
+    # is known once it is packaged (vfa_check_bare_archs); the others are refused here.
+    set(pending FALSE)
+    foreach(family IN LISTS packaged)
+      vfa_family_field(build_knob ${family} build_knob "")
+      vfa_option(${build_knob})
+      vfa_family_declared_for(declared ${family} "${arch}")
+      if(declared AND NOT ${build_knob} STREQUAL "off")
+        set(pending TRUE)
+      endif()
+    endforeach()
+    if(pending)
+      list(APPEND pending_archs "${arch}")
+    else()
       list(APPEND bare "${arch}")
     endif()
   endforeach()
-  # Refused or warned about once the packaged families (FA4) are known: vfa_check_bare_archs.
-  set(VFA_BARE_ARCHS "${bare}" PARENT_SCOPE)
+  if(bare)
+    vfa_refuse_bare_archs("${bare}" "${archs}" ${all_families})
+  endif()
+  set(VFA_BARE_ARCHS "${pending_archs}" PARENT_SCOPE)
 
   set(VFA_CUDA_ARCHS "${archs}" PARENT_SCOPE)
   foreach(family IN LISTS families)
@@ -257,11 +279,12 @@ function(vfa_select_cuda_archs nvcc_version)
 endfunction()
 
 # After every family is set up (CMakeLists.txt, once the packaged ones have said whether they
-# ship): one status line of which family runs on each listed GPU, then the listed archs none of
-# this wheel's families runs on (the compiled modules' VFA_BARE_ARCHS, less those a packaged
-# family this build ships is declared for: a wheel of FA4 alone serves 10.0) refused or warned
-# about (vfa_refuse_bare_archs). Reads VFA_<PART>_BUILT, VFA_<PART>_RUNS_ON (compiled) and
-# VFA_<PART>_ARCHS (packaged: its DSL targets) of the caller.
+# ship): one status line of which family runs on each listed GPU, then the listed archs that
+# vfa_select_cuda_archs left to a packaged family (VFA_BARE_ARCHS: no compiled module runs
+# there, a packaged one not turned off is declared for it) and that no packaged family this
+# build ships serves after all (FA4 could not be staged) refused or warned about
+# (vfa_refuse_bare_archs). Reads VFA_<PART>_BUILT, VFA_<PART>_RUNS_ON (compiled) and
+# VFA_<PART>_REASON of the caller.
 #   -- vendored-flash-attn: what runs where: 10.0: FA4 (sm_100a)
 function(vfa_check_bare_archs)
   vfa_declared_families(compiled extension)
@@ -330,13 +353,17 @@ function(vfa_refuse_bare_archs bare archs)
     vfa_family_field(made ${family} made "")
     if(NOT made STREQUAL "extension")
       # A packaged family (FA4): where its declaration says it runs, and why it does not ship
-      # when it would run on one of <bare> (vfa_check_bare_archs left out those it serves).
+      # when it would run on one of <bare> (turned off, or it could not be packaged).
       vfa_family_generations_text(where ${family})
       set(text "${part} runs on ${where} only")
+      set(why "${VFA_${part}_REASON}")
+      if(${build_knob} STREQUAL "off")
+        set(why "${build_knob}=off")
+      endif()
       foreach(arch IN LISTS bare)
         vfa_family_declared_for(declared ${family} "${arch}")
         if(declared AND NOT VFA_${part}_BUILT)
-          set(text "${part} runs on ${where}, and is not packaged: ${VFA_${part}_REASON}")
+          set(text "${part} runs on ${where}, and is not packaged: ${why}")
         endif()
       endforeach()
       list(APPEND others "${text}")
