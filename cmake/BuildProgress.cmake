@@ -73,6 +73,12 @@ function(vfa_setup_build_progress)
   if(mode STREQUAL "off")
     return()
   endif()
+  if("${ARGN}" STREQUAL "")
+    # No compiled module (a wheel of FA4 alone): no unit to follow, and a monitor handed no
+    # target would stop the build (its --targets takes one at least).
+    message(STATUS "vendored-flash-attn: build progress: no CUDA or C++ unit to compile (no compiled module in this build)")
+    return()
+  endif()
 
   # -E -s -S: the interpreter's standard library only, whatever the environment says.
   set(python "${Python_EXECUTABLE}" -E -s -S)

@@ -9,7 +9,8 @@
 # of the build info (_fa4/build_info.json: the sources' commit and verification, staged
 # files, precompiled kernels). `compile` (VFA_FA4_PRECOMPILE) then fills _fa4/kernels.
 #
-# Knobs (cmake/knobs.json): VFA_BUILD_FA4, VFA_FA4_PRECOMPILE.
+# Knobs (cmake/knobs.json): VFA_BUILD_FA4, VFA_FA4_PRECOMPILE, and the precompile's selection
+# VFA_FA4_PRECOMPILE_{HEAD_DIMS,DTYPES,FEATURES,GQA_RATIOS,PYTHONS}.
 #
 # This file is the fa4 family's own build side (CMakeLists.txt calls vfa_add_<name>_package for
 # each packaged family of the declaration): it names its family and its knobs on purpose; every
@@ -17,6 +18,7 @@
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/KernelSelection.cmake)
 
 set(_VFA_FA4_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/fa4_precompile.py")
 
@@ -106,7 +108,6 @@ function(vfa_add_fa4_package)
   # that did not ask for it. The build's Python compiles when it has the [fa4] extra; each
   # interpreter of VFA_FA4_PRECOMPILE_PYTHONS must be able to: naming one that cannot is a
   # mistake, whatever the mode.
-  vfa_option(VFA_FA4_PRECOMPILE_GQA_RATIOS)
   vfa_option(VFA_FA4_PRECOMPILE_PYTHONS)
   # Each interpreter that compiles, as the command that runs it (the build's Python in the
   # probe's environment; another one with -E -s: its own packages, never the build
@@ -207,28 +208,36 @@ function(vfa_add_fa4_package)
   set(commands
     COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}" "${stage}/share"
     COMMAND ${build_python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
-  # The kernels of the wheel's selection (its FA3 head dims, dtypes and features, and the
-  # GQA ratios knob), for each arch and each Python (cmake/fa4_precompile.py plan lists them).
+  # The kernels of FA4's own selection (cmake/knobs.json: VFA_FA4_PRECOMPILE_HEAD_DIMS, _DTYPES,
+  # _FEATURES, _GQA_RATIOS; a preset's values where not set), for each arch and each Python
+  # (cmake/fa4_precompile.py plan lists them). No FA3 knob chooses any of it.
   # Upstream keys kernels on the Python minor, but their bytes do not depend on it: the first
-  # Python compiles and leaves its keys in the arch's --share file; each other one learns its
-  # own keys without compiling, checks one kernel byte for byte and ships an index of the
-  # first one's files (or compiles its own set when they differ, saying why).
+  # Python compiles and leaves its keys in the arch's --share file; each other one compiles
+  # every kernel too, compares each byte for byte and ships an index of the first one's files
+  # (or its own set when any differs, saying why).
   # One argument per axis, its values joined by commas (a CMake list would become words).
-  # The FA3 knobs are named here on purpose: FA4 declares no selection knobs of its own
-  # (cmake/knobs.json: its *_knob fields are null); the wheel's selection is the one its FA3
-  # knobs hold, as VFA_FA4_PRECOMPILE_GQA_RATIOS's doc says.
   set(selection "")
-  foreach(axis head-dims:VFA_FA3_HEAD_DIMS dtypes:VFA_FA3_DTYPES features:VFA_FA3_FEATURES
-               gqa-ratios:VFA_FA4_PRECOMPILE_GQA_RATIOS)
+  foreach(axis head-dims:HEAD_DIMS dtypes:DTYPES features:FEATURES gqa-ratios:GQA_RATIOS)
     string(REPLACE ":" ";" axis "${axis}")
     list(GET axis 0 flag)
-    list(GET axis 1 variable)
-    string(REPLACE ";" "," values "${${variable}}")
+    list(GET axis 1 knob)
+    vfa_selection_knob(values VFA_FA4_PRECOMPILE_${knob})
+    string(REPLACE ";" "," values "${values}")
     list(APPEND selection "--${flag}=${values}")
   endforeach()
-  set(flags "")
+  # Each worker is held to a per-kernel bound, and the step says how far it is at least once a
+  # minute (cmake/fa4_workers.py); a step that precompiles runs in ninja's console pool, so those
+  # lines reach the console as they come (ninja holds back a command's output until it ends
+  # otherwise). It waits for the compiled modules (below), so the build's progress monitor,
+  # also in that pool, has ended by then.
+  set(terminal "")
+  if(archs)
+    set(terminal USES_TERMINAL)
+  endif()
+  vfa_option(VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT)
+  set(flags --kernel-timeout ${VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT})
   if(VFA_FA4_PRECOMPILE STREQUAL "auto")
-    set(flags --best-effort)
+    list(APPEND flags --best-effort)
   endif()
   foreach(interpreter IN LISTS pythons)
     if(interpreter STREQUAL "BUILD")
@@ -248,7 +257,7 @@ function(vfa_add_fa4_package)
     COMMAND "${CMAKE_COMMAND}" -E touch "${stage}/.staged"
     DEPENDS ${inputs} ${deps} "${facts_file}"
     COMMENT "vendored-flash-attn: staging FA4 as vendored_flash_attn._fa4.cute (precompile: ${precompile_state} ${archs})"
-    VERBATIM)
+    ${terminal} VERBATIM)
   add_custom_target(vfa_fa4 ALL DEPENDS "${stage}/.staged")
   # The stage reads the sources the build verified, from the folder the source check
   # verified: where the build checks them again before anything reads them (the target

@@ -88,17 +88,26 @@ function(vfa_read_selection)
       if(knob STREQUAL "")
         continue()
       endif()
-      vfa_option(${knob})
-      set(values "${${knob}}")
-      if(values STREQUAL "")
-        vfa_preset_values(values ${knob} "${VFA_PRESET}")
-      elseif(values STREQUAL "none")
-        set(values "")
-      endif()
+      vfa_selection_knob(values ${knob})
       set(${knob} "${values}" PARENT_SCOPE)
     endforeach()
   endforeach()
   set(VFA_PRESET "${VFA_PRESET}" PARENT_SCOPE)
+endfunction()
+
+# What a selection knob with presets holds: as given (checked and in canonical order by
+# vfa_option; "none" means empty), else VFA_PRESET's (vfa_preset_values). The compiled families'
+# knobs (vfa_read_selection) and FA4's precompile knobs (cmake/FA4Package.cmake) alike.
+function(vfa_selection_knob out_var knob)
+  vfa_option(VFA_PRESET)
+  vfa_option(${knob})
+  set(values "${${knob}}")
+  if(values STREQUAL "")
+    vfa_preset_values(values ${knob} "${VFA_PRESET}")
+  elseif(values STREQUAL "none")
+    set(values "")
+  endif()
+  set(${out_var} "${values}" PARENT_SCOPE)
 endfunction()
 
 # <text> with each {name} replaced by the string members of the JSON object <values>, then by

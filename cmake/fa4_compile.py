@@ -45,7 +45,7 @@ class _KeyLog:
 
 
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
-                      package: str = VENDORED_PACKAGE, verify: bool = False) -> dict:
+                      package: str = VENDORED_PACKAGE, verify: bool = False, progress: Path | None = None) -> dict:
     """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
     FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict, each
     call with the ``[kind, key hash]`` of every kernel it looked up (``lookups``).
@@ -54,6 +54,8 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     of run-time calls: the adapter picks split-KV, descales, windows and the like the way it
     does for vLLM's calls. ``verify``: load from ``out`` as the installed wheel does and make
     each call twice; a kernel written to the (temporary) user cache means it compiled.
+    ``progress``: a line is appended to this file as each call ends (what a worker's
+    supervisor, fa4_workers, counts).
     """
     import resource
     import tempfile
@@ -113,6 +115,9 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
                         "lookups": [list(x) for x in lookups]})
         status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
         print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
+        if progress is not None:
+            with open(progress, "a") as done:
+                done.write(f"{call.name}\n")
     if verify:
         shutil.rmtree(user, ignore_errors=True)
     import tvm_ffi

@@ -16,7 +16,7 @@ concern is a module of its own beside it:
     nothing but the standard library (+ packaging).
 
 ``plan`` (python/vendored_flash_attn/fa4_plan.py: the installed wheel's check reads it too)
-    Prints the kernels of a selection (the wheel's head dims, dtypes and features, the GQA
+    Prints the kernels of FA4's selection (its knobs' head dims, dtypes, features and GQA
     ratios, LSE) that vLLM's calls reach through the adapter on an arch, one per compile key.
 
 ``compile`` (fa4_compile.py; ``--jobs N``: fa4_workers.py; ``--share FILE``: fa4_share.py)
@@ -81,13 +81,18 @@ def produce(args: argparse.Namespace, calls: list[fa4_plan.KernelCall]) -> dict:
     them the same, else this Python's own (then recorded in ``--share`` for the next Python)."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if args.share:
-        report, why = fa4_share.share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs)
+        report, why = fa4_share.share_run(args.stage, args.out, args.arch, calls, args.share, args.jobs,
+                                          bounds(args))
         if report is not None:
             if why:
                 print(f"Python {python} ships its own FA4 kernels for {args.arch}: {why}", flush=True)
             return report
         print(f"Python {python} compiles its own FA4 kernels for {args.arch}: {why}", flush=True)
-    return fa4_workers.compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs)
+    return fa4_workers.compile_in_workers(args.stage, args.out, args.arch, calls, args.jobs, bounds(args))
+
+
+def bounds(args: argparse.Namespace) -> "fa4_workers.Bounds":
+    return fa4_workers.Bounds(kernel_seconds=args.kernel_timeout)
 
 
 def keep_share_record(args: argparse.Namespace, report: dict) -> None:
@@ -109,16 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check-installed", help="on a GPU: the installed wheel's precompiled kernels run "
                              "with no compile (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR: an empty folder)")
     p_check.add_argument("--report", type=Path, help="write the result as JSON here")
-    defaults = fa4_plan.Selection()
+    defaults = fa4_plan.Selection()  # the minimal preset's (cmake/knobs.json)
     for name in ("plan", "compile", "verify"):
         p = sub.add_parser(name)
-        p.add_argument("--head-dims", default=",".join(map(str, defaults.head_dims)),
-                       help="the wheel's head dims (VFA_FA3_HEAD_DIMS)")
-        p.add_argument("--dtypes", default=",".join(defaults.dtypes), help="the wheel's dtypes (VFA_FA3_DTYPES)")
-        p.add_argument("--features", default=",".join(defaults.features),
-                       help="the wheel's features (VFA_FA3_FEATURES): paged, split, local widen the selection")
-        p.add_argument("--gqa-ratios", default=",".join(map(str, defaults.gqa_ratios)),
-                       help="query heads per KV head (VFA_FA4_PRECOMPILE_GQA_RATIOS)")
+        for axis, knob in fa4_plan.KNOBS.items():
+            p.add_argument(f"--{axis.replace('_', '-')}", default=",".join(map(str, getattr(defaults, axis))),
+                           help=f"FA4's selection: {knob} (default: the minimal preset's)")
         p.add_argument("--lse", choices=("no", "yes", "both"), default="both")
         p.add_argument("--arch", default="sm_90a")
         if name in ("compile", "verify"):
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "compile":
             p.add_argument("--jobs", type=int, default=1,
                            help="worker processes (each imports the DSL: about 1.4 GB); the build passes its job count")
+            p.add_argument("--kernel-timeout", type=float, default=None,
+                           help="seconds a worker may go without finishing a kernel (the build passes "
+                                "VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT); given, every job runs in a supervised worker")
             p.add_argument("--record", type=Path, help="FA4's build record in the stage: add this run to it")
             p.add_argument("--share", type=Path,
                            help="one kernel set for every Python: absent, compile and record the keys here; "
@@ -137,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                            help="a build that did not ask for kernels: on any failure warn, ship none of "
                                 "this run's kernels, exit 0")
     p_worker = sub.add_parser("compile-worker", help=argparse.SUPPRESS)
-    for flag in ("--stage", "--out", "--calls", "--report"):
+    for flag in ("--stage", "--out", "--calls", "--report", "--progress"):
         p_worker.add_argument(flag, type=Path, required=True)
     p_worker.add_argument("--arch", required=True)
     args = parser.parse_args(argv)
     if args.command == "compile-worker":  # one share of `compile --jobs N` (compile_in_workers)
         todo = [fa4_plan.KernelCall(**c) for c in json.loads(args.calls.read_text(encoding="utf-8"))]
-        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo)), encoding="utf-8")
+        args.report.write_text(json.dumps(fa4_compile.compile_selection(args.stage, args.out, args.arch, todo,
+                                                                        progress=args.progress)), encoding="utf-8")
         return 0
     if args.command == "probe":
         print(json.dumps(fa4_probe.probe()))
@@ -164,9 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         for call in calls:
             print(call.name)
-        skipped = sorted(set(selection.features) & set(fa4_plan.NOT_PRECOMPILED))
-        for feature in skipped:
-            print(f"# not precompiled: {feature}: {fa4_plan.NOT_PRECOMPILED[feature]}")
         return 0
     if args.command == "compile" and args.best_effort:
         return compile_best_effort(args, calls)
@@ -236,7 +238,8 @@ def _run_summary(arch: str, report: dict | None, failed: list[str], selection: f
     shipped = {**_shipped_objects(report), **report.get("aliased", {})}
     # A Python sharing another's kernels: its kernels are the aliases its index lists.
     kernels = report["aliases"] if "same_as" in report else len(shipped)
-    same_as = {"same_as": {k: report["same_as"][k] for k in ("python", "fingerprint")}} if "same_as" in report else {}
+    same_as = ({"same_as": {k: report["same_as"][k] for k in ("python", "fingerprint", "index_sha256")
+                            if k in report["same_as"]}} if "same_as" in report else {})
     return {"arch": arch, "kernels": kernels, "selection": chosen, "jobs": report.get("jobs", 1),
             "calls": len(calls), "refused": sorted({c["call"] for c in calls if c["refused"]}),
             "bytes": sum(shipped.values()), **same_as,

@@ -11,6 +11,7 @@ Python's files, read by fa4_cache); else its own set ships and the log says why.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -81,7 +82,7 @@ def byte_differences(first: dict, compiled: dict, out: Path, compiled_out: Path)
 
 
 def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], share: Path,
-              jobs: int = 1) -> tuple[dict | None, str]:
+              jobs: int = 1, bounds: fa4_workers.Bounds = fa4_workers.Bounds()) -> tuple[dict | None, str]:
     """``--share`` with another Python's record. This Python compiles every call too, into a
     scratch folder, and compares each kernel it made byte for byte with the other Python's
     file for the same call and position (all of them: one sample would trust the rest).
@@ -98,7 +99,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
         return None, f"{share} is not a record of this step for {arch}"
     with tempfile.TemporaryDirectory(prefix="vfa-fa4-share-") as tmp:
         scratch = Path(tmp)
-        compiled = fa4_workers.compile_in_workers(stage_root, scratch, arch, calls, jobs)
+        compiled = fa4_workers.compile_in_workers(stage_root, scratch, arch, calls, jobs, bounds)
         own = share_record(compiled)
         why = ""
         if compiled["flavour"] != first["flavour"]:
@@ -134,5 +135,7 @@ def share_run(stage_root: Path, out: Path, arch: str, calls: list[KernelCall], s
             table[kind] = {**more, **table.get(kind, {})}
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(fa4_cache.aliases_text(first["fingerprint"], compiled["python"], table), encoding="utf-8")
+    # The run time believes the index only with this digest from the build record (fa4_cache).
+    same_as["index_sha256"] = hashlib.sha256(index.read_bytes()).hexdigest()
     compiled.update(aliases=entries, aliased={str(index.relative_to(out)): index.stat().st_size}, same_as=same_as)
     return compiled, ""

@@ -24,7 +24,8 @@ What FA4 does at the pin, read off ``flash_attn/cute/interface.py`` (617264c1):
   bf16/fp16 q (``fp8_kv_dequant``: paged only, page size == tile_n, head_dim == head_dim_v);
   no FP8 q (``assert arch // 10 == 10``).
 * sm100/sm110: the same plus FP8 q/k/v with descales; no FP8-KV-only path.
-* sm120: no paged KV, no split-KV, no FP8.
+* sm120: declared ``excluded`` (cmake/knobs.json: its forward kernel does not compile at the
+  pin), so every call there is refused by the declaration's words before any rule below.
 """
 
 from __future__ import annotations
@@ -181,12 +182,6 @@ def _check_call(family: Family, arch: int, q, k, v, block_table, seqused_k, soft
         problem = family.capability_problem(arch // 10, arch % 10, max(q.get_device(), 0))
         _refuse(f"{problem or f'{family.title} does not run on sm{arch}'}{_or_fallback(family)}")
     elsewhere = (lambda feature: f"needs {_those_that(family, arch, feature) or 'a family this package lacks'}")
-    if block_table is not None and generation == "sm120":
-        _refuse(f"a paged KV cache (block_table) on sm120 {elsewhere('paged')}: {family.title}'s sm120 kernel has "
-                "no paged KV at the pin")
-    if generation == "sm120" and num_splits > 1:
-        _refuse(f"num_splits={num_splits} on sm120: {family.title}'s sm120 kernel has no split-KV at the pin; "
-                "pass 0")
     head_size, head_size_v = q.shape[-1], v.shape[-1]
     # _validate_head_dims, with the alignment of K/V's element (16 bytes), per generation.
     problem = head_size_problem(family, None, head_size, head_size_v, dtype_name(v.dtype), generation=generation)
@@ -200,7 +195,7 @@ def _check_call(family: Family, arch: int, q, k, v, block_table, seqused_k, soft
         if generation == "sm90":
             _refuse(f"FP8 q {elsewhere('fp8')} on sm90: {family.title}'s FP8 attention is sm100-only at the pin "
                     f"({family.title} on sm90 takes FP8 KV with a bf16/fp16 q)")
-        if arch // 10 != 10:  # upstream: assert arch // 10 == 10 (sm110 and sm120 included)
+        if arch // 10 != 10:  # upstream: assert arch // 10 == 10 (so not on sm110)
             _refuse(f"FP8 attention on sm{arch}: {family.title}'s FP8 kernels are sm100's (compute capability "
                     "10.x) at the pin; use bf16/fp16")
         if not (k.dtype == v.dtype == _E4M3):
@@ -255,7 +250,7 @@ class Target(NamedTuple):
 
 def run(arch: int, *args, **kwargs):
     """vLLM's ``flash_attn_varlen_func`` call (its arguments, call.VARLEN) for a given ``arch``
-    (90, 100, 120), FA4's own rules included and the shared checks not: the one mapping of a
+    (90, 100, 110), FA4's own rules included and the shared checks not: the one mapping of a
     call onto upstream's kernels, as ``launch`` makes it. The build's precompile step
     (cmake/fa4_precompile.py) calls this on fake tensors with the target's arch, so the kernels
     it ships have the very compile keys these calls reach at run time. Returns ``out``, or
@@ -291,9 +286,9 @@ def launch(resolved, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
     if not (fp8_kv_dequant or q.dtype == _E4M3):
         # vLLM passes descales on every call; FA4 asserts they are None for 16-bit data.
         q_descale = k_descale = v_descale = None
-    if num_splits < 1 and (arch // 10 == 12 or single_split(generation, head_size, head_size_v)):
-        # upstream's sm120 path asserts num_splits == 1 (no heuristic there); on sm100 its
-        # heuristic could pick a split that the kernel for these head sizes asserts against.
+    if num_splits < 1 and single_split(generation, head_size, head_size_v):
+        # on sm100 upstream's heuristic could pick a split that the kernel for these head sizes
+        # asserts against.
         num_splits = 1
     try:
         result = interface._flash_attn_fwd(

@@ -54,6 +54,7 @@ runs at first FA4 use (fa4.py), after the dependency check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -70,6 +71,9 @@ FORWARD_CACHES = {"_flash_attn_fwd": "fwd", "_flash_attn_fwd_combine": "fwd_comb
 SHIPPED_DIR = "kernels"  # inside vendored_flash_attn/_fa4
 # <root>/<flavour>/<fingerprint>/ALIASES_FILE: a Python whose kernels are another's files
 ALIASES_FILE = "aliases.json"
+# FA4's build record, beside the shipped kernels' folder (_fa4/build_info.json): each Python's
+# index is verified against the sha256 its run recorded.
+RECORD_FILE = "build_info.json"
 _HASH = re.compile(r"[0-9a-f]{64}")
 # "off" (or 0/false/no): ignore the shipped kernels, so every kernel comes from the user cache
 # or compiles (first-call benchmarks of the JIT path; ruling the shipped kernels out).
@@ -124,16 +128,39 @@ def aliases_text(same_as: str, python: str, kinds: dict[str, dict[str, str]]) ->
     return json.dumps({"same_as": same_as, "python": python, "kinds": kinds}, indent=1, sort_keys=True) + "\n"
 
 
-def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[str, Path]]:
+def recorded_index_digest(root: Path, flavour: str, fingerprint: str) -> str:
+    """The sha256 FA4's build record (``RECORD_FILE`` beside the shipped kernels' folder) gives
+    for the index of ``fingerprint`` (its last run's, the index growing with each arch), or ""
+    when it gives none."""
+    try:
+        runs = json.loads((Path(root).parent / RECORD_FILE).read_text())["precompile"]["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    digest = ""
+    for run in runs if isinstance(runs, list) else ():
+        if (isinstance(run, dict) and run.get("flavour") == flavour and run.get("fingerprint") == fingerprint
+                and isinstance(run.get("same_as"), dict)):
+            digest = str(run["same_as"].get("index_sha256") or digest)
+    return digest
+
+
+def read_aliases(root: Path, flavour: str, fingerprint: str, expected_sha256: str | None = None
+                 ) -> dict[str, dict[str, Path]]:
     """This Python's shipped kernels that are another Python's files: ``{kind: {key hash:
     .o path}}`` from ``<root>/<flavour>/<fingerprint>/aliases.json`` ({} when there is none).
-    An index that is not what the build writes is ignored with a warning: its kernels then
-    compile at first use."""
+    An index that is not what the build writes, or (``expected_sha256`` given: the run time
+    passes the build record's, recorded_index_digest) not the one the build recorded — another
+    build's, a swapped one, whose entries could name another kernel's file — is ignored with a
+    warning: its kernels then compile at first use."""
     path = Path(root) / flavour / fingerprint / ALIASES_FILE
     if not path.is_file():
         return {}
     try:
-        same_as, kinds = parse_aliases(path.read_bytes())
+        data = path.read_bytes()
+        if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+            raise ValueError("it is not the index FA4's build record " + (
+                f"names (sha256 {expected_sha256[:12]}...)" if expected_sha256 else "lists (it names none)"))
+        same_as, kinds = parse_aliases(data)
     except (OSError, ValueError) as exc:
         warnings.warn(f"FA4's kernel index {path} is damaged ({exc}): the kernels it lists compile at first "
                       "use. Reinstall vendored-flash-attn.", RuntimeWarning, stacklevel=2)
@@ -142,16 +169,30 @@ def read_aliases(root: Path, flavour: str, fingerprint: str) -> dict[str, dict[s
             for kind, table in kinds.items()}
 
 
+class NoUserCacheHome(ValueError):
+    """No folder for the user cache: neither knob names one and HOME is unusable."""
+
+
 def user_cache_root(environ=None) -> Path:
     """Where the user cache is asked to live: ``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/vendored-flash-attn/fa4`` (a relative ``XDG_CACHE_HOME`` is ignored, as
     the XDG spec says), else ``~/.cache/vendored-flash-attn/fa4``. Whether it may be used is
-    ``checked_user_root``'s answer."""
+    ``checked_user_root``'s answer. Raises NoUserCacheHome where it would be under HOME and HOME
+    is empty, relative or ``/`` (Python's ``~`` makes an empty HOME ``/``: the cache would wander
+    to ``/.cache``)."""
     environ = os.environ if environ is None else environ
     if environ.get(USER_CACHE_DIR_ENV):
         return Path(environ[USER_CACHE_DIR_ENV])
     xdg = environ.get("XDG_CACHE_HOME") or ""
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    if os.path.isabs(xdg):
+        base = xdg
+    else:
+        home = environ["HOME"] if "HOME" in environ else os.path.expanduser("~")  # unset: the password database
+        if not os.path.isabs(home) or not home.strip("/"):
+            raise NoUserCacheHome(
+                f"HOME is {home!r}, so there is no folder of yours for it: set HOME to your home folder, or "
+                f"{USER_CACHE_DIR_ENV} (or XDG_CACHE_HOME) to an absolute folder only you can write")
+        base = os.path.join(home, ".cache")
     return Path(base) / "vendored-flash-attn" / "fa4"  # a folder's name (README, docs): this is FA4's cache
 
 
@@ -339,13 +380,17 @@ def install(interface, cache_utils, cutlass_module, load_module=None, shipped=No
         shipped = shipped_root()
     user_problem = None
     if user is None and user_cache_enabled():
-        user = user_cache_root()
+        try:
+            user = user_cache_root()
+        except NoUserCacheHome as exc:  # off, with the one warning of a cache that cannot be used
+            user_problem = str(exc)
     if user is not None:
         user, user_problem = checked_user_root(user)
     cache_class = two_level_cache_class(cache_utils.JITPersistentCache, load_module)
     layout = {"flavour": flavour, "fingerprint": fingerprint, "shipped_off": shipped_off,
               "user_root": str(user) if user else None, "user_problem": user_problem, "kinds": {}}
-    aliases = read_aliases(shipped, flavour, fingerprint) if shipped else {}
+    aliases = (read_aliases(shipped, flavour, fingerprint, recorded_index_digest(shipped, flavour, fingerprint))
+               if shipped else {})
     for attribute, kind in FORWARD_CACHES.items():
         function = getattr(interface, attribute, None)
         if function is None:

@@ -1,21 +1,28 @@
 """The plan of FA4's precompiled kernels: which calls a wheel's selection reaches on an arch.
 
 One call per kernel (compile key) that vLLM's calls reach through FA4's adapter
-(``vendored_flash_attn.fa4.run``) for a selection (the wheel's head dims, dtypes and
-features, the GQA ratios, LSE), and the CUDA tensors that make each call. The build
-compiles them (``cmake/fa4_precompile.py compile``, on fake tensors); the installed wheel's
-GPU check (``wheel_check_fa4``) makes them again on real data, from the selection each run
-recorded in FA4's build record, to see that every one loads without a compile: both read
-this one plan, so what is checked is what was shipped. Standard library only (the tensor
-maker is handed torch and upstream's interface by its caller).
+(``vendored_flash_attn.fa4.run``) for FA4's own selection (cmake/knobs.json:
+``VFA_FA4_PRECOMPILE_HEAD_DIMS``, ``_DTYPES``, ``_FEATURES``, ``_GQA_RATIOS``; LSE both ways),
+and the CUDA tensors that make each call. Which calls FA4 takes is not restated here: each
+candidate goes through the adapter itself (``fa4.run``) on fake tensors, with a stand-in for
+upstream's interface that compiles nothing, and the calls it refuses (``FA4Unsupported``: an
+excluded generation, FP8 where FA4 has none, a head size or page size it does not take, ...)
+are not planned. The build compiles the plan (``cmake/fa4_precompile.py compile``, on fake
+tensors); the installed wheel's GPU check (``wheel_check_fa4``) makes the calls again on real
+data, from the selection each run recorded in FA4's build record, to see that every one loads
+without a compile: both read this one plan, so what is checked is what was shipped.
+Importing this module needs the standard library only; ``plan`` imports torch and the adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import re
+import threading
 
+from . import declaration
 from .families import registry
 
 # The family this plan is for: its arch exclusions and FP8 head dims are read from its
@@ -23,18 +30,11 @@ from .families import registry
 # CuTe interface, which no other family has.
 FAMILY = "fa4"
 
-# The wheel's selection, in the words of its FA3 knobs (VFA_FA3_HEAD_DIMS / _DTYPES /
-# _FEATURES): FA4 precompiles the kernels of the shapes the wheel was built for, and
-# VFA_FA4_PRECOMPILE_GQA_RATIOS adds what FA3's knobs have no word for. e4m3 means FP8 KV
-# the way FA4 takes it on the target (sm90: a bf16 q with FP8 k/v in a paged cache, dequantized
-# in the kernel; sm100: FP8 q, k and v).
-DTYPES = ("bf16", "fp16", "e4m3")
-FEATURES = ("paged", "split", "softcap", "local", "hdimdiff")
-# Features whose kernels are not precompiled (each call compiles at first use): softcap's
-# value is inside its score_mod and so inside the key (one kernel per value), and hdimdiff
-# (192/128) has no FA4 dispatch through vLLM's call on sm90 beyond what head dims give.
-NOT_PRECOMPILED = {"softcap": "the softcap value is part of the compile key (one kernel per value)",
-                   "hdimdiff": "different q/v head sizes are not part of the precompiled selection"}
+# The knob of each axis of the selection (cmake/knobs.json declares their choices and presets;
+# cmake/FA4Package.cmake hands the build's values to `fa4_precompile.py compile`).
+KNOBS = {"head_dims": "VFA_FA4_PRECOMPILE_HEAD_DIMS", "dtypes": "VFA_FA4_PRECOMPILE_DTYPES",
+         "features": "VFA_FA4_PRECOMPILE_FEATURES", "gqa_ratios": "VFA_FA4_PRECOMPILE_GQA_RATIOS"}
+NUMERIC = ("head_dims", "gqa_ratios")
 
 # How vLLM's calls reach FA4 through our adapter (fa4.run), one kernel per combination of
 # what upstream's compile key holds (flash_attn/cute/interface.py at the pin):
@@ -55,6 +55,28 @@ SEQLEN_Q = 128
 PAGES_PER_SEQ = 8
 
 
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w for w in re.split(r"[,;\s]+", text.strip()) if w)
+
+
+def _typed(axis: str, values) -> tuple:
+    return tuple(int(v) for v in values) if axis in NUMERIC else tuple(values)
+
+
+def choices(axis: str) -> tuple:
+    """What the axis's knob allows (its declaration's choices)."""
+    return _typed(axis, declaration.load()["knobs"][KNOBS[axis]]["choices"])
+
+
+def preset_values(axis: str, preset: str) -> tuple:
+    """What the axis's knob holds when not set, as the build reads it (cmake/Options.cmake,
+    cmake/KernelSelection.cmake's vfa_selection_knob): its default, else the preset's values,
+    else (a preset it does not name) every choice."""
+    knob = declaration.load()["knobs"][KNOBS[axis]]
+    values = _words(knob["default"]) or knob.get("presets", {}).get(preset) or knob["choices"]
+    return _typed(axis, values)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelCall:
     layout: str
@@ -73,23 +95,25 @@ class KernelCall:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    head_dims: tuple[int, ...] = (128,)
-    dtypes: tuple[str, ...] = ("bf16",)
-    features: tuple[str, ...] = ("paged", "split", "local")
-    gqa_ratios: tuple[int, ...] = (1, 4, 8)
+    """FA4's precompile selection; each axis among its knob's choices. ``Selection()`` is the
+    ``minimal`` preset's; ``Selection.preset(name)`` any preset's."""
+    head_dims: tuple[int, ...] = dataclasses.field(default_factory=lambda: preset_values("head_dims", "minimal"))
+    dtypes: tuple[str, ...] = dataclasses.field(default_factory=lambda: preset_values("dtypes", "minimal"))
+    features: tuple[str, ...] = dataclasses.field(default_factory=lambda: preset_values("features", "minimal"))
+    gqa_ratios: tuple[int, ...] = dataclasses.field(default_factory=lambda: preset_values("gqa_ratios", "minimal"))
     return_lse: tuple[bool, ...] = (False, True)
 
+    @classmethod
+    def preset(cls, name: str) -> "Selection":
+        return cls(**{axis: preset_values(axis, name) for axis in KNOBS})
+
     def __post_init__(self):
-        for name, values, allowed in (("dtypes", self.dtypes, DTYPES), ("features", self.features, FEATURES)):
-            bad = [v for v in values if v not in allowed]
+        for axis in KNOBS:
+            allowed = choices(axis)
+            bad = [v for v in getattr(self, axis) if v not in allowed]
             if bad:
-                raise ValueError(f"FA4 selection: {name} {bad} unknown; allowed: {', '.join(allowed)}")
-        bad_ratios = [r for r in self.gqa_ratios if r < 1]
-        if bad_ratios:
-            raise ValueError(f"FA4 selection: GQA ratios {bad_ratios} are not query heads per KV head (>= 1)")
-        bad_dims = [d for d in self.head_dims if d % 8 or not 8 <= d <= 512]
-        if bad_dims:
-            raise ValueError(f"FA4 selection: head dims {bad_dims} are not multiples of 8 in 8..512")
+                raise ValueError(f"FA4 selection: {axis.replace('_', ' ')} {bad} are not among {KNOBS[axis]}'s "
+                                 f"choices: {', '.join(map(str, allowed))}")
 
     @property
     def layouts(self) -> tuple[str, ...]:
@@ -112,37 +136,68 @@ def generation(arch: str) -> int:
     return int(number.group(1)) // 10
 
 
-def reachable(call: KernelCall, gen: int) -> bool:
-    """Whether fa4.run takes ``call`` on a GPU of generation ``gen`` (what it refuses before
-    any kernel is not compiled: a generation the declaration excludes, fa4.check_call's rules
-    for FP8, sm120's paged / split)."""
-    if gen in registry().by_name(FAMILY).excluded:
-        return False
-    if call.dtype == "e4m3":
-        if gen == 12:
-            return False
-        if gen == 9:  # FP8 KV: paged with page size == tile_n, at the head dims FA4 is declared for
-            allowed = registry().by_name(FAMILY).call.fp8_kv_head_dims
-            if call.layout != "paged" or (allowed is not None and call.head_dim not in allowed):
-                return False
-    if gen == 12 and (call.layout != "varlen" or call.split):
-        return False
-    return True
+class _StandInInterface:
+    """Upstream's interface as far as FA4's adapter asks it while it decides on a call: a tile
+    (its page-size rules compare the page with it; ``make_call``'s ``paged`` layout uses the same
+    one, ``paged_cpasync`` another size), and a forward that compiles and launches nothing."""
+
+    TILE_N = 128
+
+    @staticmethod
+    def _resolve_causal_local_window(causal, left, right):
+        return causal, left is not None or right is not None, left, right
+
+    @classmethod
+    def _tile_size_fwd_sm90(cls, *args):
+        return type("Tile", (), {"n_block_size": cls.TILE_N})
+
+    @staticmethod
+    def _flash_attn_fwd(*args, **kwargs):
+        return None, None
+
+
+_STAND_IN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _adapter_without_kernels(fa4):
+    """FA4's adapter with the stand-in interface in place of upstream's (``fa4.load``), so that
+    ``fa4.run`` makes every decision of a real call and compiles nothing. For the plan only:
+    never in a process that is calling FA4 meanwhile."""
+    with _STAND_IN_LOCK:
+        real = fa4.load
+        fa4.load = lambda: fa4.Loaded(_StandInInterface(), {})
+        try:
+            yield
+        finally:
+            fa4.load = real
 
 
 def plan(selection: Selection, arch: str = "sm_90a") -> list[KernelCall]:
-    """One call per kernel the selection can reach on ``arch``, in a stable order, no duplicates."""
+    """One call per kernel the selection can reach on ``arch``, in a stable order, no duplicates:
+    each candidate is made through FA4's adapter (``fa4.run``) on fake tensors, and those it
+    refuses are left out."""
     gen = generation(arch)
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import fa4
+
     calls = []
-    for layout, dim, dtype, mask, gqa, split, lse in itertools.product(
-            selection.layouts, selection.head_dims, selection.dtypes, selection.masks,
-            selection.gqa_ratios, selection.splits, selection.return_lse):
-        call = KernelCall(layout, dim, dtype, mask, gqa, split, lse)
-        if reachable(call, gen) and call not in calls:
+    with _adapter_without_kernels(fa4), FakeTensorMode():
+        for layout, dim, dtype, mask, gqa, split, lse in itertools.product(
+                selection.layouts, selection.head_dims, selection.dtypes, selection.masks,
+                selection.gqa_ratios, selection.splits, selection.return_lse):
+            call = KernelCall(layout, dim, dtype, mask, gqa, split, lse)
+            if call in calls:
+                continue
+            args, kwargs = make_call(_StandInInterface, torch, call, gen)
+            try:
+                fa4.run(gen * 10, *args, **kwargs)
+            except fa4.FA4Unsupported:
+                continue
             calls.append(call)
     return calls
-
-
 
 
 def _page_size(interface, call: KernelCall, gen: int) -> int:

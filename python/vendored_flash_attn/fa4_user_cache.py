@@ -63,7 +63,9 @@ def _trust_problem(st: os.stat_result, shown: str, directory: bool) -> Optional[
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: an open never waits, whatever the entry turned into after the lstat before it
+# (a FIFO's open for reading waits for a writer, for ever); the descriptor is checked then.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def _not_followed(exc: OSError, name: str, dir_fd: Optional[int], shown: str) -> Exception:
@@ -147,6 +149,11 @@ class UserKernelDir:
         try:
             with self.opened(create=False) as dir_fd:
                 try:
+                    # Only a regular file is opened: a FIFO or a device where a kernel should
+                    # be is refused before any open (which could block, or act on a device).
+                    problem = _trust_problem(os.lstat(name, dir_fd=dir_fd), str(shown), directory=False)
+                    if problem is not None:
+                        raise UntrustedEntry(problem)
                     fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
                 except FileNotFoundError:
                     return None

@@ -166,7 +166,7 @@ kept, skip = [], False
 for arg in rest:
     if skip:
         skip = False
-    elif arg in ("--stage", "--out", "--record", "--report", "--jobs", "--share"):
+    elif arg in ("--stage", "--out", "--record", "--report", "--jobs", "--share", "--kernel-timeout"):
         skip = True
     elif arg != "--best-effort":
         kept.append(arg)
@@ -197,12 +197,39 @@ def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sourc
     assert "--dtypes=bf16,e4m3" in runs[0]["argv"] and "--gqa-ratios=1,4,8" in runs[0]["argv"]
     jobs = runs[0]["argv"][runs[0]["argv"].index("--jobs") + 1]
     assert int(jobs) >= 1  # the build's job count: the precompile's workers
+    # each held to the per-kernel bound (VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT's default)
+    assert runs[0]["argv"][runs[0]["argv"].index("--kernel-timeout") + 1] == "600"
     plan = runs[0]["plan"]
     # bf16: 3 layouts x 3 masks x 2 split x 2 LSE x 3 ratios; no e4m3 at head dim 128: FA4's
     # FP8 KV path is declared for head dim 512 only (the adapter refuses it at 128)
     assert len(plan) == 108
     assert "paged_cpasync-hd128-bf16-local-gqa8-split-lse" in plan
     assert not [name for name in plan if "e4m3" in name]
+
+
+def test_fa3_knobs_choose_nothing_of_fa4_and_fa4_knobs_do(sources, tmp_path):
+    # FA4's selection is its own (issue 36). FA3's knobs all changed; FA4's head dims, features
+    # and ratios set to a small selection with its FP8 KV head dim 512, its dtypes left to the
+    # preset: the build asks for FA4's values only (bf16 + e4m3 where FA3's say bf16).
+    log = tmp_path / "precompile.jsonl"
+    fake = tmp_path / "fa4-python"
+    fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    build = tmp_path / "build"
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_FA4_PRECOMPILE": "on",
+                               "VFA_FA4_PRECOMPILE_PYTHONS": str(fake), "VFA_FA3_HEAD_DIMS": "64",
+                               "VFA_FA3_DTYPES": "bf16", "VFA_FA3_FEATURES": "none",
+                               "VFA_FA4_PRECOMPILE_HEAD_DIMS": "512", "VFA_FA4_PRECOMPILE_FEATURES": "paged",
+                               "VFA_FA4_PRECOMPILE_GQA_RATIOS": "1"})
+    assert result.returncode == 0, result.text[-5000:]
+    built = run([tool("cmake"), "--build", str(build), "--target", "vfa_fa4"])
+    assert built.returncode == 0, built.text[-5000:]
+    (line,) = log.read_text().splitlines()
+    record = json.loads(line)
+    assert record["rc"] == 0, record
+    for flag in ("--head-dims=512", "--dtypes=bf16,e4m3", "--features=paged", "--gqa-ratios=1"):
+        assert flag in record["argv"], record["argv"]
+    assert "paged-hd512-e4m3-full-gqa1" in record["plan"] and "varlen-hd512-bf16-causal-gqa1-lse" in record["plan"]
 
 
 def test_every_python_of_the_build_shares_one_kernel_set_per_arch(sources, tmp_path):
@@ -244,17 +271,73 @@ def test_a_precompile_beside_one_compiled_family_configures(sources, tmp_path):
     assert "FA3 not built: VFA_BUILD_FA3=off" in result.text and "precompile: on sm_90a" in result.text
 
 
-def test_a_wheel_of_fa4_alone_configures_where_fa4_has_an_arch(sources, tmp_path):
-    # A Blackwell-only deployment: FA2 off, no 9.0 for FA3; FA4 packaged (its kernels for
-    # sm_100a when the build's Python can compile them), nothing compiled.
+@pytest.fixture(scope="module", params=["auto", "off"])
+def fa4_only_wheel(request, synthetic, tmp_path_factory):
+    """A Blackwell-only deployment's wheel, built through the real build (pip, no isolation):
+    TORCH_CUDA_ARCH_LIST=10.0, FA2 and FA3 off, FA4's precompile as the param says (auto: the
+    build's Python here has no DSL, so it is skipped and says why). No compiler launcher: an FA4
+    wheel compiles no CUDA or C++ unit at all. The checkout's pin is the synthetic one, so the
+    release gate's script checks it against the pin it was built from."""
+    root = tmp_path_factory.mktemp(f"fa4-only-{request.param}")
+    project = checkout_copy(root / "checkout")
+    synthetic.write_pin(project / "vendor/flash-attention/pin.json")
+    knobs = {"VFA_SOURCE_CACHE": str(root / "cache"), "VFA_COMPILER_CACHE": "off", "TORCH_CUDA_ARCH_LIST": "10.0",
+             "VFA_BUILD_FA2": "off", "VFA_BUILD_FA3": "off", "VFA_FA4_PRECOMPILE": request.param}
+    dist = root / "dist/cu13.0-x86_64"
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(dist),
+                  str(project)], env=clean_env(**knobs), timeout=1800)
+    assert result.returncode == 0, result.output[-8000:]
+    (path,) = dist.glob("vendored_flash_attn-*.whl")
+    return {"path": path, "project": project, "log": result.output, "mode": request.param}
+
+
+def test_a_wheel_of_fa4_alone_builds_and_says_what_runs_where(fa4_only_wheel):
+    log = " ".join(fa4_only_wheel["log"].split())
+    assert "what runs where: 10.0: FA4 (sm_100a)" in log
+    assert "hold nothing that runs" not in log and "nothing this build compiles" not in log
+    assert "FA2 not built: VFA_BUILD_FA2=off" in log and "FA3 not built: VFA_BUILD_FA3=off" in log
+    names = zipfile.ZipFile(fa4_only_wheel["path"]).namelist()
+    assert not [n for n in names if n.endswith(".so")]  # no compiled module
+    assert "vendored_flash_attn/_fa4/cute/interface.py" in names
+    record = json.loads(zipfile.ZipFile(fa4_only_wheel["path"]).read("vendored_flash_attn/_fa4/build_info.json"))
+    assert record["precompile"]["mode"] == fa4_only_wheel["mode"]
+    assert record["precompile"]["state"] == {"auto": "skipped", "off": "off"}[fa4_only_wheel["mode"]]
+
+
+def test_a_wheel_of_fa4_alone_passes_the_release_gate(fa4_only_wheel):
+    # .buildkite/scripts/check-wheels.sh as the pipeline runs it (this interpreter, the wheel
+    # from a folder), and wheel_check --require declared: FA4 asked for, FA2 and FA3 off.
+    project = fa4_only_wheel["project"]
+    env = clean_env(VFA_CHECK_PYTHON=sys.executable, TORCH_CUDA_ARCH_LIST="10.0",
+                    VFA_WHEELHOUSE=str(fa4_only_wheel["path"].parents[1]))
+    gate = run(["bash", str(project / ".buildkite/scripts/check-wheels.sh"), "13.0"], env=env, timeout=600)
+    assert gate.returncode == 0, gate.output
+    assert "PASS build-info" in gate.stdout and "required fa4" in gate.stdout, gate.stdout
+    checked = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(fa4_only_wheel["path"]),
+                   "--pin", str(project / "vendor/flash-attention/pin.json"), "--cuda-major", "13",
+                   "--arch-list", "10.0", "--require", "declared"], env=clean_env(PYTHONPATH=str(project / "python")))
+    assert checked.returncode == 0, checked.output
+
+
+def test_a_wheel_of_fa4_alone_precompiles_for_its_arch(sources, tmp_path):
+    # The same build with the precompile on (a stand-in Python with the [fa4] extra): the whole
+    # build runs, and the one compile step is for sm_100a, the arch of the list FA4 runs on.
+    log = tmp_path / "precompile.jsonl"
+    fake = tmp_path / "fa4-python"
+    fake.write_text(FAKE_PRECOMPILE_PYTHON.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
     build = tmp_path / "build"
-    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA2": "off",
-                               "TORCH_CUDA_ARCH_LIST": "10.0"})
+    result = configure(build, {**sources, "VFA_PRESET": "minimal", "VFA_BUILD_FA2": "off", "VFA_BUILD_FA3": "off",
+                               "TORCH_CUDA_ARCH_LIST": "10.0", "VFA_FA4_PRECOMPILE": "on",
+                               "VFA_FA4_PRECOMPILE_PYTHONS": str(fake)})
     assert result.returncode == 0, result.text[-5000:]
-    assert "FA4 packaged as vendored_flash_attn._fa4.cute" in result.text
-    assert "FA2 not built: VFA_BUILD_FA2=off" in result.text and "FA3 not built" in result.text
-    info = json.loads((build / "build_info.json").read_text())
-    assert not info["fa2"]["built"] and not info["fa3"]["built"]
+    assert "what runs where: 10.0: FA4 (sm_100a)" in result.text and "precompile: on sm_100a" in result.text
+    built = run([tool("cmake"), "--build", str(build)])
+    assert built.returncode == 0, built.text[-5000:]
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["rc"] == 0, runs
+    argv = runs[0]["argv"]
+    assert argv[argv.index("--arch") + 1] == "sm_100a" and runs[0]["plan"], runs
 
 
 def test_a_wheel_of_fa4_alone_where_it_runs_on_no_arch_is_refused_naming_the_knobs(sources, tmp_path):

@@ -183,8 +183,10 @@ def test_direct_driver_calls_without_a_driver_library_stop(tmp_path, sources):
 def test_an_arch_nothing_runs_on_stops_the_configure(tmp_path, sources):
     """The reported case through a whole configure: FA2 asked for, no PTX, a GPU newer than
     its SASS. The other arch cases run in script mode: tests/unit/test_cuda_archs_cmake_cpu.py."""
+    # FA4 off: it would serve 10.0 (a wheel of FA4 alone), and FA2=on would then stop the
+    # configure with its own reason
     _, result = configured(tmp_path, sources, VFA_PRESET="minimal", TORCH_CUDA_ARCH_LIST="10.0",
-                           VFA_FA2_PTX="OFF", VFA_BUILD_FA2="on")
+                           VFA_FA2_PTX="OFF", VFA_BUILD_FA2="on", VFA_BUILD_FA4="off")
     assert result.returncode != 0, result.output
     assert ("TORCH_CUDA_ARCH_LIST='10.0' names 10.0, but nothing this build compiles would run there: "
             "FA2 is sm_80 SASS only, which runs on 8.x GPUs; its compute_80 PTX, which newer GPUs run, is "

@@ -216,3 +216,22 @@ def test_an_isolated_pip_wheel_with_fa4_off_builds_without_it(isolated, tmp_path
     result = release_checks("build-info", wheel, isolated["pin"])
     assert result.returncode == 0, result.output
     assert result.stdout.rstrip().endswith("required fa2+fa3"), result.stdout
+
+
+def test_an_isolated_pip_wheel_of_fa4_alone_passes_the_release_checks(isolated, tmp_path):
+    # A Blackwell-only deployment's wheel under pip's default isolation (issue 36): FA2 and FA3
+    # off, 10.0 only. No CUDA or C++ unit compiles; the build's progress step (which follows
+    # the compiled modules) must not stop a build that has none.
+    project = checkout_copy(tmp_path / "checkout")
+    out = tmp_path / "dist"
+    result = isolated_pip(isolated, "wheel", "--no-deps", "-v", "-w", str(out), str(project),
+                          TORCH_CUDA_ARCH_LIST="10.0", VFA_BUILD_FA2="off", VFA_BUILD_FA3="off")
+    assert result.returncode == 0, result.output[-8000:]
+    assert "what runs where: 10.0: FA4 (sm_100a)" in result.output and "staged 8 files" in result.output
+    (wheel,) = out.glob("*.whl")
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
+    checked = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(wheel), "--max-mb", "5",
+                   "--pin", str(isolated["pin"]), "--cuda-major", "13", "--arch-list", "10.0", "--require", "declared"],
+                  env=clean_env(PYTHONPATH=str(PROJECT / "python")))
+    assert checked.returncode == 0, checked.output
+    assert "required fa4" in checked.stdout, checked.stdout

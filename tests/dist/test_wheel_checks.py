@@ -338,21 +338,22 @@ def release_wheel(tmp: Path, build_tag: str = "", *, record_changes=None, member
                   drop=()) -> Path:
     """A wheel as the release builds it: FA2 and FA3 modules, FA4 staged with its kernels
     precompiled for sm_90a by Python 3.11 and shared (an index) with Python 3.12."""
+    index = json.dumps({"same_as": FP_A, "python": "3.12", "kinds": {"fwd": {"3" * 64: "1" * 64},
+                                                                     "fwd_combine": {"4" * 64: "2" * 64}}})
     record = {"package": "vendored_flash_attn._fa4.cute",
               "precompile": {"mode": "on", "state": "on", "archs": ["sm_90a"], "pythons": ["3.11", "3.12"],
                              "runs": [{"arch": "sm_90a", "python": "3.11", "flavour": "cu12.9", "fingerprint": FP_A,
                                        "kernels": 2},
                                       {"arch": "sm_90a", "python": "3.12", "flavour": "cu12.9", "fingerprint": FP_B,
-                                       "kernels": 2, "same_as": {"python": "3.11", "fingerprint": FP_A}}]}}
+                                       "kernels": 2, "same_as": {"python": "3.11", "fingerprint": FP_A,
+                                                                 "index_sha256": hashlib.sha256(index.encode()).hexdigest()}}]}}
     record.update(record_changes or {})
     members = {"vendored_flash_attn/_fa4/__init__.py": "",
                "vendored_flash_attn/_fa4/build_info.json": json.dumps(record),
                "vendored_flash_attn/_fa4/cute/__init__.py": "",
                "vendored_flash_attn/_fa4/cute/interface.py": "",
                f"{KERNELS}/{FP_A}/fwd/{'1' * 64}.o": "k1", f"{KERNELS}/{FP_A}/fwd_combine/{'2' * 64}.o": "k2",
-               f"{KERNELS}/{FP_B}/aliases.json": json.dumps(
-                   {"same_as": FP_A, "python": "3.12", "kinds": {"fwd": {"3" * 64: "1" * 64},
-                                                                  "fwd_combine": {"4" * 64: "2" * 64}}})}
+               f"{KERNELS}/{FP_B}/aliases.json": index}
     members.update(members_changes or {})
     options = {"VFA_BUILD_FA2": {"value": "auto", "origin": "default"},
                "VFA_BUILD_FA3": {"value": "auto", "origin": "default"},
@@ -379,6 +380,11 @@ BROKEN_FA4 = {
                         "has no vendored_flash_attn/_fa4/cute/interface.py"),
     "index-damaged": ({"members_changes": {f"{KERNELS}/{FP_B}/aliases.json": '{"same_as": "' + FP_A + '", "ki'}},
                       "aliases.json: not an index of FA4 kernels"),
+    # in the build's format, naming shipped files, but another index than the build recorded: a key sent
+    # to another kernel's file (issue 36)
+    "index-swapped": ({"members_changes": {f"{KERNELS}/{FP_B}/aliases.json": json.dumps(
+        {"same_as": FP_A, "python": "3.12", "kinds": {"fwd": {"3" * 64: "2" * 64}, "fwd_combine": {"4" * 64: "1" * 64}}})}},
+        "aliases.json is not the index its build record names"),
     "kernel-missing": ({"drop": (f"{KERNELS}/{FP_A}/fwd_combine/",)},
                        f"{FP_A} holds 1 kernel files, its build record 2"),
     "python-left-out": ({"record_changes": {"precompile": {

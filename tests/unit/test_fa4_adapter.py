@@ -218,24 +218,6 @@ def test_fp8_q_k_v_on_sm100_passes_the_descales(fake, describe):
     assert kwargs["fp8_kv_dequant"] is False and kwargs["k_descale"] is descales["k_descale"]
 
 
-def test_sm120_asks_upstream_for_one_split_once_the_declaration_lets_it_in(fake, describe, monkeypatch):
-    # What FA4's sm120 path needs when a pin whose sm120 kernel compiles takes it off the
-    # declaration's `excluded`: one split (upstream has no heuristic there), no paged KV.
-    # (The interface refuses 12.x while the declaration excludes it: fa4.run, the adapter's own
-    # mapping, is what such a pin would reach.)
-    monkeypatch.setitem(fa4.GENERATIONS, 12, "sm120")
-    describe(caps=(BLACKWELL_12,))
-    with pytest.raises(fa4.FA4Unsupported, match="paged KV cache .* on sm120 needs FA2"):
-        fa4.run(120, **_paged())
-    with pytest.raises(fa4.FA4Unsupported, match="num_splits=2 on sm120: FA4's sm120 kernel has no split-KV"):
-        fa4.run(120, **_packed(), num_splits=2)
-    q = torch.zeros(10, HEADS, D, dtype=BF16)
-    k = v = torch.zeros(10, KV_HEADS, D, dtype=BF16)
-    cu = torch.tensor([0, 10], dtype=torch.int32)
-    fa4.run(120, q, k, v, 10, cu, 10, cu_seqlens_k=cu, num_splits=0)
-    assert fake.calls[-1][1]["num_splits"] == 1
-
-
 REFUSALS = [
     ("FP8 q needs FA3", HOPPER, lambda: _paged(q_dtype=E4M3, kv_dtype=E4M3), {}),
     ("FP8 KV with a torch.bfloat16 q is FA4's sm90 path only", BLACKWELL, lambda: _paged(kv_dtype=E4M3), {}),

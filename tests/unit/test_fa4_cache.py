@@ -519,10 +519,20 @@ def test_a_process_killed_during_an_export_leaves_nothing_a_later_process_loads(
 OTHER_FINGERPRINT = "e" * 64  # another Python's: upstream's fingerprint holds the Python minor
 
 
-def _index(tmp_path, table, same_as=FINGERPRINT) -> Path:
+def _index(tmp_path, table, same_as=FINGERPRINT, recorded=True) -> Path:
+    """OTHER_FINGERPRINT's index in the shipped tree (tmp_path/site); ``recorded``: FA4's build
+    record beside it (tmp_path/build_info.json, as _fa4/build_info.json is beside _fa4/kernels)
+    names its sha256, as the build writes it."""
+    import json
+
     path = tmp_path / "site" / FLAVOUR / OTHER_FINGERPRINT / fa4_cache.ALIASES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(__import__("json").dumps({"same_as": same_as, "python": "3.14", "kinds": table}))
+    path.write_text(json.dumps({"same_as": same_as, "python": "3.14", "kinds": table}))
+    if recorded:
+        run = {"arch": "sm_90a", "flavour": FLAVOUR, "fingerprint": OTHER_FINGERPRINT, "kernels": 1,
+               "same_as": {"python": "3.12", "fingerprint": same_as,
+                           "index_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}}
+        (tmp_path / "build_info.json").write_text(json.dumps({"precompile": {"runs": [run]}}))
     return path
 
 
@@ -562,3 +572,64 @@ def test_an_unreadable_index_is_ignored_with_a_warning(tmp_path):
     path.write_text("{truncated")
     with pytest.warns(RuntimeWarning, match="damaged"):
         assert fa4_cache.read_aliases(tmp_path / "site", FLAVOUR, OTHER_FINGERPRINT) == {}
+
+
+# --- what cannot block or wander (issue 36) -------------------------------------------------
+
+def test_a_fifo_where_a_kernel_should_be_is_never_opened(tmp_path):
+    # A FIFO opened for reading waits for a writer for ever: FA4's first call hung. Only a
+    # regular file is opened (lstat first, then O_NONBLOCK and the descriptor checked); the
+    # lookup runs in a thread, so that a hang fails the test instead of hanging it.
+    import threading
+
+    _kind_dir(tmp_path).mkdir(parents=True)
+    os.mkfifo(_kind_dir(tmp_path) / f"{_digest()}.o", 0o600)
+    cache, _ = _install(tmp_path)
+    found = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lookup = threading.Thread(target=lambda: found.append(KEY in cache), daemon=True)
+        lookup.start()
+        lookup.join(timeout=60)
+    assert not lookup.is_alive(), "the lookup blocked on the FIFO"
+    assert found == [False]
+    messages = _cache_warnings(record)
+    assert messages and "is not a regular file" in messages[0], messages
+
+
+@pytest.mark.parametrize("home", ["", "relative/home", "/"])
+def test_an_unusable_home_turns_the_user_cache_off_with_one_warning(tmp_path, monkeypatch, home):
+    # Python's "~" makes an empty HOME "/": the cache went to /.cache. Now no folder is made
+    # or read anywhere, and one warning names the fix.
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    with pytest.raises(fa4_cache.NoUserCacheHome, match="HOME is"):
+        fa4_cache.user_cache_root()
+    cache, layout = _install_default_root(tmp_path)
+    assert layout["user_root"] is None and f"HOME is {home!r}" in layout["user_problem"]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert KEY not in cache
+        cache[KEY] = Compiled("in memory")
+        cache[("another",)] = Compiled("in memory too")
+    messages = _cache_warnings(record)
+    assert len(messages) == 1 and "is not used: HOME is" in messages[0], messages
+    # an explicit folder still serves
+    assert fa4_cache.user_cache_root({"HOME": home, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/a"}) == Path("/a")
+
+
+@pytest.mark.parametrize("how", ["swapped", "not recorded"])
+def test_an_index_the_build_record_does_not_name_is_not_believed(tmp_path, how):
+    # An index in the build's format whose entries send this Python's key to another kernel's
+    # file (another build's index, a swapped one): loading it would run the wrong kernel. It is
+    # believed only with the sha256 FA4's build record gives for it.
+    right = _ship(tmp_path / "site", key=("the kernel KEY is",))
+    wrong = _ship(tmp_path / "site", key=("another kernel",), name="another kernel")
+    _index(tmp_path, {"fwd": {_digest(): right.stem}}, recorded=how == "swapped")
+    if how == "swapped":
+        _index(tmp_path, {"fwd": {_digest(): right.stem}}).write_text(__import__("json").dumps(
+            {"same_as": FINGERPRINT, "python": "3.14", "kinds": {"fwd": {_digest(): wrong.stem}}}))
+    with pytest.warns(RuntimeWarning, match="is not the index FA4's build record"):
+        cache, layout = _install(tmp_path, OTHER_FINGERPRINT)
+    assert layout["kinds"]["fwd"]["aliases"] == 0
+    assert KEY not in cache  # compiles at first use: never the other kernel's file

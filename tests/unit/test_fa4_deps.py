@@ -3,6 +3,8 @@ cutlass installed: fake distributions are dist-info folders on sys.path."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import os
 import subprocess
@@ -217,9 +219,9 @@ def test_the_wheel_features_widen_the_plan_the_way_calls_reach_kernels():
                                              "varlen-hd128-bf16-causal-gqa4", "varlen-hd128-bf16-causal-gqa4-lse"]
     every = fa4_plan.plan(fa4_plan.Selection(features=("paged", "split", "local"), **base))
     assert len(every) == 3 * 3 * 2 * 2  # layouts x masks x split x lse
-    # softcap's value is in the key: not precompiled, whatever the features say
-    with_softcap = fa4_plan.plan(fa4_plan.Selection(features=("paged", "split", "local", "softcap"), **base))
-    assert with_softcap == every
+    # softcap's value is in the key: no choice of FA4's features knob (one kernel per value)
+    with pytest.raises(ValueError, match="VFA_FA4_PRECOMPILE_FEATURES"):
+        fa4_plan.Selection(features=("paged", "softcap"), **base)
 
 
 def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
@@ -236,11 +238,45 @@ def test_fp8_kernels_follow_what_fa4_takes_on_each_arch():
 
 
 def test_plan_refuses_what_upstream_cannot_take():
-    with pytest.raises(ValueError, match="GQA ratios"):
+    with pytest.raises(ValueError, match="VFA_FA4_PRECOMPILE_GQA_RATIOS"):
         fa4_plan.Selection(gqa_ratios=(0,))
+    with pytest.raises(ValueError, match="VFA_FA4_PRECOMPILE_HEAD_DIMS"):
+        fa4_plan.Selection(head_dims=(72,))
     with pytest.raises(ValueError, match="e5m2"):
         fa4_plan.Selection(dtypes=("e5m2",))
     with pytest.raises(ValueError, match="sparse"):
         fa4_plan.Selection(features=("sparse",))
     with pytest.raises(SystemExit, match="sm_90a"):
         fa4_plan.plan(fa4_plan.Selection(), "hopper")
+
+
+def test_the_plan_is_what_the_adapter_takes_not_a_copy_of_its_rules(monkeypatch):
+    # Every planned call is one fa4.run accepts; a rule of the adapter's changed changes the plan
+    # with no change here: FP8 KV at head dim 128, refused by the declaration today (its sm90
+    # kernels compute wrong there), planned once the declaration takes it.
+    from vendored_flash_attn import fa4
+
+    selection = fa4_plan.Selection(head_dims=(128, 512), dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,),
+                                   return_lse=(False,))
+    assert [c.name for c in fa4_plan.plan(selection, "sm_90a")] == ["paged-hd512-e4m3-full-gqa1",
+                                                                    "paged-hd512-e4m3-causal-gqa1"]
+    rules = dataclasses.replace(fa4.FAMILY.call, fp8_kv_head_dims=(128, 512))
+    monkeypatch.setattr(fa4, "FAMILY", dataclasses.replace(fa4.FAMILY, call=rules))
+    monkeypatch.setattr(fa4, "_ACCEPTED", {})
+    planned = {(c.layout, c.head_dim) for c in fa4_plan.plan(selection, "sm_90a")}
+    # paged_cpasync stays out: the adapter's page-size rule (FP8 KV needs the kernel's tile as page)
+    assert planned == {("paged", 128), ("paged", 512)}
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_the_presets_plan_what_the_fa3_knobs_planned_before(arch):
+    # FA4's own knobs' presets give the kernels FA3's knobs' presets gave (issue 36): minimal is
+    # head dim 128, bf16 + e4m3, paged + split + local, GQA 1/4/8 (108 calls on sm_90a); full is
+    # FA3's head dims and dtypes with the three features FA4 precompiles.
+    minimal = fa4_plan.Selection.preset("minimal")
+    assert minimal == fa4_plan.Selection(head_dims=(128,), dtypes=("bf16", "e4m3"), features=("paged", "split", "local"),
+                                         gqa_ratios=(1, 4, 8))
+    full = fa4_plan.Selection.preset("full")
+    assert full.head_dims == (64, 96, 128, 192, 256) and full.dtypes == ("bf16", "fp16", "e4m3")
+    assert full.features == ("paged", "split", "local") and full.gqa_ratios == (1, 4, 8)
+    assert len(fa4_plan.plan(minimal, arch)) == {"sm_90a": 108, "sm_100a": 216}[arch]

@@ -6,6 +6,7 @@ supervision."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -187,7 +188,12 @@ def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, st
     assert aliases["fwd"][own].read_bytes() == b"sass of varlen-hd128-bf16-causal-gqa4"
     runs = json.loads(record.read_text())["precompile"]["runs"]
     assert [(r["python"], r["kernels"]) for r in runs] == [("3.12", 5), ("3.14", 5)]
-    assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12")}
+    index = out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE
+    assert runs[1]["same_as"] == {"python": "3.12", "fingerprint": FakeDSL.digest("fingerprint-py3.12"),
+                                  "index_sha256": hashlib.sha256(index.read_bytes()).hexdigest()}
+    # what the run time believes: the index the build record (beside the kernels) names
+    assert fa4_cache.recorded_index_digest(out, "cu12.9", fingerprint) == runs[1]["same_as"]["index_sha256"]
+    assert fa4_cache.read_aliases(out, "cu12.9", fingerprint, runs[1]["same_as"]["index_sha256"]) == aliases
     assert runs[1]["bytes"] == (out / "cu12.9" / fingerprint / fa4_cache.ALIASES_FILE).stat().st_size
     assert "shipped once: Python 3.12's files, 5 listed" in capsys.readouterr().out
     # the record the next Python shares stays the compiling Python's
@@ -249,7 +255,7 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
             monkeypatch.setattr(precompile.fa4_compile, "compile_selection", FakeDSL(python, arch_salt=arch))
             out = dest / "vendored_flash_attn/_fa4/kernels"
             assert precompile.main(["compile", "--stage", str(dest), "--out", str(out), "--arch", arch,
-                                    "--features", "split", "--gqa-ratios", "4", "--lse", "no",
+                                    "--dtypes", "bf16", "--features", "split", "--gqa-ratios", "4", "--lse", "no",
                                     "--share", str(dest / f"share/{arch}.json"), "--record", str(record)]) == 0
     aliases = fa4_cache.read_aliases(out, "cu12.9", FakeDSL.digest("fingerprint-py3.14"))
     assert {kind: len(table) for kind, table in aliases.items()} == {"fwd": 8, "fwd_combine": 2}
@@ -263,7 +269,7 @@ def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch
 # delay. A stand-in that waits gives up after 300 s (exit 1), so a broken test cannot leave
 # one running for long.
 FAKE_WORKER = '''#!{python}
-import json, os, pathlib, sys, time
+import json, os, pathlib, signal, subprocess, sys, time
 args = sys.argv[1:]
 value = lambda flag: pathlib.Path(args[args.index(flag) + 1])
 index = value("--calls").name.split(".")[0]
@@ -277,10 +283,22 @@ def wait_for(done, what):
         if time.monotonic() > deadline:
             sys.exit(f"fake worker {{index}}: no {{what}} in 300 s")
         time.sleep(0.02)
-log(f"started {{os.getpid()}}")
 plan = json.loads(os.environ["FAKE_WORKER_PLAN"])[index]
-if plan == "fail":  # once every worker has started, so that the others are running
+if plan == "child":  # something the worker started (as the DSL's compile may): it must end with the worker
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(LOG + ".children", "a") as children:
+        children.write(f"{{child.pid}}\\n")
+log(f"started {{os.getpid()}}")
+if plan in ("fail", "oom"):  # once every worker has started, so that the others are running
     wait_for(lambda: open(LOG).read().count(" started ") >= 2, "other worker")
+if plan == "oom":  # what the kernel's out-of-memory killer does
+    os.kill(os.getpid(), signal.SIGKILL)
+if plan.startswith("wait:"):  # finishes a kernel once the test says so, then reports
+    wait_for(lambda: os.path.exists(plan[5:]), "go")
+    with open(value("--progress"), "a") as progress:
+        progress.write("a kernel\\n")
+    plan = "report"
+if plan == "fail":
     sys.stderr.write("compiling varlen-hd128-bf16-full-gqa1\\nTraceback (most recent call last):\\n"
                      "  File \\"flash_fwd.py\\", line 844\\nNameError: name 'mDynamicCausal' is not defined\\n")
     sys.exit(1)
@@ -296,10 +314,18 @@ if plan in ("report", "report-and-stay"):
     log("reported")
     if plan == "report":
         sys.exit(0)
-# "hang", "report-and-stay": busy until stopped; a kernel written after the step ended would show
+# "hang", "child", "report-and-stay": busy until stopped; a kernel written after the step ended would show
 wait_for(lambda: False, "stop")
 (value("--out") / "late.o").write_bytes(b"a kernel written after the step ended")
 '''
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _running(program: Path) -> list[int]:
@@ -343,6 +369,10 @@ def fake_workers(tmp_path, monkeypatch):
         @staticmethod
         def events() -> list[str]:
             return log.read_text().splitlines() if log.exists() else []
+
+        @classmethod
+        def pids(cls) -> list[int]:
+            return [int(line.split()[2]) for line in cls.events() if line.split()[1] == "started"]
 
         @classmethod
         def count(cls, event: str) -> int:
@@ -545,3 +575,79 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
     assert reason.startswith(f"Python {sys.version_info.major}.{sys.version_info.minor} lacks FA4's packages (nvidia-cutlass-dsl, ")
     assert reason.endswith(f"): {fa4_deps.INSTALL_COMMAND}") and "\n" not in reason
     assert len(reason) < 160, reason
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_worker_that_finishes_no_kernel_is_stopped_at_the_bound(precompile, staged, fake_workers, capsys, jobs):
+    # A worker that hangs (no kernel ever ends) under the per-kernel bound: the step stops every
+    # worker and says which kernel it was stuck on. With one job, too: a bound runs every job
+    # in a worker (in this process it could not be stopped).
+    dest, record = staged
+    fake_workers.plan(w0="hang", w1="hang")
+    out, args = _compile_args(dest, record, "--best-effort", "--kernel-timeout", "1")
+    args[args.index("--jobs") + 1] = jobs
+    assert precompile.main(args) == 0
+    pids = fake_workers.pids()
+    assert len(pids) == int(jobs) and not any(_alive(pid) for pid in pids), "a worker outlived the step"
+    printed = capsys.readouterr().out
+    assert (f"FA4 compile worker 1 of {jobs} finished no kernel in 1 s (the bound, VFA_FA4_PRECOMPILE_KERNEL_TIMEOUT), "
+            "stuck on varlen-hd128-bf16-full-gqa1") in printed, printed
+
+
+def test_a_worker_the_oom_killer_took_is_named_so_with_the_memory_then(precompile, staged, fake_workers, capsys):
+    dest, record = staged
+    fake_workers.plan(w0="oom", w1="hang")
+    out, args = _compile_args(dest, record, "--best-effort")
+    assert precompile.main(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "FA4 compile worker 1 of 2 was killed by signal 9 (SIGKILL), most likely by the kernel's " \
+           "out-of-memory killer (" in printed, printed
+    assert re.search(r"\d+ MB of \d+ MB were available when it died", printed), printed
+    assert "MAX_JOBS" in printed and "(nothing on stderr)" not in printed
+    assert not any(_alive(pid) for pid in fake_workers.pids())
+
+
+def test_stopping_a_worker_stops_what_it_started(precompile, staged, fake_workers, tmp_path):
+    # Worker 2 started a process of its own (as a compile may) and hangs; worker 1 fails: the
+    # stop takes worker 2's whole process group, its child included.
+    dest, record = staged
+    fake_workers.plan(w0="fail", w1="child")
+    out, args = _compile_args(dest, record, "--best-effort")
+    assert precompile.main(args) == 0
+    children = [int(pid) for pid in Path(os.environ["FAKE_WORKER_LOG"] + ".children").read_text().split()]
+    assert len(children) == 1
+    assert not _alive(children[0]), "a worker's child outlived the step"
+    assert not any(_alive(pid) for pid in fake_workers.pids())
+
+
+def test_the_step_says_how_far_it_is_while_workers_run(staged, fake_workers, tmp_path):
+    # A progress line while both workers are busy (the interval made short here; 60 s in the
+    # build): read from the step's output as it comes, then the workers are let finish.
+    import subprocess
+
+    dest, record = staged
+    go = tmp_path / "go"
+    fake_workers.plan(w0=f"wait:{go}", w1=f"wait:{go}")
+    out, args = _compile_args(dest, record, "--kernel-timeout", "300")
+    driver = ("import functools, runpy, sys\n"
+              f"sys.executable = {fake_workers.python!r}\n"
+              f"sys.path[:0] = [{str(ROOT / 'cmake')!r}]\n"
+              "import fa4_workers\n"
+              "fa4_workers.Bounds = functools.partial(fa4_workers.Bounds, progress_seconds=0.2)\n"
+              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.Popen([fake_workers.real_python, "-u", "-c", driver], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    try:
+        lines = []
+        for line in proc.stdout:  # ends when the step ends: it cannot end before `go` exists
+            lines.append(line)
+            if line.startswith("FA4 precompile sm_90a: 0 of "):
+                break
+        assert lines and "kernels compiled in" in lines[-1], "".join(lines)
+        assert "2 of 2 workers running (worker 1: varlen-hd128-bf16-full-gqa1 for " in lines[-1], lines[-1]
+        go.touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        proc.wait()
