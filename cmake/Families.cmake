@@ -9,6 +9,7 @@
 # vfa_family_field), cmake/CudaArchs.cmake (capabilities), CMakeLists.txt.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)  # vfa_script_python
 
 # Stops the configure, listing every mistake, when the declaration has any. The validator
 # runs as `python -E -s -S -m vendored_flash_attn.families check FILE` from the project's

@@ -44,8 +44,11 @@ REQUIRED = {"type", "default", "scope", "cibuildwheel", "doc"}
 
 def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The declaration's bool words (its "bool_words"), ON words and OFF words."""
-    words = json.loads(Path(path).read_text())["bool_words"]
-    return tuple(words["on"]), tuple(words["off"])
+    try:
+        words = json.loads(Path(path).read_text())["bool_words"]
+        return tuple(words["on"]), tuple(words["off"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (), ()  # load() names what is wrong with the file
 
 
 BOOL_ON, BOOL_OFF = _bool_words()
