@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import cuda_archs, declaration, family_build
+from . import cuda_archs, declaration, family_build, json_types
 
 from .family_build import CUTE_DSL, EXTENSION, MADE, Archs  # noqa: F401  (re-exported)
 from .family_build import closest as _closest
@@ -202,6 +202,12 @@ _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features"
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
            "install", "head_size_rule", "call", "pythons", "archs", "build"}
+# Family fields made from others (capabilities -> min_capability, generations, excluded; the key ->
+# name), not JSON fields of their own; every other field is one, typed by its annotation
+# (json_types: the validator's typed check and cmake/knobs.schema.json read the same annotation).
+DERIVED_FIELDS = {"name", "min_capability", "generations", "excluded", "selectable_features", "raw"}
+# JSON fields the declaration spells otherwise than Family holds them: checked below by hand.
+_SPELLED = {"capabilities", "default_on", "build"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
 _REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs", "build"},
@@ -374,7 +380,20 @@ def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versio
     pythons = entry.get("pythons", [])
     if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
         found.append(f"{where}.pythons must be a list of Python minors such as \"3.12\", got {pythons!r}")
+    # Every other field's type, as its annotation says (where no rule above already named the field).
+    hints = _family_hints()
+    for field in sorted(entry.keys() & hints.keys() - _SPELLED - DERIVED_FIELDS):
+        wrong = json_types.problem(entry[field], hints[field])
+        if wrong and not any(p.startswith((f"{where}.{field} ", f"{where}.{field}.", f"{where}.{field}:"))
+                             for p in found):
+            found.append(f"{where}.{field}{'' if wrong.startswith('.') else ' '}{wrong}")
     return found
+
+
+def _family_hints() -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(Family)
 
 
 def _capability_problems(where: str, entry: dict) -> list[str]:

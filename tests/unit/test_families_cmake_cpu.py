@@ -109,7 +109,7 @@ def _configure_check(tmp_path: Path, text: str) -> str:
     in script mode, from a project copy whose python/ is the project's."""
     project = tmp_path / "project"
     (project / "cmake").mkdir(parents=True)
-    for name in ("Options.cmake", "Families.cmake", "UpstreamGit.cmake"):
+    for name in ("Options.cmake", "Families.cmake", "UpstreamGit.cmake", "knobs.py"):
         shutil.copy(CMAKE_DIR / name, project / "cmake")
     (project / "python").symlink_to(CMAKE_DIR.parent / "python")
     (project / "cmake" / "knobs.json").write_text(text)
@@ -161,4 +161,13 @@ def _rename_fa4(d):
 def test_the_configures_check_stops_on_each_gap(tmp_path, edit, message):
     output = _configure_check(tmp_path, _edited(edit))
     assert "declares the kernel families" in output and message in output, output
+    assert "CHECKED" not in output
+
+
+def test_the_configures_check_names_a_knobs_mistake_by_its_json_path(tmp_path):
+    """issue 37: the knobs' typed parse (cmake/knobs.py validate, the model cmake/knobs.schema.json is
+    made from) runs at configure; before, a mistyped knob field reached vfa_option's use of it."""
+    output = _configure_check(tmp_path, _edited(lambda d: d["knobs"]["VFA_DIST_JOBS"].update(max="999")))
+    assert "declares a knob with a mistake" in output, output
+    assert "cmake/knobs.json: knobs.VFA_DIST_JOBS.max must be a whole number or null, got '999'" in output
     assert "CHECKED" not in output
