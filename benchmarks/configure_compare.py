@@ -7,7 +7,8 @@ not change what builds) compare file for file.
     python benchmarks/configure_compare.py diff <dir before> <dir after>
 
 Each configure runs `cmake -S <tree> -B <build> -G Ninja -DVFA_PRESET=<preset>
--DVFA_COMPILER_CACHE=off -DVFA_BUILD_FA4=off` (as README's source-check figures configure)
+-DVFA_COMPILER_CACHE=off -DVFA_BUILD_FA4=off` (as README's source-check figures configure;
+plus -DVFA_BUILD_MEMORY_MB=16384, whose default is the memory free at that moment)
 from the real source cache (`VFA_SOURCE_CACHE` or its default; fill it first, README: "To
 fill the cache"), with the cmake and Python of the environment running this script.
 """
@@ -44,8 +45,10 @@ def snapshot(tree: Path, out: Path) -> int:
     for preset in PRESETS:
         with tempfile.TemporaryDirectory(prefix=f"vfa-configure-{preset}-") as tmp:
             build = Path(tmp)
+            # VFA_BUILD_MEMORY_MB fixed: its default is the memory available at that moment
             cmd = [_cmake(), "-S", str(tree), "-B", str(build), "-G", "Ninja", f"-DVFA_PRESET={preset}",
-                   "-DVFA_COMPILER_CACHE=off", "-DVFA_BUILD_FA4=off", f"-DPython_EXECUTABLE={sys.executable}"]
+                   "-DVFA_COMPILER_CACHE=off", "-DVFA_BUILD_FA4=off", "-DVFA_BUILD_MEMORY_MB=16384",
+                   f"-DPython_EXECUTABLE={sys.executable}"]
             result = subprocess.run(cmd, capture_output=True, text=True)
             (out / f"{preset}.configure.log").write_text(result.stdout + result.stderr)
             if result.returncode != 0:
