@@ -391,9 +391,7 @@ def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versio
 
 
 def _family_hints() -> dict[str, Any]:
-    import typing
-
-    return typing.get_type_hints(Family)
+    return json_types.hints(Family)
 
 
 def _capability_problems(where: str, entry: dict) -> list[str]:

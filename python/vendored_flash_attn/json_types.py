@@ -17,11 +17,18 @@ their fields, those without a default required, no others). Standard library onl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing
 from typing import Any, Optional
 
 _MAJOR = re.compile(r"[1-9][0-9]*")
+
+
+@functools.lru_cache(maxsize=None)
+def hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved annotations (read once: the package reads its declaration at first use)."""
+    return typing.get_type_hints(cls)
 
 
 def _parts(hint: Any) -> tuple[Any, tuple]:
@@ -89,15 +96,15 @@ def object_problem(value: Any, cls: type, skip: frozenset = frozenset()) -> Opti
     unknown = sorted(set(value) - set(names))
     if unknown:
         return f"has unknown fields {unknown}: it holds {', '.join(names)}"
-    hints = typing.get_type_hints(cls)
+    types = hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         if f.name not in value:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                return f"lacks {f.name} ({describe(hints[f.name])})"
+                return f"lacks {f.name} ({describe(types[f.name])})"
             continue
-        found = problem(value[f.name], hints[f.name])
+        found = problem(value[f.name], types[f.name])
         if found:
             return f".{f.name} {found}"
     return None
@@ -134,12 +141,12 @@ def schema(hint: Any) -> dict:
 def object_schema(cls: type, skip: frozenset = frozenset(), **override: dict) -> dict:
     """A dataclass as a JSON object: its fields (less ``skip``) typed by their annotations (or
     ``override``), those without a default required, nothing else allowed."""
-    hints = typing.get_type_hints(cls)
+    types = hints(cls)
     props, required = {}, []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        props[f.name] = override.pop(f.name, None) or schema(hints[f.name])
+        props[f.name] = override.pop(f.name, None) or schema(types[f.name])
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)
     if override:
