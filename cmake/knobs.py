@@ -40,6 +40,10 @@ TYPES = ("bool", "tristate", "int", "choice", "list", "path", "string")
 SCOPES = ("build", "version", "runtime", "ci", "benchmark")
 
 
+# A choice: what a list knob's value is split into and CMake carries as a list item.
+CHOICE = re.compile(r"[a-z0-9][a-z0-9_.+-]*")
+
+
 def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The declaration's bool words (its "bool_words"), ON words and OFF words."""
     try:
@@ -173,8 +177,10 @@ def _knob(name: str, entry: dict) -> Knob:
     choices = entry.get("choices", [])
     if (entry["type"] in ("choice", "list")) != bool(choices):
         raise DeclarationError(f"{where}: choices are required for choice and list knobs, and only for them")
-    if not all(isinstance(c, str) and c == c.lower() and c for c in choices) or len(set(choices)) != len(choices):
-        raise DeclarationError(f"{where}: choices must be distinct lower-case strings")
+    if not all(isinstance(c, str) and CHOICE.fullmatch(c) for c in choices) or len(set(choices)) != len(choices):
+        raise DeclarationError(f"{where}.choices must be distinct lower-case words ({CHOICE.pattern}: a list "
+                               f"knob's value is split at ',', ';' and spaces, and CMake lists split at ';'), "
+                               f"got {choices!r}")
     if (entry["type"] == "int" and not {"min", "max"} <= entry.keys()) or (
             entry["type"] != "int" and entry.keys() & {"min", "max"}):
         raise DeclarationError(f"{where}: min and max are required for int knobs, and only for them")

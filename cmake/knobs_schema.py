@@ -50,7 +50,9 @@ def _words() -> dict:
 def _knob(knobs: ModuleType, json_types: ModuleType) -> dict:
     out = json_types.object_schema(knobs.Knob, skip=frozenset({"name"}),
                         type={"enum": list(knobs.TYPES)}, scope={"enum": list(knobs.SCOPES)},
-                        doc={"type": "string", "pattern": r"^[^\n]*\S[^\n]*$"})
+                        doc={"type": "string", "pattern": r"^[^\n]*\S[^\n]*$"},
+                        choices={"type": "array", "uniqueItems": True,
+                                 "items": {"type": "string", "pattern": f"^{knobs.CHOICE.pattern}$"}})
     # The cross-field rules of the typed parse (knobs._knob) a schema can say.
     out["allOf"] = [
         {"if": {"properties": {"type": {"enum": ["choice", "list"]}}},

@@ -132,6 +132,8 @@ STRUCTURAL = {
     "int knob without max": lambda d: d["knobs"]["VFA_DIST_JOBS"].pop("max"),
     "string knob with min": lambda d: d["knobs"]["VFA_TORCH_VERSION"].update(min=1),
     "doc of two lines": lambda d: d["knobs"]["VFA_PRESET"].update(doc="one\ntwo"),
+    "choice CMake would split": lambda d: d["knobs"]["VFA_PRESET"]["choices"].append("full;minimal"),
+    "choice twice": lambda d: d["knobs"]["VFA_PRESET"]["choices"].append("full"),
     "knob name lower case": lambda d: d["knobs"].update(vfa_new=d["knobs"]["VFA_PRESET"]),
     "unknown section": lambda d: d.update(knbos={}),
     "missing section": lambda d: d.pop("bool_words"),
