@@ -1,12 +1,13 @@
 # The arch table (cmake/knobs.json "cuda_archs"), read once for the build: a capability's
-# targets, the row of a target, the lowest GPU the build knows, TORCH_CUDA_ARCH_LIST parsed (its
-# named archs from the table), -gencode flags, and which code runs on which GPU. Which code each
+# targets, the row of a target, the lowest GPU the build knows, TORCH_CUDA_ARCH_LIST parsed (by
+# the package's parser, cuda_archs.py), -gencode flags, and which code runs on which GPU. Which code each
 # family compiles from it: cmake/CudaArchs.cmake. The package reads the same table
 # (python/vendored_flash_attn/cuda_archs.py: one rule of which code runs where, checked against
 # this file by tests/unit/test_cuda_archs.py).
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)  # vfa_script_python
 
 # The <field> (sass, a, ptx, nvcc, a_nvcc) of compute capability <cap>'s row of the arch table
 # (cmake/knobs.json "cuda_archs"); "" when the table has no such row or field.
@@ -61,61 +62,42 @@ function(vfa_arch_table_lowest out_var)
   set(${out_var} "${lowest}" PARENT_SCOPE)
 endfunction()
 
-# Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), and the
-# archs written with +PTX into <out_var>_PTX ("8.0"). A name (Ampere, Hopper, ...) is the
-# arch table's list for it. A list that names no architecture (empty, or separators only:
-# ";") stops here, before torch's CMake reads it.
+# Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), the archs asked for
+# with +PTX into <out_var>_PTX ("8.0;9.0": Hopper is PyTorch's 9.0+PTX), and the names used with
+# their meaning into <out_var>_NAMED ("Hopper = 9.0+PTX", for messages). The package's parser
+# reads it (python/vendored_flash_attn/cuda_archs.py, parse_arch_list: the one reader of the
+# list, which the package also uses on a recorded list), run as
+# `python -E -s -S -m vendored_flash_attn.cuda_archs parse FILE TEXT` (standard library only).
+# A list it refuses (no architecture, "09.0", "Blackwell+PTX", an unknown word) stops here,
+# before torch's CMake reads it, with its message.
 function(vfa_parse_arch_list out_var text)
-  get_property(json GLOBAL PROPERTY VFA_KNOBS_JSON)
-  string(JSON count LENGTH "${json}" cuda_archs names)
-  set(known_names "")
-  if(count GREATER 0)
-    math(EXPR last "${count} - 1")
-    foreach(i RANGE ${last})
-      string(JSON name MEMBER "${json}" cuda_archs names ${i})
-      list(APPEND known_names "${name}")
-    endforeach()
+  get_property(file GLOBAL PROPERTY VFA_KNOBS_FILE)
+  get_property(project GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR)
+  vfa_script_python(python)
+  if(NOT python)
+    message(FATAL_ERROR "No Python to read TORCH_CUDA_ARCH_LIST with (the build needs one anyway: "
+      "torch's): set Python_EXECUTABLE, or put python3 on PATH.")
   endif()
-  string(REGEX REPLACE "[ ,;]+" ";" tokens "${text}")
-  set(archs "")
-  set(ptx "")
-  foreach(token IN LISTS tokens)
-    if(token STREQUAL "")
-      continue()
-    endif()
-    string(TOLOWER "${token}" lower)
-    set(named "")
-    foreach(name IN LISTS known_names)
-      string(TOLOWER "${name}" lower_name)
-      if(lower STREQUAL lower_name)
-        vfa_knob_field(named "${json}" "cuda_archs;names;${name}" "")
-      endif()
-    endforeach()
-    if(named)
-      list(APPEND archs ${named})
-    elseif(lower MATCHES "^([0-9]+)\\.([0-9]+)[af]?(\\+ptx)?$")
-      list(APPEND archs "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      if(CMAKE_MATCH_3)
-        list(APPEND ptx "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-      endif()
-    else()
-      string(REPLACE ";" "/" names_text "${known_names}")
-      message(FATAL_ERROR
-        "TORCH_CUDA_ARCH_LIST: '${token}' is not an architecture. Use compute capabilities "
-        "such as \"8.0;9.0\" (also 9.0a, 8.0+PTX) or ${names_text}.")
-    endif()
-  endforeach()
-  if(NOT archs)
-    string(REPLACE ";" "/" names_text "${known_names}")
-    message(FATAL_ERROR
-      "TORCH_CUDA_ARCH_LIST='${text}' names no architecture. Give the GPUs to build for as compute "
-      "capabilities separated by ';' (such as \"8.0;9.0\", the default when it is not set), or "
-      "${names_text}.")
+  # ',' separates as ';' does: a ';' would split the argument into several here.
+  string(REPLACE ";" "," arg "${text}")
+  execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.cuda_archs parse "${file}" "${arg}"
+    WORKING_DIRECTORY "${project}/python" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
+  if(rc EQUAL 1 AND NOT out STREQUAL "")
+    # The parser names the list as it saw it; the user wrote it with ';'.
+    string(REPLACE "TORCH_CUDA_ARCH_LIST='${arg}'" "TORCH_CUDA_ARCH_LIST='${text}'" out "${out}")
+    message(FATAL_ERROR "${out}")
+  elseif(NOT rc EQUAL 0)
+    message(FATAL_ERROR "Reading TORCH_CUDA_ARCH_LIST='${text}' failed (${python}, exit ${rc}): ${out}${err}")
   endif()
-  list(REMOVE_DUPLICATES archs)
-  list(REMOVE_DUPLICATES ptx)
+  string(REGEX MATCH "(^|\n)archs ([^\n]*)" _ "${out}")
+  set(archs "${CMAKE_MATCH_2}")
+  string(REGEX MATCH "(^|\n)ptx ([^\n]*)" _ "${out}")
+  set(ptx "${CMAKE_MATCH_2}")
+  string(REGEX MATCH "(^|\n)named ([^\n]*)" _ "${out}")
   set(${out_var} "${archs}" PARENT_SCOPE)
   set(${out_var}_PTX "${ptx}" PARENT_SCOPE)
+  set(${out_var}_NAMED "${CMAKE_MATCH_2}" PARENT_SCOPE)
 endfunction()
 
 # "sm_80;compute_80" -> -gencode flags, one SHELL: group each so CMake does not

@@ -215,6 +215,8 @@ function(vfa_select_cuda_archs nvcc_version)
   vfa_option(TORCH_CUDA_ARCH_LIST)
   vfa_parse_arch_list(archs "${TORCH_CUDA_ARCH_LIST}")
   vfa_declared_families(families extension)
+  # A name's +PTX is honoured or refused as a written one; its refusal says what the name means.
+  set(VFA_ARCH_LIST_NAMED "${archs_NAMED}")
   vfa_check_ptx_requests("${archs_PTX}" ${families})
   foreach(family IN LISTS families)
     string(TOUPPER "${family}" part)
@@ -551,9 +553,13 @@ function(vfa_check_ptx_requests requested)
     if(asks_text)
       set(asks_text " (${asks_text})")
     endif()
+    set(named_text "")
+    if(VFA_ARCH_LIST_NAMED)
+      set(named_text " (its names mean what they mean to PyTorch: ${VFA_ARCH_LIST_NAMED}; write the capabilities instead)")
+    endif()
     message(FATAL_ERROR
       "TORCH_CUDA_ARCH_LIST='${TORCH_CUDA_ARCH_LIST}' asks for ${arch}+PTX, which this build cannot make: "
-      "${embedded_text}. Write ${arch} without +PTX${asks_text}.")
+      "${embedded_text}. Write ${arch} without +PTX${asks_text}${named_text}.")
   endforeach()
 endfunction()
 

@@ -1,6 +1,7 @@
-# The kernel families' declaration (cmake/knobs.json "families") checked at configure, by
-# the package's own validator: python/vendored_flash_attn/families.py's problems(), which
-# the installed package runs at first use. One set of rules, so a mistake (a version
+# The declaration (cmake/knobs.json) checked at configure: its knobs by cmake/knobs.py's typed
+# parse (`validate`), the kernel families ("families") by the package's own validator:
+# python/vendored_flash_attn/families.py's problems(), which the installed package runs at
+# first use. One set of rules, so a mistake (a version
 # declared twice, an unknown name in default_order, a mistyped `made`, a generation both
 # supported and excluded, a module renamed without its op namespace, ...) stops the build
 # before anything is fetched or compiled, naming the field and the fix, instead of
@@ -9,6 +10,7 @@
 # vfa_family_field), cmake/CudaArchs.cmake (capabilities), CMakeLists.txt.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)  # vfa_script_python
 
 # Stops the configure, listing every mistake, when the declaration has any. The validator
 # runs as `python -E -s -S -m vendored_flash_attn.families check FILE` from the project's
@@ -23,6 +25,18 @@ function(vfa_check_families_declaration)
   if(NOT python)
     message(FATAL_ERROR "No Python to check the kernel families declared in ${file} (the build needs one "
       "anyway: torch's): set Python_EXECUTABLE, or put python3 on PATH.")
+  endif()
+  # The knobs first: the typed parse of each entry (cmake/knobs.py's Knob, whose fields the JSON
+  # Schema cmake/knobs.schema.json is made from) names the first mistake by its JSON path.
+  get_property(knobs_script GLOBAL PROPERTY VFA_KNOBS_SCRIPT)
+  execute_process(COMMAND "${python}" -E -s -S "${knobs_script}" validate "${file}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
+  if(rc EQUAL 1 AND NOT out STREQUAL "")
+    message(FATAL_ERROR "${file} declares a knob with a mistake; the build and the package read it, so the "
+      "configure stops here:\n  ${out}\n(Its JSON Schema, cmake/knobs.schema.json, shows the fields in an editor.)")
+  elseif(NOT rc EQUAL 0)
+    message(FATAL_ERROR "Checking the knobs declared in ${file} failed (${python}, exit ${rc}): ${out}${err}")
   endif()
   execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.families check "${file}"
     WORKING_DIRECTORY "${project}/python" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err

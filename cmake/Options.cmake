@@ -42,6 +42,21 @@ set_property(GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR "${_vfa_project_dir}")
 set_property(GLOBAL PROPERTY VFA_KNOBS_FILE "${CMAKE_CURRENT_LIST_DIR}/knobs.json")
 set_property(GLOBAL PROPERTY VFA_KNOBS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/knobs.py")
 file(READ "${CMAKE_CURRENT_LIST_DIR}/knobs.json" _vfa_knobs_json)
+# A declaration that does not parse stops here, as what it is: every lookup below would
+# otherwise fail as "not declared" and name the wrong fix.
+string(JSON _vfa_knobs_type ERROR_VARIABLE _vfa_knobs_err TYPE "${_vfa_knobs_json}")
+if(_vfa_knobs_err OR NOT _vfa_knobs_type STREQUAL "OBJECT")
+  # CMake's error quotes the whole file: keep where and what.
+  string(REGEX MATCH "Line [0-9]+, Column [0-9]+[ \t\r\n]+[^\r\n]+" _vfa_knobs_where "${_vfa_knobs_err}")
+  string(REGEX REPLACE "[ \t\r\n]+" " " _vfa_knobs_where "${_vfa_knobs_where}")
+  if(NOT _vfa_knobs_where)
+    set(_vfa_knobs_where "its top level is ${_vfa_knobs_type}, not an object")
+  endif()
+  message(FATAL_ERROR "${CMAKE_CURRENT_LIST_DIR}/knobs.json does not parse as a JSON object "
+    "(${_vfa_knobs_where}): fix the file there, or restore it from the repository.")
+endif()
+unset(_vfa_knobs_type)
+unset(_vfa_knobs_err)
 set_property(GLOBAL PROPERTY VFA_KNOBS_JSON "${_vfa_knobs_json}")
 unset(_vfa_knobs_json)
 unset(_vfa_project_dir)

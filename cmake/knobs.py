@@ -9,9 +9,13 @@ its settings' docs from their declaration:
 * pyproject.toml's ``[tool.cibuildwheel.linux] environment-pass`` (between
   ``# knobs:environment-pass begin`` and ``# knobs:environment-pass end``).
 
-    python cmake/knobs.py write           rewrite both from the declaration
+    python cmake/knobs.py write           rewrite both, and cmake/knobs.schema.json (the
+                                          JSON Schema of the declaration, made from the
+                                          typed model: cmake/knobs_schema.py)
     python cmake/knobs.py check           exit 1 (with a diff) when they or the
                                           declaration itself are out of order
+    python cmake/knobs.py validate [FILE] the first mistake of the knobs' entries, with its
+                                          JSON path and fix (exit 1; the configure runs it)
     python cmake/knobs.py suggest NAME..  "NAME=CLOSEST" for each name that is close
                                           to a declared one (CMake's did-you-mean)
 
@@ -25,27 +29,28 @@ import difflib
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 PROJECT = Path(__file__).resolve().parents[1]
 DECLARATION = PROJECT / "cmake" / "knobs.json"
 
 TYPES = ("bool", "tristate", "int", "choice", "list", "path", "string")
 SCOPES = ("build", "version", "runtime", "ci", "benchmark")
-# presets: {preset: [values]} of a family's selection knob (families.<name>.*_knob): what VFA_PRESET
-# selects when the knob is not set; a preset it does not name selects every choice. Checked by the
-# families' validator (python/vendored_flash_attn/families.py), read by cmake/KernelSelection.cmake.
-FIELDS = {"type", "default", "default_doc", "choices", "min", "max", "env", "scope", "cibuildwheel",
-          "record", "doc", "presets"}
-REQUIRED = {"type", "default", "scope", "cibuildwheel", "doc"}
+
+
+# A choice: what a list knob's value is split into and CMake carries as a list item.
+CHOICE = re.compile(r"[a-z0-9][a-z0-9_.+-]*")
 
 
 def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The declaration's bool words (its "bool_words"), ON words and OFF words."""
-    words = json.loads(Path(path).read_text(encoding="utf-8"))["bool_words"]
-    return tuple(words["on"]), tuple(words["off"])
+    try:
+        words = json.loads(Path(path).read_text(encoding="utf-8"))["bool_words"]
+        return tuple(words["on"]), tuple(words["off"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (), ()  # load() names what is wrong with the file
 
 
 BOOL_ON, BOOL_OFF = _bool_words()
@@ -57,6 +62,10 @@ README_TABLES = {"build": ("build", "version"), "runtime": ("runtime",)}
 
 @dataclass(frozen=True)
 class Knob:
+    """One entry of the declaration's "knobs" (its key is ``name``): the typed model the
+    validator (_knob) parses into, and what cmake/knobs.schema.json is made from
+    (cmake/knobs_schema.py): a field here is a field of the JSON, no other list of them."""
+
     name: str
     type: str
     default: str
@@ -69,10 +78,20 @@ class Knob:
     max: Optional[int] = None
     env: tuple[str, ...] = ()
     record: bool = True
+    # {preset: [values]} of a family's selection knob (families.<name>.*_knob): what VFA_PRESET
+    # selects when the knob is not set; a preset it does not name selects every choice. Checked by
+    # the families' validator (python/vendored_flash_attn/families.py), read by
+    # cmake/KernelSelection.cmake.
+    presets: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     @property
     def env_names(self) -> tuple[str, ...]:
         return (self.name, *self.env)
+
+
+# The JSON fields of a knob, and those it must have: the model's fields (its key is the name).
+FIELDS = {f.name for f in fields(Knob)} - {"name"}
+REQUIRED = {f.name for f in fields(Knob) if f.default is MISSING and f.default_factory is MISSING} - {"name"}
 
 
 @dataclass(frozen=True)
@@ -114,8 +133,19 @@ def value_problem(knob: Knob, value: str) -> Optional[str]:
     return None
 
 
+def _json_types():
+    """The package's json_types (python/vendored_flash_attn/json_types.py, standard library only):
+    one reading of the model's annotations for the typed parse and the schema."""
+    python = str(PROJECT / "python")
+    if python not in sys.path:
+        sys.path.insert(0, python)
+    from vendored_flash_attn import json_types
+
+    return json_types
+
+
 def _knob(name: str, entry: dict) -> Knob:
-    where = f"cmake/knobs.json: {name}"
+    where = f"cmake/knobs.json: knobs.{name}"
     if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
         raise DeclarationError(f"{where}: a knob name is upper case letters, digits and _")
     if not isinstance(entry, dict):
@@ -123,7 +153,15 @@ def _knob(name: str, entry: dict) -> Knob:
     missing = REQUIRED - entry.keys()
     unknown = entry.keys() - FIELDS
     if missing or unknown:
-        raise DeclarationError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+        hints = "".join(f"; {u}: did you mean {c[0]!r}?" for u in sorted(unknown)
+                        for c in [difflib.get_close_matches(u, sorted(FIELDS), n=1)] if c)
+        raise DeclarationError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}{hints}: "
+                               f"add the missing, rename or remove the unknown (the file's \"about\" lines say "
+                               f"each field; cmake/knobs.schema.json shows them in an editor)")
+    wrong = _json_types().object_problem(entry, Knob, skip=frozenset({"name"}))
+    if wrong:  # a field's type, as the model's annotation says (cmake/knobs.schema.json reads the same)
+        raise DeclarationError(f"{where}{'' if wrong.startswith('.') else ' '}{wrong}: fix it (the file's "
+                               f"\"about\" lines say each field)")
     if entry["type"] not in TYPES:
         raise DeclarationError(f"{where}: type {entry['type']!r} is not one of {', '.join(TYPES)}")
     if entry["scope"] not in SCOPES:
@@ -139,9 +177,12 @@ def _knob(name: str, entry: dict) -> Knob:
     choices = entry.get("choices", [])
     if (entry["type"] in ("choice", "list")) != bool(choices):
         raise DeclarationError(f"{where}: choices are required for choice and list knobs, and only for them")
-    if not all(isinstance(c, str) and c == c.lower() and c for c in choices) or len(set(choices)) != len(choices):
-        raise DeclarationError(f"{where}: choices must be distinct lower-case strings")
-    if (entry["type"] == "int") != ("min" in entry and "max" in entry):
+    if not all(isinstance(c, str) and CHOICE.fullmatch(c) for c in choices) or len(set(choices)) != len(choices):
+        raise DeclarationError(f"{where}.choices must be distinct lower-case words ({CHOICE.pattern}: a list "
+                               f"knob's value is split at ',', ';' and spaces, and CMake lists split at ';'), "
+                               f"got {choices!r}")
+    if (entry["type"] == "int" and not {"min", "max"} <= entry.keys()) or (
+            entry["type"] != "int" and entry.keys() & {"min", "max"}):
         raise DeclarationError(f"{where}: min and max are required for int knobs, and only for them")
     if entry["type"] == "int" and not (isinstance(entry["min"], int) and isinstance(entry["max"], int)
                                        and 0 <= entry["min"] <= entry["max"] < 10**15):
@@ -152,7 +193,8 @@ def _knob(name: str, entry: dict) -> Knob:
     knob = Knob(name=name, type=entry["type"], default=entry["default"], scope=entry["scope"],
                 cibuildwheel=entry["cibuildwheel"], doc=entry["doc"], default_doc=entry.get("default_doc", ""),
                 choices=tuple(choices), min=entry.get("min"), max=entry.get("max"), env=tuple(env),
-                record=entry.get("record", True))
+                record=entry.get("record", True),
+                presets={str(k): tuple(v) for k, v in entry.get("presets", {}).items()})
     problem = value_problem(knob, knob.default)
     if problem:
         raise DeclarationError(f"{where}: the default {problem}")
@@ -164,11 +206,51 @@ def _knob(name: str, entry: dict) -> Knob:
     return knob
 
 
+# The declaration's sections: {name: (its fields, those required)}; None: read by its own
+# validator (knobs: _knob; families: families.py). cmake/knobs_schema.py says the same of them.
+SECTIONS = {"$schema": None, "about": None, "knobs": None, "families": None,
+            "bool_words": ({"about", "on", "off"}, {"on", "off"}),
+            "cache_variables": ({"about", "names"}, {"names"}),
+            "cibuildwheel_pass_through": ({"about", "names"}, {"names"}),
+            "cuda_archs": ({"about", "names", "table"}, {"table"})}
+REQUIRED_SECTIONS = ("bool_words", "knobs", "cuda_archs", "families")
+
+
+def _section_problem(data: Any) -> Optional[str]:
+    """The first section of the declaration that is unknown, missing or not of its fields."""
+    if not isinstance(data, dict):
+        return "cmake/knobs.json must be a JSON object"
+    unknown = sorted(set(data) - set(SECTIONS))
+    missing = [s for s in REQUIRED_SECTIONS if s not in data]
+    if unknown or missing:
+        hints = "".join(f"; {u}: did you mean {c[0]!r}?" for u in unknown
+                        for c in [difflib.get_close_matches(u, list(SECTIONS), n=1)] if c)
+        return (f"cmake/knobs.json: missing sections {missing}, unknown sections {unknown}{hints}: restore the "
+                f"missing from the repository, rename or remove the unknown")
+    for section, spec in SECTIONS.items():
+        if spec is None or section not in data:
+            continue
+        value, (allowed, required) = data[section], spec
+        if not isinstance(value, dict) or set(value) - allowed or required - set(value):
+            return (f"cmake/knobs.json: {section} must be an object of {sorted(allowed)} (required: "
+                    f"{sorted(required)}), got {sorted(value) if isinstance(value, dict) else value!r}")
+        for field in ("on", "off", "names"):
+            if section != "cuda_archs" and field in value and not (
+                    isinstance(value[field], list) and all(isinstance(v, str) for v in value[field])):
+                return f"cmake/knobs.json: {section}.{field} must be a list of strings, got {value[field]!r}"
+    return None
+
+
 def load(path: Path = DECLARATION) -> Declaration:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DeclarationError(f"cannot read {path}: {exc}") from exc
+    problem = _section_problem(data)
+    if problem:
+        raise DeclarationError(problem)
+    if not isinstance(data["knobs"], dict):
+        raise DeclarationError(f"cmake/knobs.json: knobs must be an object of knobs by name, got {data['knobs']!r}")
     knobs = {name: _knob(name, entry) for name, entry in data.get("knobs", {}).items()}
     names = [n for k in knobs.values() for n in k.env_names]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -256,14 +338,24 @@ def generated(project: Path = PROJECT, decl: Optional[Declaration] = None) -> di
     pyproject = project / "pyproject.toml"
     toml = _replace_between(pyproject.read_text(encoding="utf-8"), re.compile(r"# knobs:environment-pass begin[^\n]*"),
                             "# knobs:environment-pass end", environment_pass_toml(decl), str(pyproject))
-    return {readme: text, pyproject: toml}
+    return {readme: text, pyproject: toml, project / "cmake" / "knobs.schema.json": _schema_text()}
+
+
+def _schema_text() -> str:
+    """cmake/knobs.schema.json as the typed model makes it (cmake/knobs_schema.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import knobs_schema
+    finally:
+        sys.path.pop(0)
+    return knobs_schema.text(sys.modules[__name__])
 
 
 def drift(project: Path = PROJECT) -> str:
     """A unified diff of what `write` would change; empty when all is in order."""
     out = []
     for path, want in generated(project).items():
-        have = path.read_text(encoding="utf-8")
+        have = path.read_text(encoding="utf-8") if path.exists() else ""
         if have != want:
             out += difflib.unified_diff(have.splitlines(True), want.splitlines(True),
                                         f"{path.name} (now)", f"{path.name} (from cmake/knobs.json)")
@@ -285,15 +377,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("write", help="rewrite the README tables and environment-pass from the declaration")
     sub.add_parser("check", help="exit 1 when they differ from what the declaration makes")
+    validate = sub.add_parser("validate", help="the declaration's first mistake in its knobs, with its JSON path "
+                                               "and the fix (exit 1); the configure runs it")
+    validate.add_argument("file", nargs="?", type=Path, default=DECLARATION)
     suggest = sub.add_parser("suggest", help="the closest declared name for each given name")
     suggest.add_argument("names", nargs="*")
     args = parser.parse_args(argv)
     try:
         if args.command == "write":
             for path, text in generated().items():
-                if path.read_text(encoding="utf-8") != text:
+                if not path.exists() or path.read_text(encoding="utf-8") != text:
                     path.write_text(text, encoding="utf-8")
                     print(f"rewrote {path.relative_to(PROJECT)}")
+        elif args.command == "validate":
+            try:
+                load(args.file)
+            except DeclarationError as exc:
+                print(exc)
+                return 1
         elif args.command == "check":
             diff = drift()
             if diff:

@@ -59,26 +59,10 @@ class Table:
     names: dict[str, tuple[str, ...]]
 
     def capabilities(self, arch_list: str) -> list[tuple[int, int]]:
-        """The GPUs a recorded ``TORCH_CUDA_ARCH_LIST`` names, as cmake/CudaArchs.cmake reads
-        it (entries split by ';', ',' or spaces; a name of the table for its capabilities; a
-        "+PTX" or an "a"/"f" suffix does not change the capability):
-          "8.0;9.0a Blackwell+PTX" -> [(8, 0), (9, 0), (10, 0), (10, 3)] (with the declared names)"""
-        found: list[tuple[int, int]] = []
-        for entry in re.split(r"[;,\s]+", arch_list.strip()):
-            entry = entry.strip()
-            if entry.upper().endswith("+PTX"):
-                entry = entry[:-4]
-            if not entry:
-                continue
-            texts = self.names.get(entry.lower(), (entry.rstrip("af"),))
-            for text in texts:
-                try:
-                    cap = capability(str(text))
-                except ValueError:
-                    continue
-                if cap not in found:
-                    found.append(cap)
-        return found
+        """The GPUs a recorded ``TORCH_CUDA_ARCH_LIST`` names, by the one parser the build also
+        uses (parse_arch_list; ArchListError when it does not parse):
+          "8.0;9.0a Blackwell" -> [(8, 0), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]"""
+        return [capability(arch) for arch in parse_arch_list(arch_list, self.names).archs]
 
     def code(self, target: str) -> Optional[tuple[Row, str]]:
         """(row, kind) of a target name ("sm_90a" -> (9.0's row, "a")); None when no row has it."""
@@ -103,6 +87,85 @@ class Table:
             if kind == "ptx" and (major, minor) >= row.capability:
                 return True
         return False
+
+
+class ArchListError(ValueError):
+    """A TORCH_CUDA_ARCH_LIST that names something other than GPUs, said with the fix."""
+
+
+@dataclass(frozen=True)
+class ArchList:
+    """A parsed TORCH_CUDA_ARCH_LIST: its capabilities ("8.0", in order, each once), those asked
+    for with +PTX, and each name it used with its meaning ("Hopper = 9.0+PTX", for messages)."""
+
+    archs: tuple[str, ...]
+    ptx: tuple[str, ...]
+    named: tuple[str, ...] = ()
+
+
+#: one entry of the list: a capability, an optional a/f suffix, an optional +PTX (any case)
+_ENTRY = re.compile(r"([0-9]+)\.([0-9]+)([af]?)(\+ptx)?", re.IGNORECASE)
+_SEPARATORS = re.compile(r"[;,\s]+")
+
+
+def _names_text(names: dict[str, tuple[str, ...]]) -> str:
+    return ", ".join(f"{name.capitalize()} = {';'.join(entries)}" for name, entries in names.items())
+
+
+def parse_arch_list(text: str, names: dict[str, tuple[str, ...]]) -> ArchList:
+    """The one reader of TORCH_CUDA_ARCH_LIST: the build's (cmake/CudaArchTable.cmake runs
+    ``python -m vendored_flash_attn.cuda_archs parse``) and the package's (Table.capabilities).
+
+    Entries are separated by ';', ',' or white space. An entry is a compute capability as torch
+    writes it (major.minor, one digit of minor, no leading zero: "9.0"; "09.0" and "9.00" are
+    refused, naming "9.0": torch's own reader would make another target of them), with an
+    optional "a"/"f" suffix (same capability) and "+PTX" (PTX of it asked for); or a name of
+    ``names`` (any case), which means what it means to PyTorch, its "+PTX" included ("Hopper"
+    is "9.0+PTX"): the build then honours or refuses that PTX as if it were written out. A name
+    with "+PTX" ("Blackwell+PTX") is refused, as torch refuses it: the name carries its own.
+    ``names``: {lower-case name: entries}, entries such as "9.0" or "9.0+PTX"."""
+    archs: list[str] = []
+    ptx: list[str] = []
+    named: list[str] = []
+    known = _names_text(names)
+    for token in (t for t in _SEPARATORS.split(str(text).strip()) if t):
+        lower = token.lower()
+        if lower in names:
+            named.append(f"{token} = {';'.join(names[lower])}")
+            entries = names[lower]
+        elif lower.endswith("+ptx") and lower[:-4] in names:
+            base = lower[:-4]
+            raise ArchListError(
+                f"TORCH_CUDA_ARCH_LIST: '{token}' adds +PTX to a name, which already says its PTX: "
+                f"{token[:-4]} is PyTorch's {';'.join(names[base])} (torch refuses '{token}' too). Write the "
+                f"capabilities instead, with +PTX where you want PTX (such as "
+                f"{';'.join(e.split('+')[0] for e in names[base])})")
+        else:
+            entries = (token,)
+        for entry in entries:
+            match = _ENTRY.fullmatch(entry)
+            if not match:
+                raise ArchListError(
+                    f"TORCH_CUDA_ARCH_LIST: '{token}' is not an architecture. Use compute capabilities such as "
+                    f"\"8.0;9.0\" (also 9.0a, 8.0+PTX) or a name with PyTorch's meaning: {known}.")
+            major, minor = match.group(1), match.group(2)
+            if not CAPABILITY.fullmatch(f"{major}.{minor}"):
+                fix = f"{int(major)}.{int(minor)}" if int(major) and int(minor) < 10 else "major.minor"
+                raise ArchListError(
+                    f"TORCH_CUDA_ARCH_LIST: '{token}' is not a compute capability as torch writes one: write "
+                    f"{fix}{match.group(3)}{match.group(4) or ''} (major.minor, one digit of minor, no leading zero; "
+                    f"torch's own reader would make another target of '{token}')")
+            cap = f"{major}.{minor}"
+            if cap not in archs:
+                archs.append(cap)
+            if match.group(4) and cap not in ptx:
+                ptx.append(cap)
+    if not archs:
+        raise ArchListError(
+            f"TORCH_CUDA_ARCH_LIST='{text}' names no architecture. Give the GPUs to build for as compute "
+            f"capabilities separated by ';' (such as \"8.0;9.0\", the default when it is not set), or a name "
+            f"with PyTorch's meaning: {known}.")
+    return ArchList(tuple(archs), tuple(ptx), tuple(named))
 
 
 def problems(data: Any) -> list[str]:
@@ -139,10 +202,15 @@ def problems(data: Any) -> list[str]:
         found.append(f"{where}.table: list the rows in ascending order (a reader sees the table as the "
                      f"build uses it), got {', '.join(keys)}")
     names = section.get("names", {})
-    if not isinstance(names, dict) or not all(isinstance(v, list) and v and all(c in section["table"] for c in v)
+    entry_ok = lambda e: (isinstance(e, str) and _ENTRY.fullmatch(e) and not _ENTRY.fullmatch(e).group(3)  # noqa: E731
+                          and e.split("+")[0] in section["table"] and e in (e.split("+")[0], e.split("+")[0] + "+PTX"))
+    if not isinstance(names, dict) or not all(isinstance(v, list) and v and all(map(entry_ok, v))
                                               for v in names.values()):
-        found.append(f"{where}.names must map each name to a list of capabilities of the table "
-                     f"({', '.join(section['table'])}), got {names!r}")
+        found.append(f"{where}.names must map each name to PyTorch's list for it: capabilities of the table "
+                     f"({', '.join(section['table'])}), each optionally with +PTX, got {names!r}")
+    elif not all(re.fullmatch(r"[A-Za-z]+", n) for n in names):
+        found.append(f"{where}.names: a name is letters only (it is a word of TORCH_CUDA_ARCH_LIST), got "
+                     f"{', '.join(names)}")
     return found
 
 
@@ -154,3 +222,40 @@ def parse(data: dict) -> Table:
             for key, row in section["table"].items()}
     names = {name.lower(): tuple(caps) for name, caps in section.get("names", {}).items()}
     return Table(rows, names)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m vendored_flash_attn.cuda_archs parse DECLARATION.json TEXT``: the build's
+    reading of TORCH_CUDA_ARCH_LIST (cmake/CudaArchTable.cmake), as three lines "archs <caps>",
+    "ptx <caps>" (';'-separated) and "named <name = entries>, ..."; exit 1 with the message when
+    the list does not parse (or the declaration's arch table has a mistake)."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "parse":
+        print("usage: python -m vendored_flash_attn.cuda_archs parse DECLARATION.json TEXT", file=sys.stderr)
+        return 2
+    try:
+        with open(args[1], encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"{args[1]} cannot be read as JSON ({error}): fix the file")
+        return 1
+    found = problems(data)
+    if found:
+        print("; ".join(found))
+        return 1
+    try:
+        parsed = parse_arch_list(args[2], parse(data).names)
+    except ArchListError as error:
+        print(error)
+        return 1
+    print("archs " + ";".join(parsed.archs))
+    print("ptx " + ";".join(parsed.ptx))
+    print("named " + ", ".join(parsed.named))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

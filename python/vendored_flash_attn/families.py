@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import cuda_archs, declaration, family_build
+from . import cuda_archs, declaration, family_build, json_types
 
 from .family_build import CUTE_DSL, EXTENSION, MADE, Archs  # noqa: F401  (re-exported)
 from .family_build import closest as _closest
@@ -202,6 +202,12 @@ _FIELDS = {"version", "made", "build_knob", "capabilities", "dtypes", "features"
            "not_default", "fallback", "adapter", "record", "artefacts", "head_dims_knob", "dtypes_knob",
            "features_knob", "module", "op_namespace", "forward_op", "subpackage", "probe", "deps_check",
            "install", "head_size_rule", "call", "pythons", "archs", "build"}
+# Family fields made from others (capabilities -> min_capability, generations, excluded; the key ->
+# name), not JSON fields of their own; every other field is one, typed by its annotation
+# (json_types: the validator's typed check and cmake/knobs.schema.json read the same annotation).
+DERIVED_FIELDS = {"name", "min_capability", "generations", "excluded", "selectable_features", "raw"}
+# JSON fields the declaration spells otherwise than Family holds them: checked below by hand.
+_SPELLED = {"capabilities", "default_on", "build"}
 _REQUIRED = {"version", "made", "build_knob", "capabilities", "dtypes", "features", "default_on",
              "fallback", "adapter", "record"}
 _REQUIRED_BY_MADE = {EXTENSION: {"module", "op_namespace", "forward_op", "archs", "build"},
@@ -210,6 +216,12 @@ _SECTION_FIELDS = ("about", "default_order")
 _MAJOR = re.compile(r"[1-9][0-9]*")
 _REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# A family's name becomes a CMake list item and variable part (VFA_<NAME>_GENCODE), a key of
+# build_info.json and of CMake's string(JSON) paths, and a word of messages: lower-case letters,
+# digits and _ only (a ';' splits a CMake list, a '.' or a space a path).
+FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# The knob whose choices are the families' versions (fa_version= and the environment).
+VERSION_KNOB = "VLLM_FLASH_ATTN_VERSION"
 _FIX = "(the section's \"about\" lines say what each field holds)"
 
 
@@ -232,7 +244,13 @@ def problems(data: Any) -> list[str]:
     modules: dict[str, str] = {}
     records: dict[str, str] = {}
     for name in names:
+        if not FAMILY_NAME.fullmatch(name):
+            found.append(f"families.{name}: a family name is lower-case letters, digits and _ (such as fa5): the "
+                         f"build makes CMake list items and variables (VFA_<NAME>_GENCODE) and build_info.json "
+                         f"keys of it, where {name!r} does not survive; rename it")
+            continue
         found += _entry_problems(name, section[name], knobs, names, versions, modules, records)
+    found += _version_knob_problems(knobs, versions)
     table_problems = cuda_archs.problems(data)
     found += table_problems
     table = None if table_problems else cuda_archs.parse(data)
@@ -260,6 +278,18 @@ def problems(data: Any) -> list[str]:
                          + "; ".join(([f"{', '.join(twice)} more than once"] if twice else [])
                                      + ([f"{', '.join(left)} missing"] if left else [])))
     return found
+
+
+def _version_knob_problems(knobs: Any, versions: dict[int, str]) -> list[str]:
+    """VLLM_FLASH_ATTN_VERSION's choices are the families' versions: a family whose version the
+    knob refuses cannot be forced, and a choice no family has would be taken and then fail."""
+    knob = knobs.get(VERSION_KNOB) if isinstance(knobs, dict) else None
+    choices = knob.get("choices") if isinstance(knob, dict) else None
+    want = [str(v) for v in sorted(versions)]
+    if not isinstance(choices, list) or sorted(map(str, choices), key=lambda c: (len(c), c)) != want:
+        return [f"knobs.{VERSION_KNOB}.choices {choices!r} are not the families' versions: set them to "
+                f"{want!r} (a family's version is what fa_version= and {VERSION_KNOB} take)"]
+    return []
 
 
 def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versions: dict, modules: dict,
@@ -350,7 +380,18 @@ def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versio
     pythons = entry.get("pythons", [])
     if not isinstance(pythons, list) or not all(isinstance(v, str) and re.fullmatch(r"3\.\d+", v) for v in pythons):
         found.append(f"{where}.pythons must be a list of Python minors such as \"3.12\", got {pythons!r}")
+    # Every other field's type, as its annotation says (where no rule above already named the field).
+    hints = _family_hints()
+    for field in sorted(entry.keys() & hints.keys() - _SPELLED - DERIVED_FIELDS):
+        wrong = json_types.problem(entry[field], hints[field])
+        if wrong and not any(p.startswith((f"{where}.{field} ", f"{where}.{field}.", f"{where}.{field}:"))
+                             for p in found):
+            found.append(f"{where}.{field}{'' if wrong.startswith('.') else ' '}{wrong}")
     return found
+
+
+def _family_hints() -> dict[str, Any]:
+    return json_types.hints(Family)
 
 
 def _capability_problems(where: str, entry: dict) -> list[str]:
@@ -384,7 +425,10 @@ def _capability_problems(where: str, entry: dict) -> list[str]:
     if below:
         found.append(f"{where}.generations {', '.join(map(str, below))} lie below min {caps['min']}: lower min, "
                      f"or drop them")
-    if maps["generations"] and lowest not in maps["generations"]:
+    if lowest in maps["excluded"] and lowest not in maps["generations"]:  # (in both: said above)
+        found.append(f"{where}.min {caps['min']} is of generation {lowest}, which excluded says it does not run "
+                     f"on: raise min to the lowest generation it runs on, or take \"{lowest}\" out of excluded")
+    elif maps["generations"] and lowest not in maps["generations"]:
         found.append(f"{where}.min {caps['min']} is of generation {lowest}, which generations "
                      f"({', '.join(map(str, sorted(maps['generations'])))}) leaves out: add \"{lowest}\" to "
                      f"generations, or raise min to the lowest generation it runs on")
@@ -541,10 +585,71 @@ def set_registry(new: Optional[Registry]) -> Optional[Registry]:
     return previous
 
 
+def _module_source(module: str, where: list[str]) -> Optional[Any]:
+    """The spec of ``module`` found on ``where`` without importing it (or a parent package:
+    their code may need torch, which the configure's Python need not have); None when absent."""
+    from importlib.machinery import PathFinder
+
+    spec, search = None, where
+    parts = module.split(".")
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    return spec
+
+
+def _defines(path: str, name: str) -> bool:
+    """Whether the Python source at ``path`` binds ``name`` at its top level."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+    return False
+
+
+def reference_problems(data: dict, where: list[str]) -> list[str]:
+    """The families' module:function references (adapter, head_size_rule, deps_check) that name
+    a module not found on ``where`` (the project's python/ folder, at configure) or a function
+    its source does not define: found without importing anything, so the configure stops on a
+    renamed or missing adapter instead of a wheel that fails at its first call."""
+    found = []
+    section = data.get("families", {}) if isinstance(data, dict) else {}
+    for name, entry in section.items():
+        if name in _SECTION_FIELDS or not isinstance(entry, dict):
+            continue
+        for field in ("adapter", "head_size_rule", "deps_check"):
+            value = entry.get(field)
+            if not (isinstance(value, str) and _REFERENCE.fullmatch(value)):
+                continue  # problems() names it
+            module, _, function = value.partition(":")
+            spec = _module_source(module, where)
+            if spec is None:
+                found.append(f"families.{name}.{field}: module {module} is not there (looked in "
+                             f"{', '.join(where)}): add it, or name the module that has the {field}")
+            elif isinstance(spec.origin, str) and spec.origin.endswith(".py") and not _defines(spec.origin, function):
+                found.append(f"families.{name}.{field}: {spec.origin} defines no {function}: add it, or name "
+                             f"the function it has")
+    return found
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m vendored_flash_attn.families check FILE``: the declaration's mistakes, one a
-    line, exit status 1 when there is any (cmake/Families.cmake runs it at configure)."""
+    line, exit status 1 when there is any (cmake/Families.cmake runs it at configure): those
+    problems() finds and the references to modules of the python/ folder holding this package
+    (reference_problems)."""
     import json
+    import os
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -558,6 +663,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{args[1]} cannot be read as JSON ({error}): fix the file", file=sys.stderr)
         return 1
     found = problems(data)
+    if not found:
+        found = reference_problems(data, [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))])
     for line in found:
         print(line)
     return 1 if found else 0

@@ -92,6 +92,11 @@ def _swap_generation(families):
     families["fa4"]["capabilities"]["excluded"]["10"] = "declared both ways"
 
 
+def _rename(families, old, new):
+    families[new] = families.pop(old)
+    families["default_order"] = [new if n == old else n for n in families["default_order"]]
+
+
 MISTAKES = {
     "duplicate-version": (lambda d: d["families"]["fa4"].update(version=3),
                           "families.fa4.version 3 is also fa3's: families declare a version twice; give each "
@@ -109,6 +114,14 @@ MISTAKES = {
                                           "families.fa4.capabilities: generation 10 is both in generations and "
                                           "excluded: a family runs on a generation or does not; take it out of "
                                           "one of them"),
+    # issue 37: what passed (or died far from its cause in CMake's JSON) before
+    "name-cmake-cannot-carry": (lambda d: _rename(d["families"], "fa4", "fa;4"),
+                                "families.fa;4: a family name is lower-case letters, digits and _"),
+    "version-not-a-choice": (lambda d: d["knobs"]["VLLM_FLASH_ATTN_VERSION"].update(choices=["2", "3"]),
+                             "knobs.VLLM_FLASH_ATTN_VERSION.choices ['2', '3'] are not the families' versions"),
+    "min-generation-excluded": (lambda d: d["families"]["fa2"]["capabilities"].update(excluded={"8": "broken"}),
+                                "families.fa2.capabilities.min 8.0 is of generation 8, which excluded says it "
+                                "does not run on"),
     "default-where-it-does-not-run": (lambda d: d["families"]["fa3"].update(default_on=[9, 10]),
                                       "families.fa3.default_on names 10, where its capabilities say it does not "
                                       "run"),
@@ -132,6 +145,17 @@ def test_a_declaration_mistake_stops_the_configure_naming_the_field(mistake, tmp
     assert all(" ".join(line.split()) in text for line in found)
     with pytest.raises(families.FamilyDeclarationError, match="families section"):
         families.parse(json.loads((project / "cmake" / "knobs.json").read_text()))
+    assert not (tmp_path / "build" / "build_info.json").exists()
+
+
+def test_an_adapter_that_is_not_there_stops_the_configure(tmp_path, sources):
+    """issue 37: a family whose adapter module is missing configured, built and failed at its first call."""
+    project = _declaring(tmp_path / "project", lambda d: d["families"]["fa3"].update(
+        adapter="vendored_flash_attn.fa3_gone:forward"))
+    result = configure(tmp_path / "build", {**sources, "VFA_PRESET": "minimal"}, source_dir=project)
+    assert result.returncode != 0
+    text = " ".join(result.output.split())
+    assert "families.fa3.adapter: module vendored_flash_attn.fa3_gone is not there" in text, result.output[-3000:]
     assert not (tmp_path / "build" / "build_info.json").exists()
 
 

@@ -324,7 +324,7 @@ def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwa
     ("12.0", {}, ("fa2",)),  # FA4 is declared not to run on sm120 at the pin
     # the arch table's names and suffixes, as the build reads the list
     ("Hopper", {}, ("fa2", "fa3", "fa4")),
-    ("Ampere+PTX", {}, ("fa2",)),
+    ("Ampere", {}, ("fa2",)),
     ("8.0, 9.0a", {}, ("fa2", "fa3", "fa4")),
 ])
 def test_the_families_a_build_asked_for_come_from_the_declaration(arch_list, knobs, expected):

@@ -5,6 +5,8 @@ and the build (cmake/CudaArchs.cmake vfa_code_runs_on), and the targets each GPU
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import itertools
 from pathlib import Path
 
@@ -73,7 +75,8 @@ def test_the_declaration_is_valid_and_its_families_code_is_what_the_build_makes(
     assert registry.by_name("fa3").archs.nvcc == "12.3"
     # What each Blackwell GPU loads: its own a target.
     assert [table.rows[c].a for c in ("10.0", "10.3", "11.0", "12.0")] == ["sm_100a", "sm_103a", "sm_110a", "sm_120a"]
-    assert table.names["blackwell"] == ("10.0", "10.3", "12.0")
+    # PyTorch's meaning (test_the_names_mean_what_they_mean_to_the_pinned_torch), +PTX included
+    assert table.names["blackwell"] == ("10.0", "10.3", "12.0", "12.1+PTX")
 
 
 def test_which_code_runs_where():
@@ -119,4 +122,119 @@ def test_the_build_and_the_package_apply_one_rule_of_which_code_runs_where(tmp_p
     assert cmake[("sm_100a", "10.3")] is False and cmake[("compute_80", "13.0")] is True
     # 9.0a names the capability 9.0; 8.0 (no FA4) and 12.0 (excluded at the pin) give none; 10.1 has no row.
     assert "DSL sm_90a;sm_100a;sm_103a;sm_110a UNKNOWN 10.1" in result.output
-    assert "NAMED 10.0;10.3;12.0;9.0" in result.output
+    assert "NAMED 10.0;10.3;12.0;12.1;9.0" in result.output
+
+
+# --- one reader of TORCH_CUDA_ARCH_LIST (issue 37) ---------------------------------------------
+# The build (cmake/CudaArchTable.cmake vfa_parse_arch_list) runs the package's parser
+# (cuda_archs.parse_arch_list); every string of this corpus goes through both and must come out
+# the same: (archs, ptx) or the same refusal. Before issue 37 CMake had a parser of its own that
+# stopped on Blackwell+PTX (which the package took), took 09.0 as 9.0 and let 9.00 into torch's CMake,
+# and gave the names other meanings than PyTorch's.
+
+ARCH_CORPUS = [
+    ("8.0;9.0", ("8.0;9.0", "")),
+    ("8.0", ("8.0", "")),
+    ("9.0", ("9.0", "")),
+    ("8.0 9.0", ("8.0;9.0", "")),
+    ("8.0,9.0", ("8.0;9.0", "")),
+    ("8.0, 9.0;;10.0", ("8.0;9.0;10.0", "")),
+    (" 8.0 ", ("8.0", "")),
+    ("9.0a", ("9.0", "")),
+    ("10.0f", ("10.0", "")),
+    ("8.0+PTX", ("8.0", "8.0")),
+    ("8.0+ptx", ("8.0", "8.0")),
+    ("9.0a+PTX", ("9.0", "9.0")),
+    ("8.0;8.0;9.0;8.0", ("8.0;9.0", "")),
+    ("7.5;8.0", ("7.5;8.0", "")),
+    ("12.1", ("12.1", "")),
+    ("13.0", ("13.0", "")),
+    ("Hopper", ("9.0", "9.0")),
+    ("hopper", ("9.0", "9.0")),
+    ("HOPPER", ("9.0", "9.0")),
+    ("Ampere", ("8.0;8.6", "8.6")),
+    ("Ada", ("8.9", "8.9")),
+    ("Blackwell", ("10.0;10.3;12.0;12.1", "12.1")),
+    ("8.0;Hopper", ("8.0;9.0", "9.0")),
+    ("Ampere Hopper", ("8.0;8.6;9.0", "8.6;9.0")),
+    ("Blackwell+PTX", "adds +PTX to a name, which already says its PTX"),
+    ("hopper+ptx", "adds +PTX to a name, which already says its PTX"),
+    ("09.0", "'09.0' is not a compute capability as torch writes one: write 9.0"),
+    ("9.00", "'9.00' is not a compute capability as torch writes one: write 9.0"),
+    ("08.0+PTX", "'08.0+PTX' is not a compute capability as torch writes one: write 8.0+PTX"),
+    ("8.10", "'8.10' is not a compute capability as torch writes one: write major.minor"),
+    ("0.9", "'0.9' is not a compute capability as torch writes one: write major.minor"),
+    ("9", "'9' is not an architecture"),
+    ("sm_90", "'sm_90' is not an architecture"),
+    ("Turing", "'Turing' is not an architecture"),
+    ("9.0+PTX+PTX", "'9.0+PTX+PTX' is not an architecture"),
+    ("9.0b", "'9.0b' is not an architecture"),
+    ("", "names no architecture"),
+    (";", "names no architecture"),
+    (", ;", "names no architecture"),
+]
+
+PARSE = """include("{cmake}/CudaArchTable.cmake")
+vfa_parse_arch_list(parsed "${{TEXT}}")
+message(NOTICE "PARSED archs=${{parsed}} ptx=${{parsed_PTX}}")
+"""
+
+
+def _python_reading(text: str) -> str:
+    try:
+        parsed = cuda_archs.parse_arch_list(text, families.registry().cuda_archs.names)
+    except cuda_archs.ArchListError as error:
+        return " ".join(str(error).split())
+    return f"archs={';'.join(parsed.archs)} ptx={';'.join(parsed.ptx)}"
+
+
+def test_the_corpus_is_large_enough():
+    assert len(ARCH_CORPUS) >= 30 and len({t for t, _ in ARCH_CORPUS}) == len(ARCH_CORPUS)
+
+
+@pytest.mark.parametrize("text, expected", ARCH_CORPUS)
+def test_the_build_and_the_package_read_an_arch_list_alike(tmp_path, text, expected):
+    python = _python_reading(text)
+    if isinstance(expected, tuple):
+        assert python == f"archs={expected[0]} ptx={expected[1]}"
+    else:
+        assert expected in python, python
+    script = tmp_path / "parse.cmake"
+    script.write_text(PARSE.format(cmake=CMAKE_DIR))
+    result = run([tool("cmake"), f"-DTEXT={text}", "-P", str(script)], env=clean_env())
+    output = " ".join(result.output.split())
+    if isinstance(expected, tuple):
+        assert result.returncode == 0 and f"PARSED {python}" in output, result.output
+    else:
+        assert result.returncode != 0 and python in output, result.output
+
+
+def _torch_named_arches() -> dict[str, str]:
+    """named_arches of the installed (pinned) torch's torch/utils/cpp_extension.py, read from its
+    source (torch is not imported: the table is a literal inside a function)."""
+    spec = importlib.util.find_spec("torch")
+    assert spec and spec.submodule_search_locations, "torch is a test dependency"
+    source = Path(spec.submodule_search_locations[0], "utils", "cpp_extension.py").read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "named_arches"
+                                                for t in node.targets):
+            return dict(ast.literal_eval(node.value.args[0]))
+    raise AssertionError("torch/utils/cpp_extension.py has no named_arches")
+
+
+def test_the_names_mean_what_they_mean_to_the_pinned_torch():
+    torch_names = _torch_named_arches()
+    declared = declaration.load()["cuda_archs"]["names"]
+    assert declared and {name: ";".join(entries) for name, entries in declared.items()} == \
+        {name: torch_names[name] for name in declared}
+    # torch's names this table has no word for ('Turing': below the lowest row; 'Rubin': no row) are refused
+    for name in set(torch_names) - set(declared):
+        with pytest.raises(cuda_archs.ArchListError):
+            cuda_archs.parse_arch_list(name, families.registry().cuda_archs.names)
+
+
+def test_a_recorded_list_is_read_by_the_same_parser():
+    table = families.registry().cuda_archs
+    assert table.capabilities("8.0;Hopper") == [(8, 0), (9, 0)]
+    with pytest.raises(cuda_archs.ArchListError, match="write 9.0"):
+        table.capabilities("09.0")

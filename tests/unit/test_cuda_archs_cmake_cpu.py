@@ -113,6 +113,22 @@ def test_fa2s_own_ptx_is_honoured_and_its_absence_refused(tmp_path):
             "or write 8.0 without +PTX.") in result.text
 
 
+# PyTorch's named archs carry a +PTX (Hopper = 9.0+PTX, Ampere = 8.0;8.6+PTX, issue 37): refused as
+# the written +PTX is, naming what the name means. Before issue 37 "Hopper" built sm_90a alone and
+# "Ampere" 8.0 and 8.6 with no PTX of 8.6: another build than torch makes of the same list.
+@pytest.mark.parametrize("arch_list, ptx, meaning", [
+    ("Hopper", "9.0", "Hopper = 9.0+PTX"),
+    ("Ampere", "8.6", "Ampere = 8.0;8.6+PTX"),
+    ("8.0;blackwell", "12.1", "blackwell = 10.0;10.3;12.0;12.1+PTX"),
+])
+def test_a_names_ptx_is_refused_as_a_written_one(tmp_path, arch_list, ptx, meaning):
+    result = select(tmp_path, arch_list)
+    assert result.returncode != 0
+    assert f"TORCH_CUDA_ARCH_LIST='{arch_list}' asks for {ptx}+PTX, which this build cannot make" in result.text
+    assert f"its names mean what they mean to PyTorch: {meaning}; write the capabilities instead" in result.text, \
+        result.output
+
+
 @pytest.mark.parametrize("arch_list", [";", ";;", ", ;"])
 def test_a_list_that_names_no_architecture_is_refused(tmp_path, arch_list):
     result = select(tmp_path, arch_list)

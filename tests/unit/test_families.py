@@ -72,12 +72,60 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     (lambda s: s["fa4"]["call"].update(head_sizes={"sm90": "8-512"}), "call.head_sizes must map"),
     (lambda s: s["fa4"]["call"].update(head_sizes={"sm80": [[8, 512, 8, 512]]}),
      "call.head_sizes names generations it does not run on: ['sm80']"),
+    # names CMake and Python can carry (issue 37): a ';' splits a CMake list
+    (lambda s: s.update({"fa;5": s.pop("fa4")}), "families.fa;5: a family name is lower-case letters"),
+    (lambda s: s.update({"FA4": s.pop("fa4")}), "families.FA4: a family name is lower-case letters"),
+    # contradictory arch rules: min's own generation excluded (no generations list to fall back on)
+    (lambda s: s["fa2"]["capabilities"].update(excluded={"8": "broken"}),
+     "families.fa2.capabilities.min 8.0 is of generation 8, which excluded says it does not run on"),
 ])
 def test_a_malformed_family_is_refused(edit, message):
     data = declaration.load()
     edit(data["families"])
     with pytest.raises(families.FamilyDeclarationError, match=message.replace("[", r"\[").replace("]", r"\]")):
         families.parse(data)
+
+
+@pytest.mark.parametrize("family, generation", [("fa2", "8"), ("fa4", "9")])
+def test_excluding_mins_generation_gives_one_consistent_fix(family, generation):
+    """A family excluded from its own min's generation runs nowhere from min: one message, whose fix
+    does not contradict another (fa2, no generations: passed before issue 37; fa4: "both" says it)."""
+    data = declaration.load()
+    data["families"][family]["capabilities"].setdefault("excluded", {})[generation] = "broken"
+    found = [p for p in families.problems(data) if f"families.{family}.capabilities" in p]
+    assert len(found) == 1 and f'add "{generation}" to generations' not in found[0], found
+
+
+@pytest.mark.parametrize("choices, versions", [
+    (["2", "3"], "['2', '3', '4']"),             # fa4's version 4 is not a choice
+    (["2", "3", "4", "5"], "['2', '3', '4']"),   # a choice no family has
+])
+def test_the_version_knob_holds_exactly_the_families_versions(choices, versions):
+    data = declaration.load()
+    data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"] = choices
+    found = families.problems(data)
+    assert any(p.startswith("knobs.VLLM_FLASH_ATTN_VERSION.choices") and versions in p for p in found), found
+
+
+PYTHON_DIR = str(Path(families.__file__).resolve().parents[1])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("adapter", "vendored_flash_attn.fa9:forward", "families.fa4.adapter: module vendored_flash_attn.fa9 is not there"),
+    ("adapter", "vendored_flash_attn.fa4:fwd", "defines no fwd"),
+    ("head_size_rule", "vendored_flash_attn.kernels:fa9_head_size_problem", "defines no fa9_head_size_problem"),
+    ("deps_check", "nowhere_at_all:problems", "families.fa4.deps_check: module nowhere_at_all is not there"),
+])
+def test_an_adapter_that_is_not_there_is_found_without_importing(field, value, message):
+    data = declaration.load()
+    data["families"]["fa4"][field] = value
+    assert families.problems(data) == []  # the reference is well formed; only the files can tell
+    found = families.reference_problems(data, [PYTHON_DIR])
+    assert len(found) == 1 and message in found[0], found
+
+
+def test_the_declared_references_are_there():
+    assert families.reference_problems(declaration.load(), [PYTHON_DIR]) == []
 
 
 # --- adding a family is a declaration and an adapter -------------------------------------

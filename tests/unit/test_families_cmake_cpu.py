@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
+
+import pytest
 
 from support.cmake_runner import clean_env, run, tool
 from vendored_flash_attn import families
@@ -70,6 +73,7 @@ def test_a_family_added_to_the_declaration_reaches_the_cmake_code(tmp_path):
     data["families"]["fa5"] = dict(data["families"]["fa2"], version=5, module="_vendored_fa5_C",
                                    op_namespace="_vendored_fa5_C", record="build_info.json:fa5")
     data["families"]["default_order"].append("fa5")
+    data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"].append("5")
     data["families"]["fa3"]["record"] = "build_info.json:hopper"
     (cmake_dir / "knobs.json").write_text(json.dumps(data))
     found = cmake_families(tmp_path, cmake_dir)
@@ -95,3 +99,75 @@ def test_fa4s_precompile_targets_are_what_each_gpu_it_runs_on_loads(tmp_path):
     declared = families.registry().by_name("fa4")
     assert 12 in declared.excluded and 12 not in declared.generations
     assert "TARGETS sm_90a;sm_100a;sm_103a" in result.output
+
+
+# --- the configure's check of the declaration misses nothing it can see (issue 37) ----------
+
+def _configure_check(tmp_path: Path, text: str) -> str:
+    """What the configure's first step says of a declaration with this text: cmake/Options.cmake
+    reads it, cmake/Families.cmake runs the package's validator on it (CMakeLists.txt's order),
+    in script mode, from a project copy whose python/ is the project's."""
+    project = tmp_path / "project"
+    (project / "cmake").mkdir(parents=True)
+    for name in ("Options.cmake", "Families.cmake", "UpstreamGit.cmake", "knobs.py"):
+        shutil.copy(CMAKE_DIR / name, project / "cmake")
+    (project / "python").symlink_to(CMAKE_DIR.parent / "python")
+    (project / "cmake" / "knobs.json").write_text(text)
+    script = tmp_path / "check.cmake"
+    script.write_text(f'include("{project / "cmake" / "Families.cmake"}")\n'
+                      f'include("{project / "cmake" / "Options.cmake"}")\n'
+                      'vfa_check_families_declaration()\nmessage(NOTICE "CHECKED")\n')
+    result = run([tool("cmake"), f"-DPython_EXECUTABLE={sys.executable}", "-P", str(script)], env=clean_env())
+    return " ".join(result.output.split())
+
+
+def _edited(edit) -> str:
+    data = json.loads((CMAKE_DIR / "knobs.json").read_text())
+    edit(data)
+    return json.dumps(data, indent=1)
+
+
+def test_the_declaration_as_it_is_passes_the_configures_check(tmp_path):
+    assert "CHECKED" in _configure_check(tmp_path, (CMAKE_DIR / "knobs.json").read_text())
+
+
+def test_a_declaration_that_does_not_parse_is_reported_as_such(tmp_path):
+    """Before issue 37: "VFA_ALLOW_UNKNOWN_SETTINGS is not declared ... Add one entry"."""
+    text = (CMAKE_DIR / "knobs.json").read_text().replace('"VFA_PRESET": {', '"VFA_PRESET": {,', 1)
+    output = _configure_check(tmp_path, text)
+    assert "knobs.json does not parse as a JSON object (Line " in output, output
+    assert "is not declared" not in output and "CHECKED" not in output
+
+
+def _rename_fa4(d):
+    d["families"]["fa;4"] = d["families"].pop("fa4")
+    d["families"]["default_order"] = ["fa3", "fa;4", "fa2"]
+    d["families"]["fa2"]["fallback"] = None
+
+
+@pytest.mark.parametrize("edit, message", [
+    # a name CMake cannot carry: before issue 37 CMake's JSON reader stopped far from the cause
+    (_rename_fa4, "families.fa;4: a family name is lower-case letters, digits and _"),
+    # a version the version knob refuses: passed the configure before issue 37
+    (lambda d: d["knobs"]["VLLM_FLASH_ATTN_VERSION"].update(choices=["2", "3"]),
+     "knobs.VLLM_FLASH_ATTN_VERSION.choices ['2', '3'] are not the families' versions"),
+    # contradictory arch rules: FA2 excluded from its own min's generation
+    (lambda d: d["families"]["fa2"]["capabilities"].update(excluded={"8": "broken"}),
+     "families.fa2.capabilities.min 8.0 is of generation 8, which excluded says it does not run on"),
+    # an adapter module that is not there: passed the configure before issue 37
+    (lambda d: d["families"]["fa3"].update(adapter="vendored_flash_attn.fa3_gone:forward"),
+     "families.fa3.adapter: module vendored_flash_attn.fa3_gone is not there"),
+])
+def test_the_configures_check_stops_on_each_gap(tmp_path, edit, message):
+    output = _configure_check(tmp_path, _edited(edit))
+    assert "declares the kernel families" in output and message in output, output
+    assert "CHECKED" not in output
+
+
+def test_the_configures_check_names_a_knobs_mistake_by_its_json_path(tmp_path):
+    """issue 37: the knobs' typed parse (cmake/knobs.py validate, the model cmake/knobs.schema.json is
+    made from) runs at configure; before, a mistyped knob field reached vfa_option's use of it."""
+    output = _configure_check(tmp_path, _edited(lambda d: d["knobs"]["VFA_DIST_JOBS"].update(max="999")))
+    assert "declares a knob with a mistake" in output, output
+    assert "cmake/knobs.json: knobs.VFA_DIST_JOBS.max must be a whole number or null, got '999'" in output
+    assert "CHECKED" not in output
