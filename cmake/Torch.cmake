@@ -27,9 +27,18 @@ function(vfa_stage_torch_headers torch_root version)
   # (VFA_STAGED_SOURCES) when this build has one, else <user cache>/staged.
   if(DEFINED VFA_STAGED_SOURCES AND NOT VFA_STAGED_SOURCES STREQUAL "")
     set(store "${VFA_STAGED_SOURCES}")
-  else()
+  elseif(IS_ABSOLUTE "$ENV{XDG_CACHE_HOME}" OR IS_ABSOLUTE "$ENV{HOME}")
     vfa_default_source_cache(cache)
     set(store "${cache}/staged")
+  else()
+    set(store "")  # no user cache dir (vfa_default_source_cache would stop the configure)
+  endif()
+  if(store STREQUAL "")
+    message(WARNING "vendored-flash-attn: torch's headers are compiled from ${torch_root}/include: "
+      "neither XDG_CACHE_HOME nor HOME is an absolute path, so there is no user cache dir to stage "
+      "them in, and a build from another torch folder (every build under pip's default isolation) "
+      "misses the compiler cache for each unit that includes torch. Set HOME or XDG_CACHE_HOME.")
+    return()
   endif()
   execute_process(
     COMMAND "${Python_EXECUTABLE}" "${_VFA_TORCH_HEADERS_SCRIPT}" --torch-root "${torch_root}"
