@@ -126,7 +126,9 @@ def test_an_edited_fa4_source_in_the_cache_is_refused(synthetic, sources, tmp_pa
     shutil.copytree(sources["VFA_SOURCE_CACHE"], cache, symlinks=True)
     interface = next((cache / "src").glob("flash-attention-*")) / "flash_attn/cute/interface.py"
     interface.write_text(interface.read_text() + "# edited\n")
-    result = fetch_sources({"VFA_PIN_FILE": sources["VFA_PIN_FILE"], "VFA_SOURCE_CACHE": str(cache)})
+    # A store of its own: an entry is read only to stage it (a staged copy already verified is reused).
+    result = fetch_sources({"VFA_PIN_FILE": sources["VFA_PIN_FILE"], "VFA_SOURCE_CACHE": str(cache),
+                            "VFA_STAGED_SOURCES": str(tmp_path / "staged")})
     assert result.returncode != 0
     assert "1 file changed (flash_attn/cute/interface.py)" in result.text
 
