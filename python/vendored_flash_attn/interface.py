@@ -8,7 +8,8 @@ against the family's declaration, and hand it to the family's adapter, which map
 its kernels and refuses what only that family cannot run. Two paths do that:
 
 * the **quick path** (``_quick``), which the common calls of a serving engine take on every
-  layer of every step: it runs on the public function's own locals, finds the call's kind
+  layer of every step: inlined in the generated public function (call.Declared.function), it
+  runs on that function's own locals, in its frame, finds the call's kind
   already resolved, checks the call with flat metadata reads (a conservative subset of the
   shared checks: it only accepts, never refuses), and calls the adapter's ``launch``
   (call.LAUNCH_PARAMETERS, the call written out by call.with_launch) with the arguments as
@@ -304,7 +305,8 @@ def _quick(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, sequ
            cp_rank, cp_tot_seqused_k):
     """The quick path: the result of a common call, or None to decline it (the full path,
     _dispatch, then takes it, and refuses it if it is wrong). call.VARLEN's generated
-    function hands it these arguments as they came.
+    function runs this code inline on its own arguments (call.Declared.function; a return
+    None there goes on to the full path); it stays a function for tests and readers.
 
     A conservative subset of the shared checks (validation.check_varlen_call), on flat
     metadata reads, each tensor's read once: the two call shapes serving engines make on
