@@ -91,3 +91,52 @@ def test_skips_are_summed_up_by_reason_none_reading_like_an_error():
     assert lines and sum(int(line.split()[0]) for line in lines) == int(
         re.search(r"(\d+) skipped", closing_line(result)).group(1)), out
     assert len({line.split(": ", 1)[1] for line in lines}) == len(lines)  # one line per reason
+
+
+def scratch_session(tmp_path: Path, test_code: str, *options: str) -> subprocess.CompletedProcess:
+    """A pytest session of one test file in a scratch folder, with tests/conftest.py's session
+    harness (its conftest is loaded there as that folder's)."""
+    conftest = str(ROOT / "tests/conftest.py")
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path[:0] = [{str(ROOT / 'tests')!r}, {str(ROOT / 'python')!r}]\n"
+        f"harness = {{'__name__': 'vfa_conftest', '__file__': {conftest!r}}}\n"
+        f"exec(compile(open({conftest!r}).read(), {conftest!r}, 'exec'), harness)\n"
+        "globals().update({k: v for k, v in harness.items() if k.startswith('pytest_')})\n")
+    (tmp_path / "test_scratch.py").write_text(test_code)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           str(tmp_path / "test_scratch.py"), *options], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+
+
+def test_a_process_a_test_leaves_running_is_named_stopped_and_fails_the_run(tmp_path):
+    """Issue 39: .ci/run left a server running. A test starts a daemon (its parent exits at
+    once, as sccache's server does); the session names it, stops it and fails."""
+    pid_file = tmp_path / "daemon.pid"
+    code = ("import subprocess\n"
+            "def test_starts_a_daemon():\n"
+            f"    subprocess.run(['sh', '-c', 'sleep 600 & echo $! > {pid_file}'], check=True)\n")
+    result = scratch_session(tmp_path, code, "--leftover-grace=1")
+    pid = int(pid_file.read_text())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"FAILED pid {pid}, started in test_scratch.py::test_starts_a_daemon (call): sleep 600"
+            in result.stdout), result.stdout
+    assert "1 passed, 1 leftover process(es)" in closing_line(result)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_the_load_check_runs_busy_processes_beside_the_tests_and_stops_them(tmp_path):
+    code = ("import os\n"
+            "from pathlib import Path\n"
+            "def hogs():\n"
+            "    return [p for p in Path('/proc').glob('[0-9]*') if (p / 'cmdline').exists()\n"
+            "            and b'while True: pass' in (p / 'cmdline').read_bytes()\n"
+            "            and (p / 'stat').read_text().rsplit(')', 1)[1].split()[1] == str(os.getpid())]\n"
+            "def test_beside_busy_processes(tmp_path):\n"
+            f"    Path({str(tmp_path / 'hogs')!r}).write_text(' '.join(p.name for p in hogs()))\n")
+    result = scratch_session(tmp_path, code, "--load-check=3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    hogs = (tmp_path / "hogs").read_text().split()
+    assert len(hogs) == 3, hogs
+    assert re.search(r"3 busy processes beside the tests \(\d+ CPUs\) for \d+ s", result.stdout), result.stdout
+    assert not [pid for pid in hogs if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], "a hog outlived the session"
