@@ -140,3 +140,33 @@ def test_the_load_check_runs_busy_processes_beside_the_tests_and_stops_them(tmp_
     assert re.search(r"3 busy processes beside the tests \(\d+ CPUs\) for \d+ s", result.stdout), result.stdout
     assert not [pid for pid in hogs if Path(f"/proc/{pid}").exists()
                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], "a hog outlived the session"
+
+
+@pytest.mark.parametrize("python, says", [
+    # a Python 3.10 (Ubuntu 22.04's): the test tools' cibuildwheel>=3.1 needs 3.11
+    ("3.10", "Python 3.10.13 ('{python}') is older than the 3.11 the build and test tools need "
+             "(cibuildwheel>=3.1 requires it; the wheel itself supports pyproject.toml's requires-python): "
+             "name a newer one with PYTHON=/path/to/python3.11"),
+    # Debian's Python without python3-venv
+    ("no-venv", "Python 3.12.3 ('{python}') has no venv module with pip (ensurepip): install it "
+                "(Debian/Ubuntu: apt-get install python3-venv"),
+    ("missing", "no '{python}' on PATH: install Python >= 3.11 or name one with PYTHON=/path/to/python3"),
+])
+def test_bootstrap_says_in_one_line_what_a_first_run_lacks(tmp_path, python, says):
+    """Issue 39: on Python 3.10 the first command ended in a bare "No module named 'tomllib'".
+    Stand-in Pythons: one that is 3.10 (this interpreter, told so), one without venv's pip."""
+    fake = tmp_path / f"python-{python}"
+    version = {"3.10": "(3, 10, 13, 'final', 0)", "no-venv": "(3, 12, 3, 'final', 0)"}.get(python)
+    if version:
+        fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "Python {".".join(version[1:-1].split(", ")[:3])}"; '
+                        f'exit 0; }}\n[ "$1" = -c ] || exit 9\n'
+                        + ('case "$2" in *ensurepip*) exit 1;; esac\n' if python == "no-venv" else "")
+                        + f'exec {sys.executable} -c "import sys; sys.version_info = {version}; exec(sys.argv[1])" "$2"\n')
+        fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    result = subprocess.run([str(ROOT / ".ci/bootstrap")], capture_output=True, text=True, timeout=120,
+                            env={"PATH": os.environ["PATH"], "PYTHON": str(fake), "VENV": str(venv)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("bootstrap: ") and result.stderr.count("\n") == 1, result.stderr
+    assert says.format(python=fake) in result.stderr, result.stderr
+    assert not venv.exists()
