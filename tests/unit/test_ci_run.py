@@ -138,8 +138,9 @@ def test_the_load_check_runs_busy_processes_beside_the_tests_and_stops_them(tmp_
     hogs = (tmp_path / "hogs").read_text().split()
     assert len(hogs) == 3, hogs
     assert re.search(r"3 busy processes beside the tests \(\d+ CPUs\) for \d+ s", result.stdout), result.stdout
-    assert not [pid for pid in hogs if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], "a hog outlived the session"
+    alive = [pid for pid in hogs if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not alive, "a hog outlived the session"
 
 
 @pytest.mark.parametrize("python, says", [
@@ -156,12 +157,13 @@ def test_bootstrap_says_in_one_line_what_a_first_run_lacks(tmp_path, python, say
     """Issue 39: on Python 3.10 the first command ended in a bare "No module named 'tomllib'".
     Stand-in Pythons: one that is 3.10 (this interpreter, told so), one without venv's pip."""
     fake = tmp_path / f"python-{python}"
-    version = {"3.10": "(3, 10, 13, 'final', 0)", "no-venv": "(3, 12, 3, 'final', 0)"}.get(python)
+    version = {"3.10": (3, 10, 13), "no-venv": (3, 12, 3)}.get(python)
     if version:
-        fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "Python {".".join(version[1:-1].split(", ")[:3])}"; '
+        told = f"import sys; sys.version_info = {(*version, 'final', 0)}; exec(sys.argv[1])"
+        fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "Python {".".join(map(str, version))}"; '
                         f'exit 0; }}\n[ "$1" = -c ] || exit 9\n'
                         + ('case "$2" in *ensurepip*) exit 1;; esac\n' if python == "no-venv" else "")
-                        + f'exec {sys.executable} -c "import sys; sys.version_info = {version}; exec(sys.argv[1])" "$2"\n')
+                        + f'exec {sys.executable} -c "{told}" "$2"\n')
         fake.chmod(0o755)
     venv = tmp_path / "venv"
     result = subprocess.run([str(ROOT / ".ci/bootstrap")], capture_output=True, text=True, timeout=120,
