@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support.leftovers import Leftovers  # noqa: E402
+from support.leftovers import GRACE_S, Leftovers  # noqa: E402
 from support.load_check import LoadCheck, hogs_wanted  # noqa: E402
 from support.synthetic_upstream import SyntheticUpstream, make_synthetic_upstream  # noqa: E402
 
@@ -51,6 +51,9 @@ def pytest_addoption(parser):
     parser.addoption("--load-check", nargs="?", const="auto", default=None, metavar="N",
                      help="run the tests with N busy processes beside them (2 x the CPUs when N is not "
                           "given), started and stopped by the session (tests/support/load_check.py)")
+    parser.addoption("--leftover-grace", type=float, default=GRACE_S, metavar="SECONDS",
+                     help="how long processes the tests started may take to end after the session before "
+                          "they are named, stopped and fail the run (tests/support/leftovers.py)")
 
 
 class TierCount:
@@ -139,7 +142,7 @@ class SkipSummary:
 def pytest_configure(config):
     if not config.getoption("collectonly"):
         # every process the tests start, named and stopped if it outlives the session
-        config.pluginmanager.register(Leftovers(), "vfa-leftovers")
+        config.pluginmanager.register(Leftovers(config.getoption("--leftover-grace")), "vfa-leftovers")
         if config.getoption("--load-check"):
             try:
                 count = hogs_wanted(config.getoption("--load-check"))

@@ -18,7 +18,8 @@ import pytest
 
 # Not VFA_*: support.cmake_runner.clean_env() drops our knobs, and this must reach every process.
 MARKER = "VENDORED_FA_TEST_SESSION"
-# How long processes that are ending anyway (a server told to stop) get before they are named.
+# How long processes that are ending anyway (a server told to stop) get before they are named
+# (--leftover-grace).
 GRACE_S = 30.0
 STAT = "leftover process(es)"
 
@@ -49,7 +50,8 @@ def marked(marker: str) -> dict[int, dict[str, str]]:
 
 
 class Leftovers:
-    def __init__(self):
+    def __init__(self, grace: float = GRACE_S):
+        self.grace = grace
         self.marker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.left: dict[int, dict[str, str]] = {}
         os.environ[MARKER] = self.marker
@@ -59,7 +61,7 @@ class Leftovers:
         # Inside the terminal reporter's sessionfinish wrapper: before its summary.
         if not Path("/proc/self/environ").exists():
             return
-        deadline = time.monotonic() + GRACE_S
+        deadline = time.monotonic() + self.grace
         while (left := marked(self.marker)) and time.monotonic() < deadline:
             time.sleep(0.5)
         self.left = left
