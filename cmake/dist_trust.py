@@ -347,7 +347,7 @@ def terms_now(build_dir: str, cache_enabled: bool) -> dict:
     settings = {}
     if cache_enabled:
         try:
-            settings = json.loads((Path(build_dir) / "vfa-sccache.json").read_text())
+            settings = json.loads((Path(build_dir) / "vfa-sccache.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             settings = {}
     on = settings.get("dist") == "on"
@@ -364,7 +364,7 @@ def reconcile(build_dir: str, cache_enabled: bool) -> str:
     now = terms_now(build_dir, cache_enabled)
     path = Path(build_dir) / TERMS
     try:
-        before = json.loads(path.read_text())
+        before = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         before = None
     said = ""
@@ -377,7 +377,7 @@ def reconcile(build_dir: str, cache_enabled: bool) -> str:
                 else "no cluster")
         said = (f"{removed} objects of this build dir were built by {was}; this build, with {this}, compiles them "
                 f"again here before it links anything (dist-compile/README.md, \"Trust model\")")
-    path.write_text(json.dumps(now) + "\n")
+    path.write_text(json.dumps(now) + "\n", encoding="utf-8")
     return said
 
 

@@ -116,7 +116,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
         status = error or (f"refused: {refused}" if refused else f"{len(new)} new object(s), {sum(new.values())} B")
         print(f"  {call.name:48s} #{attempt} {seconds:7.3f} s  {status}", flush=True)
         if progress is not None:
-            with open(progress, "a") as done:
+            with open(progress, "a", encoding="utf-8") as done:
                 done.write(f"{call.name}\n")
     if verify:
         shutil.rmtree(user, ignore_errors=True)

@@ -83,7 +83,7 @@ def _meminfo_mb() -> dict[str, int]:
     """MemTotal and MemAvailable of this machine in MB (Linux; empty elsewhere)."""
     found = {}
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
             name, _, value = line.partition(":")
             if name in ("MemTotal", "MemAvailable"):
                 found[name] = int(value.split()[0]) // 1024
@@ -95,7 +95,7 @@ def _meminfo_mb() -> dict[str, int]:
 def _rss_mb(pid: int) -> int | None:
     """A running process's resident memory in MB (Linux), None when it cannot be read."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) // 1024
     except (OSError, ValueError, IndexError):

@@ -99,13 +99,13 @@ def record_in_wheel(settings: dict, verify: dict) -> None:
     were checked here. Counts only: which servers and scheduler are this machine's readings."""
     path = Path(settings["build_dir"]) / "build_info.wheel.json"
     try:
-        info = json.loads(path.read_text())
+        info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     info["cluster"] = {"objects_from_cluster": verify["objects_from_cluster"],
                        "objects_verified": verify["objects_verified"], "verify_every": verify["every"]}
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

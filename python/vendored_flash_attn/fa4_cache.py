@@ -133,7 +133,7 @@ def recorded_index_digest(root: Path, flavour: str, fingerprint: str) -> str:
     for the index of ``fingerprint`` (its last run's, the index growing with each arch), or ""
     when it gives none."""
     try:
-        runs = json.loads((Path(root).parent / RECORD_FILE).read_text())["precompile"]["runs"]
+        runs = json.loads((Path(root).parent / RECORD_FILE).read_text(encoding="utf-8"))["precompile"]["runs"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     digest = ""
