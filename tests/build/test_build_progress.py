@@ -41,7 +41,11 @@ def project(sources, tmp_path_factory):
     # torch's CMake warnings about what this build does not use (issue 19): not shown
     assert "library kineto not found" not in result.output and "CMAKE_CUDA_ARCHITECTURES" not in result.output
     assert "status lines and warnings are hidden (--log-level=STATUS shows them)" in result.output
-    cutlass = next((cache / "src").glob("cutlass-*"))
+    # Upstream's messages are located where the compiles read it: the staged copy of CUTLASS.
+    commands = json.loads((build / "compile_commands.json").read_text())
+    cutlass = next(Path(inc[2:]).parent for c in commands for inc in c["command"].split()
+                   if inc.startswith("-I") and "/cutlass-" in inc and inc.endswith("/include"))
+    assert not str(cutlass).startswith(str(cache)), "the compiles read the source cache, not the staged copy"
     empty = root / "empty.o"
     subprocess.run(["c++", "-x", "c++", "-c", os.devnull, "-o", str(empty)], check=True)
     return {"root": root, "build": build, "cutlass": cutlass, "defines": defines, "empty": empty,

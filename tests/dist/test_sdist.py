@@ -59,7 +59,8 @@ def test_sdist_has_the_plain_version_and_the_sources(sdist):
     assert sdist.name == "vendored_flash_attn-0.1.0.tar.gz"
     names = members(sdist)
     for needed in ("pyproject.toml", "CMakeLists.txt", "cmake/UpstreamSources.cmake", "cmake/fetch_sources.cmake",
-                   "vendor/flash-attention/pin.json", "python/vendored_flash_attn/__init__.py",
+                   "vendor/flash-attention/pin.json", "vendor/flash-attention/anchor.json", "cmake/source_anchor.py",
+                   "cmake/staged_tree.py", "cmake/bounded_run.py", "python/vendored_flash_attn/__init__.py",
                    "python/vendored_flash_attn/versioning.py", "PKG-INFO"):
         assert needed in names, needed
 
