@@ -104,8 +104,19 @@ FA2_STATIC_SWITCH_H = """#pragma once
   else { constexpr static int kHeadDim = 256; return __VA_ARGS__(); } }()
 """
 
+# Upstream's CUDA units include torch's headers (FA2: cuda_check.h through the launch template;
+# FA3: static_switch.h), so its device compiles read them as its C++ units do, and the compiler
+# cache keys on the path they were read from (tests/dist/test_sdist.py, isolated builds). Here a
+# light one of torch's (upstream's pull in more, at seconds of nvcc time per unit): its path is
+# what matters.
+FA2_CUDA_CHECK_H = """#pragma once
+#include <cuda_runtime.h>
+#include <torch/headeronly/macros/Macros.h>
+"""
+
 FA2_LAUNCH_TEMPLATE_H = """#pragma once
 #include <cutlass/numeric_types.h>
+#include "cuda_check.h"
 #include "flash.h"
 namespace FLASH_NAMESPACE {
 template<int Headdim, bool Is_causal, int Kind>
@@ -209,6 +220,7 @@ void prepare_varlen_num_blocks(Flash_fwd_params &params, cudaStream_t stream, bo
 
 FA3_LAUNCH_TEMPLATE_H = """#pragma once
 #include <cutlass/numeric_types.h>
+#include "static_switch.h"
 #include "flash.h"
 template <int kHeadDim, int kHeadDimV, int Flags>
 __global__ void tiny_fa3_kernel(float *out) { if (out) { out[threadIdx.x] = float(kHeadDim + kHeadDimV + Flags); } }
@@ -220,6 +232,7 @@ void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {
 """
 
 FA3_STATIC_SWITCH_H = """#pragma once
+#include <torch/headeronly/macros/Macros.h>
 #define BOOL_SWITCH(COND, CONST_NAME, ...) [&] { if (COND) { constexpr static bool CONST_NAME = true; return __VA_ARGS__(); } \\
   else { constexpr static bool CONST_NAME = false; return __VA_ARGS__(); } }()
 #define FALSE_SWITCH(COND, CONST_NAME, ...) [&] { constexpr static bool CONST_NAME = false; return __VA_ARGS__(); }()
@@ -630,6 +643,7 @@ def flash_attention_files() -> dict[str, str]:
         "csrc/flash_attn/src/flash.h": FA2_FLASH_H,
         "csrc/flash_attn/src/flash_sparse.h": FA2_FLASH_SPARSE_H,
         "csrc/flash_attn/src/static_switch.h": FA2_STATIC_SWITCH_H,
+        "csrc/flash_attn/src/cuda_check.h": FA2_CUDA_CHECK_H,
         "csrc/flash_attn/src/flash_fwd_launch_template.h": FA2_LAUNCH_TEMPLATE_H,
         "csrc/flash_attn/src/flash_fwd_sparse_launch_template.h": FA2_SPARSE_LAUNCH_TEMPLATE_H,
         "hopper/flash.h": FA3_FLASH_H,
