@@ -1,12 +1,84 @@
 # Python and torch: the interpreter the wheel is built for, torch's CMake
-# config (found without importing torch: torch_metadata.py), and the nvcc
-# flags torch would use (minus its -gencode list, which CudaArchs.cmake
-# replaces per component).
+# config (found without importing torch: torch_metadata.py), its headers at a
+# path chosen by their content (torch_headers.py), and the nvcc flags torch
+# would use (minus its -gencode list, which CudaArchs.cmake replaces per
+# component).
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)  # vfa_default_source_cache
 
 set(VFA_MIN_TORCH_VERSION "2.10")
 set(_VFA_TORCH_METADATA_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/torch_metadata.py")
+set(_VFA_TORCH_HEADERS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/torch_headers.py")
+
+# Every compile includes torch's headers, and the compiler cache keys on the path they were
+# read from (their line markers in the preprocessed text: C++ units and CUDA device compiles
+# alike). Under pip's default build isolation torch lies in a fresh /tmp/pip-build-env-*
+# folder each time, so each isolated build missed the cache for every unit that includes
+# torch. So the compiles read a copy staged at a path that depends only on the headers'
+# content: <store>/torch-<version>-<digest>/include (torch_headers.py, cmake/staged_tree.py:
+# verified when reused, this user's alone). torch's imported targets are pointed there;
+# their libraries stay where they are (linking is not cached). Where the headers cannot be
+# staged the build says why and compiles from torch's own folder, as before.
+#   vfa_stage_torch_headers(/venv/.../site-packages/torch 2.14.1+cu130)
+#     -> -isystem ~/.cache/vendored-flash-attn/staged/torch-2.14.1+cu130-58381128.../include
+function(vfa_stage_torch_headers torch_root version)
+  # The per-user staging folder: the one the upstream sources are staged in
+  # (VFA_STAGED_SOURCES) when this build has one, else <user cache>/staged.
+  if(DEFINED VFA_STAGED_SOURCES AND NOT VFA_STAGED_SOURCES STREQUAL "")
+    set(store "${VFA_STAGED_SOURCES}")
+  elseif(IS_ABSOLUTE "$ENV{XDG_CACHE_HOME}" OR IS_ABSOLUTE "$ENV{HOME}")
+    vfa_default_source_cache(cache)
+    set(store "${cache}/staged")
+  else()
+    set(store "")  # no user cache dir (vfa_default_source_cache would stop the configure)
+  endif()
+  if(store STREQUAL "")
+    message(WARNING "vendored-flash-attn: torch's headers are compiled from ${torch_root}/include: "
+      "neither XDG_CACHE_HOME nor HOME is an absolute path, so there is no user cache dir to stage "
+      "them in, and a build from another torch folder (every build under pip's default isolation) "
+      "misses the compiler cache for each unit that includes torch. Set HOME or XDG_CACHE_HOME.")
+    return()
+  endif()
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" "${_VFA_TORCH_HEADERS_SCRIPT}" --torch-root "${torch_root}"
+            --version "${version}" --store "${store}"
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE
+    ERROR_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(WARNING "vendored-flash-attn: torch's headers could not be staged (${err}); they are "
+      "compiled from ${torch_root}/include, so a build from another torch folder (every build "
+      "under pip's default isolation) misses the compiler cache for each unit that includes "
+      "torch. Fix what the message says, or build with --no-build-isolation.")
+    return()
+  endif()
+  string(REPLACE "\n" ";" out "${out}")
+  list(GET out 0 staged)
+  list(GET out 1 how)
+  set(from "${torch_root}/include")
+  string(LENGTH "${from}/" n)
+  get_directory_property(targets IMPORTED_TARGETS)
+  foreach(target IN LISTS targets)
+    foreach(property INTERFACE_INCLUDE_DIRECTORIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES)
+      get_target_property(dirs ${target} ${property})
+      if(NOT dirs)
+        continue()
+      endif()
+      set(moved "")
+      foreach(dir IN LISTS dirs)
+        # <from> itself or a folder under it; "<from>x" is another folder.
+        string(SUBSTRING "${dir}/" 0 ${n} head)
+        if(head STREQUAL "${from}/")
+          string(SUBSTRING "${dir}/" ${n} -1 tail)
+          string(REGEX REPLACE "/$" "" dir "${staged}/include/${tail}")
+        endif()
+        list(APPEND moved "${dir}")
+      endforeach()
+      set_target_properties(${target} PROPERTIES ${property} "${moved}")
+    endforeach()
+  endforeach()
+  message(STATUS "vendored-flash-attn: torch's headers: ${staged}/include (${how}, by content, from ${from})")
+endfunction()
 
 macro(vfa_find_python_and_torch)
   # abi3 modules: the limited API of the interpreter we build with.
@@ -79,6 +151,8 @@ macro(vfa_find_python_and_torch)
   endif()
   set(CMAKE_CUDA_ARCHITECTURES "${_vfa_saved_cuda_archs}")
   set(CMAKE_MESSAGE_LOG_LEVEL "${_vfa_saved_log_level}")
+  # TORCH_INSTALL_PREFIX: the folder torch's config names its include dirs by.
+  vfa_stage_torch_headers("${TORCH_INSTALL_PREFIX}" "${VFA_TORCH_VERSION}")
   message(STATUS "vendored-flash-attn: torch ${VFA_TORCH_VERSION} (CUDA ${VFA_TORCH_CUDA_VERSION}) at "
     "${_vfa_torch_prefix}${_vfa_torch_note}")
 
