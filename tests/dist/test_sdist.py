@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,20 +130,45 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
     assert "PASS build-info" in result.stdout and "PASS symbols" in result.stdout
 
 
-# --- pip's default build isolation (issue 26) ---------------------------------------------------
+# --- pip's default build isolation (issues 26 and 38) -------------------------------------------
 # How downstream engines and sdist users build: pip installs the build requirements
 # (pyproject.toml's [build-system] requires, torch included) into a throwaway environment and
 # hands it to the build through PYTHONPATH. FA4's probe and its build steps must see that
 # environment alike (the steps once ran with `python -E` and died on `packaging`). Three builds
 # from one fresh venv (pip only: nothing of this test's venv), each with FA4 in one mode, share
-# a private sccache: the first compiles, the others hit. Wall time on the 2-core CPU machine
+# a private sccache: the first compiles, the others hit, although each build's torch lies in a
+# new /tmp/pip-build-env-* folder (the compiles read torch's headers from a copy staged by
+# content: cmake/torch_headers.py). A fourth build, of the third's checkout without isolation,
+# issues the same compile lines. Wall time on the 2-core CPU machine
 # (`pytest tests/dist/test_sdist.py -k isolated --durations=5`, other builds running: load
 # 2-6): 8 min 3 s for the three, 98 s, 217 s and 157 s, most of it pip installing torch into
-# each build's environment (12 min 47 s at load 6-8 before PIP_NO_COMPILE).
+# each build's environment (12 min 47 s at load 6-8 before PIP_NO_COMPILE). With the fourth
+# (issue 38; same command, load 7-13 beside another run of these tests): 7.3-7.6 min for each
+# isolated build, 76 s for the non-isolated one.
+
+# The build's closing line on its compiler cache (cmake/sccache_build_report.py).
+CACHE_LINE = re.compile(r"compiler cache: (\d+) of (\d+) units from the cache \(CUDA (\d+)/(\d+), C\+\+ (\d+)/(\d+)\)")
+
+
+def cache_counts(log: str) -> dict[str, tuple[int, int]]:
+    """{"all"|"cuda"|"cxx": (from the cache, units)} from a build's log."""
+    (found,) = CACHE_LINE.findall(log)
+    n = [int(x) for x in found]
+    return {"all": (n[0], n[1]), "cuda": (n[2], n[3]), "cxx": (n[4], n[5])}
+
+def torch_release() -> str:
+    """This interpreter's torch, without its local label (2.14.1 of 2.14.1+cu130), read as the
+    build reads it (cmake/torch_metadata.py), not imported."""
+    out = run([sys.executable, str(PROJECT / "cmake/torch_metadata.py")])
+    assert out.returncode == 0, out.output
+    return out.stdout.splitlines()[1].split("+")[0]
+
 
 @pytest.fixture(scope="module")
 def isolated(synthetic, tmp_path_factory):
     root = tmp_path_factory.mktemp("isolated")
+    constraint = root / "constraints.txt"
+    constraint.write_text(f"torch=={torch_release()}\n")
     venv = root / "venv"
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=600)
@@ -154,7 +180,13 @@ def isolated(synthetic, tmp_path_factory):
                     SCCACHE_IDLE_TIMEOUT="0",
                     # pip byte-compiles what it installs, torch's build requirement included:
                     # a minute of each build's time that the test does not need
-                    PIP_NO_COMPILE="1")
+                    PIP_NO_COMPILE="1",
+                    # The user's cache dir, where torch's headers are staged: this test's own, so
+                    # the first build stages them and the others find them.
+                    XDG_CACHE_HOME=str(root / "user-cache"),
+                    # This interpreter's torch in every build environment too, or the non-isolated
+                    # build below would compile against other headers (an index's newest torch).
+                    PIP_CONSTRAINT=str(constraint), PIP_BUILD_CONSTRAINT=str(constraint))
     env["PATH"] = path
     yield {"root": root, "python": str(venv / "bin/python"), "env": env, "pin": root / "pin.json"}
     run([tool("sccache"), "--stop-server"], env=env)
@@ -192,11 +224,33 @@ def test_an_isolated_build_from_the_sdist_stages_fa4_and_passes_the_release_chec
     assert "required fa2+fa3+fa4" in result.stdout
 
 
-def test_an_isolated_pip_install_with_fa4_on_installs_every_family(isolated, tmp_path):
-    project = checkout_copy(tmp_path / "checkout")
+@pytest.fixture(scope="module")
+def isolated_install(isolated):
+    """`pip install <checkout>` from the fresh venv, default isolation, FA4 on: the second
+    isolated build, from another folder than the sdist's."""
+    project = checkout_copy(isolated["root"] / "checkout")
     result = isolated_pip(isolated, "install", "--no-deps", "-v", str(project), VFA_BUILD_FA4="on")
     assert result.returncode == 0, result.output[-8000:]
-    assert "staged 8 files" in result.output
+    return {"project": project, "log": result.output}
+
+
+@pytest.fixture(scope="module")
+def isolated_again(isolated, isolated_install):
+    """`pip wheel` of that checkout again, isolated, FA4 off, in a new build dir at the same path
+    (its generated file then has the same path too: cmake/FamilyTarget.cmake)."""
+    project = isolated_install["project"]
+    shutil.rmtree(project / "build")
+    out = isolated["root"] / "dist-again"
+    result = isolated_pip(isolated, "wheel", "--no-deps", "-v", "-w", str(out), str(project), VFA_BUILD_FA4="off")
+    assert result.returncode == 0, result.output[-8000:]
+    (build,) = (project / "build").iterdir()
+    commands = json.loads((build / "compile_commands.json").read_text())
+    (wheel,) = out.glob("*.whl")
+    return {"project": project, "wheel": wheel, "log": result.output, "build": build, "compile_commands": commands}
+
+
+def test_an_isolated_pip_install_with_fa4_on_installs_every_family(isolated, isolated_install, tmp_path):
+    assert "staged 8 files" in isolated_install["log"]
     site = next(Path(isolated["python"]).parents[1].glob("lib/python3*/site-packages"))
     # The installed package (the venv's files; torch from this interpreter) as cibuildwheel checks it.
     checked = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed", "--pin", str(isolated["pin"]),
@@ -205,14 +259,50 @@ def test_an_isolated_pip_install_with_fa4_on_installs_every_family(isolated, tmp
     assert "built fa2+fa3+fa4" in checked.stdout and "PASS symbols" in checked.stdout
 
 
-def test_an_isolated_pip_wheel_with_fa4_off_builds_without_it(isolated, tmp_path):
-    project = checkout_copy(tmp_path / "checkout")
-    out = tmp_path / "dist"
-    result = isolated_pip(isolated, "wheel", "--no-deps", "-v", "-w", str(out), str(project), VFA_BUILD_FA4="off")
-    assert result.returncode == 0, result.output[-8000:]
-    (wheel,) = out.glob("*.whl")
+def test_an_isolated_pip_wheel_with_fa4_off_builds_without_it(isolated, isolated_again):
+    wheel = isolated_again["wheel"]
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if "/_fa4/" in n]
     # `declared`: the build info records VFA_BUILD_FA4=off, so FA4 is not asked for.
     result = release_checks("build-info", wheel, isolated["pin"])
     assert result.returncode == 0, result.output
     assert result.stdout.rstrip().endswith("required fa2+fa3"), result.stdout
+
+
+def test_isolated_builds_hit_the_compiler_cache(isolated_sdist_wheel, isolated_install, isolated_again):
+    """Issue 38: each isolated build's torch lies in a new /tmp/pip-build-env-* folder, and every
+    unit that includes torch's headers (all CUDA units do, as upstream's) missed the cache on
+    every isolated build. Read from a copy staged by content, they hit."""
+    # The second build, from another folder: every CUDA unit from the cache (the sources are
+    # the synthetic upstream's, at one path); the generated C++ file is in the build dir.
+    counts = cache_counts(isolated_install["log"])
+    assert counts["cuda"][0] == counts["cuda"][1] > 0, counts
+    # The third, in a new build dir where the second's was: compiled nothing outside the cache.
+    counts = cache_counts(isolated_again["log"])
+    assert counts["all"][0] == counts["all"][1] == 22, counts
+    # The first staged torch's headers in this test's user cache dir, the others reused them.
+    first = isolated_sdist_wheel["log"]
+    assert "torch's headers: " in first and "(staged " in first, first[-6000:]
+    assert "(reused " in isolated_install["log"] and "(reused " in isolated_again["log"]
+
+
+def test_an_isolated_and_a_non_isolated_build_issue_the_same_compile_lines(isolated, isolated_again):
+    """The same checkout and build dir path built again without isolation (this interpreter's
+    torch, the same release): compile_commands.json as the isolated build wrote it, not one path
+    normalised, and every unit from the cache."""
+    project = isolated_again["project"]
+    shutil.rmtree(project / "build")
+    # The isolated builds' settings, less their PATH (the fresh venv first) and the constraint on
+    # what pip installs into a build environment (pip refuses it without one).
+    env = {k: v for k, v in isolated["env"].items() if k not in ("PATH", "PIP_CONSTRAINT", "PIP_BUILD_CONSTRAINT")}
+    env["PATH"] = clean_env()["PATH"]
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                  str(isolated["root"] / "dist-not-isolated"), str(project)],
+                 env={**env, "VFA_BUILD_FA4": "off"}, timeout=2400)
+    assert result.returncode == 0, result.output[-8000:]
+    assert "Installing build dependencies" not in result.output
+    commands = json.loads((isolated_again["build"] / "compile_commands.json").read_text())
+    assert len(commands) == 22
+    assert commands == isolated_again["compile_commands"]
+    assert "/pip-build-env-" not in json.dumps(isolated_again["compile_commands"])
+    counts = cache_counts(result.output)
+    assert counts["all"][0] == counts["all"][1] == 22, counts
