@@ -150,6 +150,16 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
 CACHE_LINE = re.compile(r"compiler cache: (\d+) of (\d+) units from the cache \(CUDA (\d+)/(\d+), C\+\+ (\d+)/(\d+)\)")
 
 
+def sccache_misses(env: dict) -> tuple[dict, dict]:
+    """(hits, misses) by sccache's rows since its statistics were last zeroed. The build's line
+    counts a CUDA unit by its outer nvcc call, which reads a hit where its device code and PTX
+    compiled again (sccache 0.16); the rows "CUDA (Device code)" and "PTX" say what ran."""
+    out = run([tool("sccache"), "--show-stats", "--stats-format=json"], env=env)
+    assert out.returncode == 0, out.output
+    stats = json.loads(out.stdout)["stats"]
+    return stats["cache_hits"]["counts"], {k: v for k, v in stats["cache_misses"]["counts"].items() if v}
+
+
 def cache_counts(log: str) -> dict[str, tuple[int, int]]:
     """{"all"|"cuda"|"cxx": (from the cache, units)} from a build's log."""
     (found,) = CACHE_LINE.findall(log)
@@ -229,9 +239,10 @@ def isolated_install(isolated):
     """`pip install <checkout>` from the fresh venv, default isolation, FA4 on: the second
     isolated build, from another folder than the sdist's."""
     project = checkout_copy(isolated["root"] / "checkout")
+    run([tool("sccache"), "--zero-stats"], env=isolated["env"])
     result = isolated_pip(isolated, "install", "--no-deps", "-v", str(project), VFA_BUILD_FA4="on")
     assert result.returncode == 0, result.output[-8000:]
-    return {"project": project, "log": result.output}
+    return {"project": project, "log": result.output, "sccache": sccache_misses(isolated["env"])}
 
 
 @pytest.fixture(scope="module")
@@ -241,12 +252,15 @@ def isolated_again(isolated, isolated_install):
     project = isolated_install["project"]
     shutil.rmtree(project / "build")
     out = isolated["root"] / "dist-again"
+    run([tool("sccache"), "--zero-stats"], env=isolated["env"])
     result = isolated_pip(isolated, "wheel", "--no-deps", "-v", "-w", str(out), str(project), VFA_BUILD_FA4="off")
     assert result.returncode == 0, result.output[-8000:]
+    sccache = sccache_misses(isolated["env"])
     (build,) = (project / "build").iterdir()
     commands = json.loads((build / "compile_commands.json").read_text())
     (wheel,) = out.glob("*.whl")
-    return {"project": project, "wheel": wheel, "log": result.output, "build": build, "compile_commands": commands}
+    return {"project": project, "wheel": wheel, "log": result.output, "build": build, "compile_commands": commands,
+            "sccache": sccache}
 
 
 def test_an_isolated_pip_install_with_fa4_on_installs_every_family(isolated, isolated_install, tmp_path):
@@ -272,11 +286,16 @@ def test_isolated_builds_hit_the_compiler_cache(isolated_sdist_wheel, isolated_i
     """Issue 38: each isolated build's torch lies in a new /tmp/pip-build-env-* folder, and every
     unit that includes torch's headers (all CUDA units do, as upstream's) missed the cache on
     every isolated build. Read from a copy staged by content, they hit."""
-    # The second build, from another folder: every CUDA unit from the cache (the sources are
-    # the synthetic upstream's, at one path); the generated C++ file is in the build dir.
+    # The second build, from another folder: every CUDA unit from the cache, device code
+    # included (the sources are the synthetic upstream's, at one path); only the generated C++
+    # file, which is in the build dir, compiled.
+    hits, misses = isolated_install["sccache"]
+    assert misses == {"C/C++": 1} and hits.get("CUDA (Device code)", 0) >= 16, (hits, misses)
     counts = cache_counts(isolated_install["log"])
     assert counts["cuda"][0] == counts["cuda"][1] > 0, counts
     # The third, in a new build dir where the second's was: compiled nothing outside the cache.
+    hits, misses = isolated_again["sccache"]
+    assert misses == {} and hits.get("CUDA (Device code)", 0) >= 16, (hits, misses)
     counts = cache_counts(isolated_again["log"])
     assert counts["all"][0] == counts["all"][1] == 22, counts
     # The first staged torch's headers in this test's user cache dir, the others reused them.
