@@ -143,8 +143,9 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
 # (`pytest tests/dist/test_sdist.py -k isolated --durations=5`, other builds running: load
 # 2-6): 8 min 3 s for the three, 98 s, 217 s and 157 s, most of it pip installing torch into
 # each build's environment (12 min 47 s at load 6-8 before PIP_NO_COMPILE). With the fourth
-# (issue 38; same command, load 7-13 beside another run of these tests): 7.3-7.6 min for each
-# isolated build, 76 s for the non-isolated one.
+# (issue 38; same command, load up to 6 beside another run of these tests): 233 s for the
+# sdist and the first isolated build, 135 s and 101 s for the warm ones, 17 s for the
+# non-isolated one (at load 7-13: 7.3-7.6 min for each isolated build, 76 s).
 
 # The build's closing line on its compiler cache (cmake/sccache_build_report.py).
 CACHE_LINE = re.compile(r"compiler cache: (\d+) of (\d+) units from the cache \(CUDA (\d+)/(\d+), C\+\+ (\d+)/(\d+)\)")
