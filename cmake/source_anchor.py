@@ -110,11 +110,11 @@ def write_anchor(path: Path, entries: dict) -> None:
         lines.append("    ]")
         lines.append("  }" + ("," if n < len(entries) - 1 else ""))
     lines.append("}")
-    Path(path).write_text("\n".join(lines) + "\n")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def fetch_and_anchor(pin_file: Path, out: Path) -> None:
-    pin = json.loads(Path(pin_file).read_text())
+    pin = json.loads(Path(pin_file).read_text(encoding="utf-8"))
     entries = {}
     env = {**os.environ, "GIT_NO_LAZY_FETCH": "1", "GIT_TERMINAL_PROMPT": "0"}
     for name, prefix in COMPONENTS.items():
@@ -122,7 +122,7 @@ def fetch_and_anchor(pin_file: Path, out: Path) -> None:
         commit = pin[name]["commit"]
         with tempfile.TemporaryDirectory(prefix="vfa-anchor-") as tmp:
             _git(["init", "-q", "--bare", "--template=", tmp], env=env)
-            with open(Path(tmp) / "config", "a") as config:  # the URL never on a command line
+            with open(Path(tmp) / "config", "a", encoding="utf-8") as config:  # the URL never on a command line
                 config.write('[remote "origin"]\n\turl = ' + json.dumps(url) + "\n")
             print(f"fetching {name} {commit}", file=sys.stderr)
             # The commit and its trees, then exactly the blobs under the pin's paths, by id (a
@@ -152,8 +152,8 @@ def load(pin_file: Path, component: str) -> tuple[dict, dict]:
         raise AnchorError(f"there is no anchor '{path}' beside the pin file '{pin_file}': it says what every "
                           f"pinned file is. Write it: {HOW}")
     try:
-        entry = json.loads(path.read_text())[component]
-        pinned = json.loads(pin_file.read_text())[component]
+        entry = json.loads(path.read_text(encoding="utf-8"))[component]
+        pinned = json.loads(pin_file.read_text(encoding="utf-8"))[component]
         manifest = {p: (m, h) for p, m, h in entry["files"]}
     except (ValueError, KeyError, TypeError) as error:
         raise AnchorError(f"the anchor '{path}' has no readable entry for {component} ({error!r}). Write it "
@@ -181,7 +181,7 @@ def _read_spec(spec: Path, sha: str) -> dict:
         raise AnchorError(f"the source check's spec '{spec}' is not the one this build was configured with "
                           f"(edited, or removed, since the configure). Configure again (cmake -S <project> -B "
                           f"<build dir>; pip configures every time), which writes it anew.")
-    return json.loads(spec.read_text())
+    return json.loads(spec.read_text(encoding="utf-8"))
 
 
 def _check_generated(spec: dict) -> list[str]:
@@ -225,8 +225,8 @@ def build_time_verify(spec_file: Path, sha: str) -> None:
                           + "\n".join(problems))
     text = json.dumps(taken, sort_keys=True)
     snap = Path(spec["snapshot"])
-    if not snap.is_file() or snap.read_text() != text:
-        snap.write_text(text)
+    if not snap.is_file() or snap.read_text(encoding="utf-8") != text:
+        snap.write_text(text, encoding="utf-8")
 
 
 def unchanged(spec_file: Path, sha: str, when: str) -> None:
@@ -234,7 +234,7 @@ def unchanged(spec_file: Path, sha: str, when: str) -> None:
     spec = _read_spec(spec_file, sha)
     problems = _check_generated(spec)
     snap = Path(spec["snapshot"])
-    taken = json.loads(snap.read_text()) if snap.is_file() else None
+    taken = json.loads(snap.read_text(encoding="utf-8")) if snap.is_file() else None
     if taken is None:
         problems.append(f"no snapshot '{snap}' of the verified sources: the build-time check did not run")
     else:

@@ -308,7 +308,7 @@ def changed_since(tree: Path, taken: dict) -> list[str]:
 
 
 def read_manifest(path: Path) -> Manifest:
-    return {p: (m, h) for p, m, h in json.loads(Path(path).read_text())["files"]}
+    return {p: (m, h) for p, m, h in json.loads(Path(path).read_text(encoding="utf-8"))["files"]}
 
 
 def manifest_json(manifest: Manifest) -> list:
