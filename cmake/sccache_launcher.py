@@ -139,7 +139,9 @@ def fix_for(kind: str) -> str:
 
 
 def record(settings: dict, unit: str, kind: str, reason: str) -> int:
-    """Appends a line for the unit; returns how many cluster failures the build has had."""
+    """Appends a line for the unit; returns its place among the build's cluster failures (not
+    how many there are once it is read back: units failing side by side, both appended before
+    either counted, each read 2, and no launcher said the first line; under load, issue 39)."""
     line = f"{time.time():.3f}\t{unit}\t{kind}\t{reason}\n".encode("utf-8", "replace")
     path = os.path.join(settings["build_dir"], FALLBACKS)
     try:
@@ -148,8 +150,13 @@ def record(settings: dict, unit: str, kind: str, reason: str) -> int:
             os.write(fd, line)  # one write: lines of parallel units never interleave
         finally:
             os.close(fd)
+        place = 0
         with open(path, "rb") as f:
-            return sum(1 for entry in f if entry.split(b"\t")[2:3] != [SOURCE_ERROR.encode()])
+            for entry in f:
+                place += entry.split(b"\t")[2:3] != [SOURCE_ERROR.encode()]
+                if entry == line:
+                    break
+        return place
     except OSError:
         return 1
 

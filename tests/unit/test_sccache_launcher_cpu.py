@@ -301,3 +301,32 @@ def test_the_build_stops_its_server_when_it_ends_otherwise(cached_build, end):
                 os.killpg(proc.pid, signal.SIGKILL)
         assert proc.returncode != 0
     assert eventually(lambda: not server_pids(b["settings"])), f"the server outlived a build that ended in {end}"
+
+
+def test_the_first_cluster_failure_is_said_when_a_parallel_one_lands_before_it_is_counted(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Issue 39, under load: two units failed on the cluster side by side, both lines were
+    appended before either launcher counted, each counted 2, and nobody said the first line.
+    Here a parallel unit's line lands right after this launcher's own."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("sccache_launcher_race", LAUNCHER)
+    launcher = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(LAUNCHER.parent))
+    spec.loader.exec_module(launcher)
+    fallbacks = tmp_path / launcher.FALLBACKS
+    real_write = os.write
+
+    def then_a_parallel_unit(fd, data):
+        written = real_write(fd, data)
+        with open(fallbacks, "ab") as f:
+            f.write(b"1.000\tCMakeFiles/m.dir/other.cu.o\tunit-timeout\tno answer within 5 s\n")
+        return written
+
+    monkeypatch.setattr(launcher.os, "write", then_a_parallel_unit)
+    launcher.record_fallback({"build_dir": str(tmp_path), "max_cluster_failures": 3, "scheduler": "http://s"},
+                             "CMakeFiles/m.dir/x.cu.o", "unit-timeout", "no answer within 5 s")
+    monkeypatch.undo()
+    assert "the sccache-dist cluster failed CMakeFiles/m.dir/x.cu.o" in capsys.readouterr().err
+    assert len(fallbacks.read_text().splitlines()) == 2
