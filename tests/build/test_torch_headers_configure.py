@@ -36,15 +36,19 @@ def test_every_compile_reads_torch_headers_from_the_staged_copy(tmp_path, source
         assert str(torch_root()) not in command, command
 
 
-def test_a_store_others_can_write_leaves_the_headers_where_torch_has_them(tmp_path, sources):
+def test_a_store_others_can_write_stops_the_configure_before_anything_is_staged(tmp_path, sources):
+    # The store holds the staged upstream sources (issue 33) beside torch's headers (issue 38):
+    # one that others can write stops the configure for the sources, naming the store and the
+    # fix, and nothing, torch's headers included, is staged there. (Where torch's headers alone
+    # cannot be staged, the configure compiles from torch's own folder with a warning:
+    # tests/unit/test_torch_headers.py holds torch_headers.py's refusal of such a store.)
     user_cache = tmp_path / "user-cache"
     store = user_cache / "vendored-flash-attn" / "staged"
     store.mkdir(parents=True)
     os.chmod(store, 0o777)
     build, result = configured(tmp_path, sources, env=clean_env(XDG_CACHE_HOME=str(user_cache)), **MINIMAL)
-    assert result.returncode == 0, result.output
-    assert "torch's headers could not be staged" in result.text and "is not this user's alone" in result.text
-    assert "misses the compiler cache for each unit that includes torch" in result.text
+    assert result.returncode != 0, result.output
+    text = " ".join(result.output.split())
+    assert "is not this user's alone: group or others may write it (mode 777)" in text, result.output
+    assert "chmod go-w" in text, result.output
     assert list(store.iterdir()) == []
-    for entry in compile_commands(build):
-        assert f"-isystem {torch_root()}/include " in entry["command"], entry["command"]
