@@ -98,8 +98,11 @@ def stop_servers(settings: dict) -> None:
     import sccache_stats  # not at the top: this module runs once per unit and stays small
     for overrides in own_servers(settings) + started_servers(settings):
         role = "local" if overrides == settings.get("local") else "server"
-        sccache_stats.save_counts(settings["sccache"], dict(os.environ, **overrides),
-                                  Path(settings["build_dir"]), role)
+        try:
+            sccache_stats.save_counts(settings["sccache"], dict(os.environ, **overrides),
+                                      Path(settings["build_dir"]), role)
+        except OSError:
+            pass  # the build dir is gone: its counts have nowhere to go, the server is stopped all the same
         try:
             subprocess.run([settings["sccache"], "--stop-server"], env=dict(os.environ, **overrides),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -166,16 +169,24 @@ def keep_servers(settings_path: str, build: str) -> int:
     except (OSError, ValueError):
         return 1
     owner = os.path.join(settings["build_dir"], OWNER)
+    # Out of the build dir it was started in: sccache's client (--stop-server) cannot run in a
+    # removed working directory.
+    os.chdir("/")
     while build_running(build):
         time.sleep(KEEPER_POLL_S)
-    with ServersLock(settings):
-        if read_text(owner) == build:
-            stop_servers(settings)
-            for name in (OWNER, STARTED):
-                try:
-                    os.unlink(os.path.join(settings["build_dir"], name))
-                except OSError:
-                    pass
+    try:
+        with ServersLock(settings):
+            if read_text(owner) == build:
+                stop_servers(settings)
+                for name in (OWNER, STARTED):
+                    try:
+                        os.unlink(os.path.join(settings["build_dir"], name))
+                    except OSError:
+                        pass
+    except FileNotFoundError:
+        # The build dir was removed as the build ended (`rm -rf build`, a test's tmp_path): no later
+        # build can claim its servers, and nothing else stops them (they have no idle timeout).
+        stop_servers(settings)
     return 0
 
 

@@ -238,6 +238,19 @@ def test_units_longer_than_the_idle_timeout_all_reach_the_cache(cached_build):
     rebuild_is_all_hits(b)
 
 
+def test_a_build_dir_removed_as_the_build_ends_has_its_server_stopped(cached_build):
+    """`rm -rf build` right after the build (as pytest removes a passed test's tmp_path): the
+    keeper, which wakes every KEEPER_POLL_S, finds no build dir, and stops the server all the
+    same; it once died on the missing lock file and left the server running for good (CI's
+    leftover check named it, issue 39)."""
+    import shutil
+    b = cached_build
+    first = ninja(b["build"], {**b["env"], "SLOW_S": "0"})
+    shutil.rmtree(b["build"])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert eventually(lambda: not server_pids(b["settings"])), "the server outlived its removed build dir"
+
+
 def test_a_killed_server_is_replaced_and_the_units_still_cached(cached_build):
     """The server killed while two units compile (sccache's client then fails the compile): one
     line says so, both units compile again through a new server, the build succeeds."""
