@@ -139,7 +139,16 @@ class SkipSummary:
             terminalreporter.write_line(f"{len(tests)} skipped ({which}): {reason}")
 
 
+def is_xdist_worker(config) -> bool:
+    """A pytest-xdist worker (.ci/run runs the suite on two): the session-wide checks below run
+    in the controller alone, which sees every worker's reports; its session marker (Leftovers)
+    reaches the workers and what they start through their environment."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
+    if is_xdist_worker(config):
+        return
     if not config.getoption("collectonly"):
         # every process the tests start, named and stopped if it outlives the session
         config.pluginmanager.register(Leftovers(config.getoption("--leftover-grace")), "vfa-leftovers")
