@@ -18,6 +18,8 @@ passed it, as overhead.py's isolated mode does):
                  dict built and unpacked per call)
   fa3 / fa2      fa_version=3 / 2, overhead.py's call
   upstream_fa3 / upstream_fa2   upstream's wrapper at the pin (--upstream-file), same stubs
+  metadata_reads the 25 tensor-metadata reads the quick path's checks make for this call on a
+                 CPU runtime, alone (absolute µs): the floor of a Python check of this call
 Two modes:
   isolated       the stub returns at once (overhead.py's isolated mode)
   polluted       the stub first copies --pollute-kib KiB between two buffers (a torch op, so the
@@ -50,9 +52,9 @@ sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402
 
-VARIANTS = ("none_harness", "none_keywords", "fa3", "fa2", "upstream_fa3", "upstream_fa2")
+VARIANTS = ("none_harness", "none_keywords", "fa3", "fa2", "upstream_fa3", "upstream_fa2", "metadata_reads")
 RAW = {"none_harness": "raw_fa3", "none_keywords": "raw_fa3", "fa3": "raw_fa3", "fa2": "raw_fa2",
-       "upstream_fa3": "raw_fa3", "upstream_fa2": "raw_fa2"}
+       "upstream_fa3": "raw_fa3", "upstream_fa2": "raw_fa2", "metadata_reads": None}
 MODES = ("isolated", "polluted")
 
 
@@ -108,6 +110,17 @@ def _child(package_root: str, upstream_file: str, pollute_kib: int) -> None:
     }
     for call in calls.values():
         call()
+    def metadata_reads():
+        # The tensor metadata the quick path reads for this call on a CPU runtime (interface._quick,
+        # every check it makes, none of its logic): its floor in Python.
+        q.shape, q.get_device(), q.dtype, q.is_cpu, q.is_contiguous()
+        k.shape, k.dtype, k.is_cpu, k.is_contiguous()
+        v.shape, v.dtype, v.is_cpu, v.is_contiguous()
+        cu.is_cpu, cu.shape, cu.dtype, cu.is_contiguous()
+        used.is_cpu, used.shape, used.dtype, used.is_contiguous()
+        table.is_cpu, table.shape, table.dtype, table.stride(-1)  # one column: stride(-1), not is_contiguous()
+
+    calls["metadata_reads"] = metadata_reads
     for version, name in ((3, "raw_fa3"), (2, "raw_fa2")):
         calls[name] = lambda stub=ours[version], args=recorded[version]: stub(*args)
     if upstream_file:
@@ -188,7 +201,7 @@ def summarize(samples: dict) -> dict:
     result: dict = {}
     for mode in MODES:
         rows = {}
-        for name in VARIANTS + ("raw_fa3", "raw_fa2"):
+        for name in VARIANTS + ("raw_fa3", "raw_fa2"):  # raw_* and metadata_reads: absolute µs
             row = {}
             for tree, by_mode in samples.items():
                 found = by_mode.get(mode, [])
@@ -196,7 +209,7 @@ def summarize(samples: dict) -> dict:
                     continue
                 for label, pick in ((tree, min), (f"{tree}_median", statistics.median)):
                     row[label] = pick(s[name] for s in found) - (
-                        0.0 if name.startswith("raw_") else pick(s[RAW[name]] for s in found))
+                        0.0 if RAW.get(name) is None else pick(s[RAW[name]] for s in found))
             if "before" in row and "after" in row:
                 row["after_minus_before"] = row["after"] - row["before"]
             if row:

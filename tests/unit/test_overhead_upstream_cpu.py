@@ -121,7 +121,7 @@ def test_side_by_side_isolated(describe, fake_ops, cute):
     assert set(result["isolated"]) == set(overhead.SIDE_LABELS)
     assert all(r["samples"] == 2 and r["median_us"] > 0 for r in result["isolated"].values())
     families = [r["family"] for r in result["isolated_overhead"]]
-    assert families == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert families == ["FA3", "FA3 (selector)", "FA3 (selector, keyword call)", "FA2", "FA4"]
     assert all("ours_minus_upstream_us" in r for r in result["isolated_overhead"])
     # the real ops are back: this package's next call reaches the fake op, FA4 the real stand-in
     fake_ops.calls.clear()
@@ -159,9 +159,10 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
                         "--isolated-calls", "8", "--upstream-file", str(wrong), "--plain"])
     assert rc == 0
     section = json.loads((tmp_path / "overhead-cpu.json").read_text())["modes"]["upstream"]
-    assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "c_raw_fa3", "a2_interface_fa2",
-                                        "c2_raw_fa2", "a4_interface_fa4", "c4_raw_fa4"}
-    assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "b_interface_selector_keywords",
+                                        "c_raw_fa3", "a2_interface_fa2", "c2_raw_fa2", "a4_interface_fa4", "c4_raw_fa4"}
+    assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)",
+                                                                   "FA3 (selector, keyword call)", "FA2", "FA4"]
     assert "not the pinned file, not run" in section["upstream_error"]
     assert "stand-in" in section["cpu"] and "stalled" not in section
     assert section["full_path_calls"] == 0  # what is timed is the quick path, FA4's included
@@ -193,3 +194,31 @@ def test_runs_are_summarized_as_medians_with_their_spread(tmp_path, capsys):
     assert fa3["goal_not_above_upstream"].startswith("PASS (within noise")
     assert selector["goal_selector"] == "PASS (within noise: the runs range from +2.50 to +3.40)"
     assert "median [min, max] of 5 runs" in capsys.readouterr().out
+
+
+def test_the_keyword_call_is_the_same_call(describe, fake_ops):
+    """(b')/(u3') write call_kwargs out as keywords, as vLLM's backend calls: the op receives
+    exactly what the **kwargs call (b) gives it, and a keyword the writer does not know is refused
+    rather than dropped."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    describe(caps=(HOPPER,), build=make_build("minimal"))
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    kwargs = overhead.call_kwargs(inp)
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=None, **kwargs)
+    overhead.keyword_call(flash_attn_varlen_func, inp.q, inp.k, inp.v, kwargs, None)()
+    (name_a, harness), (name_b, keywords) = fake_ops.calls[-2:]
+    assert name_a == name_b == "fwd"
+    assert all(harness[n] is keywords[n] if isinstance(harness[n], torch.Tensor) else harness[n] == keywords[n]
+               for n in harness)
+    with pytest.raises(ValueError, match="softcap"):
+        overhead.keyword_call(flash_attn_varlen_func, inp.q, inp.k, inp.v, {**kwargs, "softcap": 1.0}, None)
+
+
+def test_the_keyword_row_is_held_to_the_selector_goal():
+    medians = {"b_interface_selector": 45.0, "b_interface_selector_keywords": 42.5, "u3_upstream_fa3_keywords": 44.0,
+               "c_raw_fa3": 40.0}
+    rows = {r["family"]: r for r in overhead.side_by_side_rows(medians)}
+    keyword = rows["FA3 (selector, keyword call)"]
+    assert keyword["ours_us"] == pytest.approx(2.5) and keyword["goal_selector"] == "PASS"
+    assert keyword["ours_minus_upstream_us"] == pytest.approx(-1.5)
