@@ -18,6 +18,7 @@ passed it, as overhead.py's isolated mode does):
                  dict built and unpacked per call)
   fa3 / fa2      fa_version=3 / 2, overhead.py's call
   upstream_fa3 / upstream_fa2   upstream's wrapper at the pin (--upstream-file), same stubs
+  upstream_fa3_keywords         upstream's FA3 called as none_keywords is
   metadata_reads the 25 tensor-metadata reads the quick path's checks make for this call on a
                  CPU runtime, alone (absolute µs): the floor of a Python check of this call
 Two modes:
@@ -52,9 +53,11 @@ sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402
 
-VARIANTS = ("none_harness", "none_keywords", "fa3", "fa2", "upstream_fa3", "upstream_fa2", "metadata_reads")
+VARIANTS = ("none_harness", "none_keywords", "fa3", "fa2", "upstream_fa3", "upstream_fa3_keywords", "upstream_fa2",
+            "metadata_reads")
 RAW = {"none_harness": "raw_fa3", "none_keywords": "raw_fa3", "fa3": "raw_fa3", "fa2": "raw_fa2",
-       "upstream_fa3": "raw_fa3", "upstream_fa2": "raw_fa2", "metadata_reads": None}
+       "upstream_fa3": "raw_fa3", "upstream_fa3_keywords": "raw_fa3", "upstream_fa2": "raw_fa2",
+       "metadata_reads": None}
 MODES = ("isolated", "polluted")
 
 
@@ -80,7 +83,7 @@ def _child(package_root: str, upstream_file: str, pollute_kib: int) -> None:
     inp = overhead.DecodeInputs(256, [overhead.PAGE_SIZE] * 256, device="cpu")
     q, k, v = inp.q, inp.k, inp.v
     kwargs = overhead.call_kwargs(inp)
-    cu, used, table, max_q, max_k = inp.cu_seqlens_q, inp.seqused_k, inp.block_table, inp.max_seqlen_q, inp.max_seqlen_k
+    cu, used, table = inp.cu_seqlens_q, inp.seqused_k, inp.block_table
     for version in (3, None, 2):
         flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs)  # resolved with the fake ops
     empty = q.new_empty(0)
@@ -102,9 +105,7 @@ def _child(package_root: str, upstream_file: str, pollute_kib: int) -> None:
         interface._resolved[key] = dataclasses.replace(entry, op=ours[entry.family.version])
     calls = {
         "none_harness": lambda: flash_attn_varlen_func(q, k, v, fa_version=None, **kwargs),
-        "none_keywords": lambda: flash_attn_varlen_func(
-            q=q, k=k, v=v, cu_seqlens_q=cu, max_seqlen_q=max_q, seqused_k=used, max_seqlen_k=max_k,
-            causal=True, block_table=table, fa_version=None),
+        "none_keywords": overhead.keyword_call(flash_attn_varlen_func, q, k, v, kwargs, None),
         "fa3": lambda: flash_attn_varlen_func(q, k, v, fa_version=3, **kwargs),
         "fa2": lambda: flash_attn_varlen_func(q, k, v, fa_version=2, **kwargs),
     }
@@ -134,6 +135,7 @@ def _child(package_root: str, upstream_file: str, pollute_kib: int) -> None:
         for version in (3, 2):
             calls[f"upstream_fa{version}"] = (
                 lambda version=version: upstream.flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs))
+        calls["upstream_fa3_keywords"] = overhead.keyword_call(upstream.flash_attn_varlen_func, q, k, v, kwargs, 3)
     full_path = [0]
     real_check = interface.check_varlen_call
 
