@@ -222,3 +222,39 @@ def test_the_keyword_row_is_held_to_the_selector_goal():
     keyword = rows["FA3 (selector, keyword call)"]
     assert keyword["ours_us"] == pytest.approx(2.5) and keyword["goal_selector"] == "PASS"
     assert keyword["ours_minus_upstream_us"] == pytest.approx(-1.5)
+
+
+def test_compare_reads_minima_over_raw_and_the_trees_difference():
+    """overhead_compare.summarize: each tree's minimum over the rounds minus its raw row's
+    minimum (a loaded machine only slows a sample, so one slow round moves nothing); the
+    metadata reads and raw rows as they are; after - before of those minima."""
+    compare = load("overhead_compare")
+
+    def sample(none, raw, reads=2.0):
+        return {"none_harness": none, "raw_fa3": raw, "metadata_reads": reads}
+
+    before = [sample(5.0, 0.3), sample(9.0, 0.25), sample(5.2, 0.4)]
+    after = [sample(4.5, 0.3), sample(4.4, 0.2), sample(30.0, 0.2, reads=1.5)]
+    rows = compare.summarize({"before": {"isolated": before, "polluted": []},
+                              "after": {"isolated": after, "polluted": []}})["isolated"]
+    assert rows["none_harness"]["before"] == pytest.approx(5.0 - 0.25)
+    assert rows["none_harness"]["after"] == pytest.approx(4.4 - 0.2)
+    assert rows["none_harness"]["after_minus_before"] == pytest.approx(4.2 - 4.75)
+    assert rows["metadata_reads"]["after"] == pytest.approx(1.5) and rows["raw_fa3"]["before"] == pytest.approx(0.25)
+    assert "fa2" not in rows  # a row no sample has is left out
+
+
+def test_compare_runs_two_trees(tmp_path):
+    """The whole tool, one round of two calls: HEAD's package against the working tree, each in
+    its own process; every row of both modes measured, every timed call on the quick path."""
+    import json
+
+    compare = load("overhead_compare")
+    assert compare.main(["--before", "HEAD", "--rounds", "1", "--calls", "2", "--out", str(tmp_path),
+                         "--plain"]) == 0
+    result = json.loads((tmp_path / "overhead-compare.json").read_text(encoding="utf-8"))
+    for mode in ("isolated", "polluted"):
+        rows = result["modes"][mode]
+        assert {"none_harness", "none_keywords", "fa3", "fa2", "metadata_reads"} <= set(rows)
+        assert all("after_minus_before" in row for row in rows.values())
+    assert result["full_path_calls"] == {"before": 0, "after": 0}
