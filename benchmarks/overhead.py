@@ -51,6 +51,9 @@ same inputs, same run, isolated and stalled as above:
   (u3) (u2) upstream's ``vllm_flash_attn.flash_attn_varlen_func(..., fa_version=3 / 2)`` of
        the pinned commit, loaded at run time (benchmarks/upstream_interface.py: the pinned git
        blob checked first) and pointed at this wheel's ops
+  (c2u) the raw FA2 op with (c2)'s arguments but for cu_seqlens_k, a tensor of its own as
+       upstream's wrapper passes it (this package passes cu_seqlens_q for a paged cache): in the
+       stalled mode, whether the op's host time differs between the two
   (b') (u3') (b) and (u3) called as vLLM's backend calls: every argument a keyword written
        out (the other rows pass ``**kwargs``, a dict built and unpacked per call on both sides)
   (a4) this package's ``fa_version=4``; (u4) upstream's ``flash_attn/cute`` interface,
@@ -352,6 +355,7 @@ SIDE_LABELS = {
     "a2_interface_fa2": "(a2) this package, fa_version=2",
     "u2_upstream_fa2": "(u2) upstream vllm_flash_attn, fa_version=2",
     "c2_raw_fa2": "(c2) raw FA2 op",
+    "c2u_raw_fa2_upstream_args": "(c2u) raw FA2 op, cu_seqlens_k a tensor of its own as upstream's wrapper passes",
     "a4_interface_fa4": "(a4) this package, fa_version=4",
     "u4_upstream_cute_fa4": "(u4) upstream flash_attn.cute flash_attn_varlen_func",
     "c4_raw_fa4": "(c4) upstream _flash_attn_fwd, the adapter's arguments",
@@ -406,7 +410,26 @@ def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, ra
             causal=kwargs["causal"], num_splits=0)  # 0: its split heuristic, as this package's call
     for version, (target, args, kw) in raw.items():
         fns[RAW_NAMES[version]] = lambda target=target, args=args, kw=kw: target(*args, **kw)
+    if 2 in raw:
+        target, args, kw = raw[2]
+        theirs = upstream_fa2_args(args)
+        if theirs is not None:
+            fns["c2u_raw_fa2_upstream_args"] = lambda target=target, args=theirs, kw=kw: target(*args, **kw)
     return fns
+
+
+FA2_CU_SEQLENS_Q, FA2_CU_SEQLENS_K = 4, 5  # positions in FA2's varlen_fwd schema (op_schemas.FA2_VARLEN_FWD)
+
+
+def upstream_fa2_args(args: tuple) -> Optional[tuple]:
+    """This package's FA2 op arguments for a paged call with FA2's cu_seqlens_k as upstream's
+    wrapper passes it: a tensor of its own (upstream: ``torch.empty_like(cu_seqlens_q)`` per call;
+    here made once, so only the argument differs) where this package passes cu_seqlens_q
+    (fa2.launch). The stalled mode's (c2) against this row is the op's own host time for the
+    two argument forms. None when the call passes cu_seqlens_k (not paged)."""
+    if args[FA2_CU_SEQLENS_K] is not args[FA2_CU_SEQLENS_Q]:
+        return None
+    return args[:FA2_CU_SEQLENS_K] + (args[FA2_CU_SEQLENS_Q].clone(),) + args[FA2_CU_SEQLENS_K + 1:]
 
 
 @contextlib.contextmanager

@@ -160,7 +160,8 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
     assert rc == 0
     section = json.loads((tmp_path / "overhead-cpu.json").read_text())["modes"]["upstream"]
     assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "b_interface_selector_keywords",
-                                        "c_raw_fa3", "a2_interface_fa2", "c2_raw_fa2", "a4_interface_fa4", "c4_raw_fa4"}
+                                        "c_raw_fa3", "a2_interface_fa2", "c2_raw_fa2", "c2u_raw_fa2_upstream_args",
+                                        "a4_interface_fa4", "c4_raw_fa4"}
     assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)",
                                                                    "FA3 (selector, keyword call)", "FA2", "FA4"]
     assert "not the pinned file, not run" in section["upstream_error"]
@@ -258,3 +259,21 @@ def test_compare_runs_two_trees(tmp_path):
         assert {"none_harness", "none_keywords", "fa3", "fa2", "metadata_reads"} <= set(rows)
         assert all("after_minus_before" in row for row in rows.values())
     assert result["full_path_calls"] == {"before": 0, "after": 0}
+
+
+def test_the_fa2_op_with_upstreams_cu_seqlens_k(describe, fake_ops):
+    """(c2u): this package's FA2 op call for a paged cache with cu_seqlens_k a tensor of its own
+    (equal values, not cu_seqlens_q itself), every other argument the very object this package
+    passed; a call that passes its own cu_seqlens_k has no such row."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    describe(caps=(HOPPER,), build=make_build("minimal"))
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=2, **overhead.call_kwargs(inp))
+    name, passed = fake_ops.calls[-1]
+    ours = tuple(passed.values())
+    theirs = overhead.upstream_fa2_args(ours)
+    assert name == "varlen_fwd" and list(passed)[4:6] == ["cu_seqlens_q", "cu_seqlens_k"]
+    assert theirs[5] is not inp.cu_seqlens_q and torch.equal(theirs[5], inp.cu_seqlens_q)
+    assert all(a is b for i, (a, b) in enumerate(zip(ours, theirs)) if i != 5) and len(theirs) == len(ours)
+    assert overhead.upstream_fa2_args(ours[:5] + (inp.cu_seqlens_q.clone(),) + ours[6:]) is None
