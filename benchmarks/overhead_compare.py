@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import json
 import os
 import statistics
@@ -170,7 +171,7 @@ def _tree(rev: str, dest: Path) -> Path:
                               "pyproject.toml"],
                              capture_output=True, check=True, timeout=60).stdout
     dest.mkdir(parents=True)
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
     return dest / "python"
 
