@@ -51,6 +51,11 @@ same inputs, same run, isolated and stalled as above:
   (u3) (u2) upstream's ``vllm_flash_attn.flash_attn_varlen_func(..., fa_version=3 / 2)`` of
        the pinned commit, loaded at run time (benchmarks/upstream_interface.py: the pinned git
        blob checked first) and pointed at this wheel's ops
+  (c2u) the raw FA2 op with (c2)'s arguments but for cu_seqlens_k, a tensor of its own as
+       upstream's wrapper passes it (this package passes cu_seqlens_q for a paged cache): in the
+       stalled mode, whether the op's host time differs between the two
+  (b') (u3') (b) and (u3) called as vLLM's backend calls: every argument a keyword written
+       out (the other rows pass ``**kwargs``, a dict built and unpacked per call on both sides)
   (a4) this package's ``fa_version=4``; (u4) upstream's ``flash_attn/cute`` interface,
        ``flash_attn_varlen_func`` (the wheel's copy of it); (c4) upstream's
        ``_flash_attn_fwd`` called with the arguments this package's FA4 adapter passes it
@@ -59,7 +64,7 @@ Isolated, upstream's ops are a stub reached through the same ``torch.ops`` attri
 OpOverloadPacket's overload resolution, which this package skips by calling ``.default``, is
 not counted: in upstream's favour); FA4's ``_flash_attn_fwd`` is a stub for (a4), (u4) and (c4)
 alike. Goals (issue 27): this package's overhead <= upstream's for each family, and
-(b) - (c) <= 3 us.
+(b) - (c) <= 3 us (shown for (b') - (c) too).
 """
 
 from __future__ import annotations
@@ -343,11 +348,14 @@ def overhead_rows(medians: dict[str, Optional[float]]) -> list[dict]:
 SIDE_LABELS = {
     "a_interface_fa3": "(a) this package, fa_version=3",
     "b_interface_selector": "(b) this package, fa_version=None",
+    "b_interface_selector_keywords": "(b') this package, fa_version=None, vLLM's keyword call",
     "u3_upstream_fa3": "(u3) upstream vllm_flash_attn, fa_version=3",
+    "u3_upstream_fa3_keywords": "(u3') upstream vllm_flash_attn, fa_version=3, vLLM's keyword call",
     "c_raw_fa3": "(c) raw FA3 op",
     "a2_interface_fa2": "(a2) this package, fa_version=2",
     "u2_upstream_fa2": "(u2) upstream vllm_flash_attn, fa_version=2",
     "c2_raw_fa2": "(c2) raw FA2 op",
+    "c2u_raw_fa2_upstream_args": "(c2u) raw FA2 op, cu_seqlens_k a tensor of its own as upstream's wrapper passes",
     "a4_interface_fa4": "(a4) this package, fa_version=4",
     "u4_upstream_cute_fa4": "(u4) upstream flash_attn.cute flash_attn_varlen_func",
     "c4_raw_fa4": "(c4) upstream _flash_attn_fwd, the adapter's arguments",
@@ -355,9 +363,27 @@ SIDE_LABELS = {
 # (family, this package, upstream's wrapper, raw)
 SIDE_PAIRS = (("FA3", "a_interface_fa3", "u3_upstream_fa3", "c_raw_fa3"),
               ("FA3 (selector)", "b_interface_selector", "u3_upstream_fa3", "c_raw_fa3"),
+              ("FA3 (selector, keyword call)", "b_interface_selector_keywords", "u3_upstream_fa3_keywords",
+               "c_raw_fa3"),
               ("FA2", "a2_interface_fa2", "u2_upstream_fa2", "c2_raw_fa2"),
               ("FA4", "a4_interface_fa4", "u4_upstream_cute_fa4", "c4_raw_fa4"))
 RAW_NAMES = {3: "c_raw_fa3", 2: "c2_raw_fa2", 4: "c4_raw_fa4"}
+SELECTOR_ROWS = ("b_interface_selector", "b_interface_selector_keywords")
+
+
+def keyword_call(function, q, k, v, kwargs: dict, fa_version):
+    """``function`` called as vLLM's FlashAttention backend writes the call: every argument a
+    keyword written out at the call site. The other rows call ``function(q, k, v,
+    fa_version=..., **kwargs)``, which builds and unpacks a dict per call (about 0.8 us on the
+    CPU machine, benchmarks/overhead_compare.py) in this package's and upstream's rows alike."""
+    cu_seqlens_q, max_seqlen_q = kwargs["cu_seqlens_q"], kwargs["max_seqlen_q"]
+    seqused_k, max_seqlen_k = kwargs["seqused_k"], kwargs["max_seqlen_k"]
+    block_table, causal = kwargs["block_table"], kwargs["causal"]
+    if set(kwargs) != {"cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k", "block_table", "causal"}:
+        raise ValueError(f"keyword_call writes out call_kwargs' keywords, got {sorted(kwargs)}")
+    return lambda: function(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                            seqused_k=seqused_k, max_seqlen_k=max_seqlen_k, causal=causal,
+                            block_table=block_table, fa_version=fa_version)
 
 
 def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, raw: dict) -> dict:
@@ -373,6 +399,10 @@ def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, ra
         if version in (2, 3) and upstream is not None:
             fns[f"u{version}_upstream_fa{version}"] = (
                 lambda version=version: upstream.flash_attn_varlen_func(q, k, v, fa_version=version, **kwargs))
+    if None in versions:  # the goal's call as vLLM makes it, beside upstream's FA3 made the same way
+        fns["b_interface_selector_keywords"] = keyword_call(flash_attn_varlen_func, q, k, v, kwargs, None)
+        if 3 in versions and upstream is not None:
+            fns["u3_upstream_fa3_keywords"] = keyword_call(upstream.flash_attn_varlen_func, q, k, v, kwargs, 3)
     if 4 in versions and getattr(cute, "flash_attn_varlen_func", None) is not None:
         fns["u4_upstream_cute_fa4"] = lambda: cute.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=kwargs["cu_seqlens_q"], max_seqlen_q=kwargs["max_seqlen_q"],
@@ -380,7 +410,26 @@ def side_by_side_calls(q, k, v, kwargs: dict, upstream, cute, versions: list, ra
             causal=kwargs["causal"], num_splits=0)  # 0: its split heuristic, as this package's call
     for version, (target, args, kw) in raw.items():
         fns[RAW_NAMES[version]] = lambda target=target, args=args, kw=kw: target(*args, **kw)
+    if 2 in raw:
+        target, args, kw = raw[2]
+        theirs = upstream_fa2_args(args)
+        if theirs is not None:
+            fns["c2u_raw_fa2_upstream_args"] = lambda target=target, args=theirs, kw=kw: target(*args, **kw)
     return fns
+
+
+FA2_CU_SEQLENS_Q, FA2_CU_SEQLENS_K = 4, 5  # positions in FA2's varlen_fwd schema (op_schemas.FA2_VARLEN_FWD)
+
+
+def upstream_fa2_args(args: tuple) -> Optional[tuple]:
+    """This package's FA2 op arguments for a paged call with FA2's cu_seqlens_k as upstream's
+    wrapper passes it: a tensor of its own (upstream: ``torch.empty_like(cu_seqlens_q)`` per call;
+    here made once, so only the argument differs) where this package passes cu_seqlens_q
+    (fa2.launch). The stalled mode's (c2) against this row is the op's own host time for the
+    two argument forms. None when the call passes cu_seqlens_k (not paged)."""
+    if args[FA2_CU_SEQLENS_K] is not args[FA2_CU_SEQLENS_Q]:
+        return None
+    return args[:FA2_CU_SEQLENS_K] + (args[FA2_CU_SEQLENS_Q].clone(),) + args[FA2_CU_SEQLENS_K + 1:]
 
 
 @contextlib.contextmanager
@@ -513,7 +562,7 @@ def side_by_side_rows(medians: dict) -> list[dict]:
             row["ours_minus_upstream_us"] = medians[ours] - medians[theirs]
             row["goal_not_above_upstream"] = common.bar_verdict(row["ours_minus_upstream_us"], 0.0,
                                                                 higher_is_better=False)
-        if ours == "b_interface_selector":
+        if ours in SELECTOR_ROWS:
             row["goal_selector_us"] = GOAL_SELECTOR_US
             row["goal_selector"] = common.bar_verdict(row["ours_us"], GOAL_SELECTOR_US, higher_is_better=False)
         rows.append(row)

@@ -121,7 +121,7 @@ def test_side_by_side_isolated(describe, fake_ops, cute):
     assert set(result["isolated"]) == set(overhead.SIDE_LABELS)
     assert all(r["samples"] == 2 and r["median_us"] > 0 for r in result["isolated"].values())
     families = [r["family"] for r in result["isolated_overhead"]]
-    assert families == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert families == ["FA3", "FA3 (selector)", "FA3 (selector, keyword call)", "FA2", "FA4"]
     assert all("ours_minus_upstream_us" in r for r in result["isolated_overhead"])
     # the real ops are back: this package's next call reaches the fake op, FA4 the real stand-in
     fake_ops.calls.clear()
@@ -159,9 +159,11 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
                         "--isolated-calls", "8", "--upstream-file", str(wrong), "--plain"])
     assert rc == 0
     section = json.loads((tmp_path / "overhead-cpu.json").read_text())["modes"]["upstream"]
-    assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "c_raw_fa3", "a2_interface_fa2",
-                                        "c2_raw_fa2", "a4_interface_fa4", "c4_raw_fa4"}
-    assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)", "FA2", "FA4"]
+    assert set(section["isolated"]) == {"a_interface_fa3", "b_interface_selector", "b_interface_selector_keywords",
+                                        "c_raw_fa3", "a2_interface_fa2", "c2_raw_fa2", "c2u_raw_fa2_upstream_args",
+                                        "a4_interface_fa4", "c4_raw_fa4"}
+    assert [r["family"] for r in section["isolated_overhead"]] == ["FA3", "FA3 (selector)",
+                                                                   "FA3 (selector, keyword call)", "FA2", "FA4"]
     assert "not the pinned file, not run" in section["upstream_error"]
     assert "stand-in" in section["cpu"] and "stalled" not in section
     assert section["full_path_calls"] == 0  # what is timed is the quick path, FA4's included
@@ -193,3 +195,85 @@ def test_runs_are_summarized_as_medians_with_their_spread(tmp_path, capsys):
     assert fa3["goal_not_above_upstream"].startswith("PASS (within noise")
     assert selector["goal_selector"] == "PASS (within noise: the runs range from +2.50 to +3.40)"
     assert "median [min, max] of 5 runs" in capsys.readouterr().out
+
+
+def test_the_keyword_call_is_the_same_call(describe, fake_ops):
+    """(b')/(u3') write call_kwargs out as keywords, as vLLM's backend calls: the op receives
+    exactly what the **kwargs call (b) gives it, and a keyword the writer does not know is refused
+    rather than dropped."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    describe(caps=(HOPPER,), build=make_build("minimal"))
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    kwargs = overhead.call_kwargs(inp)
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=None, **kwargs)
+    overhead.keyword_call(flash_attn_varlen_func, inp.q, inp.k, inp.v, kwargs, None)()
+    (name_a, harness), (name_b, keywords) = fake_ops.calls[-2:]
+    assert name_a == name_b == "fwd"
+    assert all(harness[n] is keywords[n] if isinstance(harness[n], torch.Tensor) else harness[n] == keywords[n]
+               for n in harness)
+    with pytest.raises(ValueError, match="softcap"):
+        overhead.keyword_call(flash_attn_varlen_func, inp.q, inp.k, inp.v, {**kwargs, "softcap": 1.0}, None)
+
+
+def test_the_keyword_row_is_held_to_the_selector_goal():
+    medians = {"b_interface_selector": 45.0, "b_interface_selector_keywords": 42.5, "u3_upstream_fa3_keywords": 44.0,
+               "c_raw_fa3": 40.0}
+    rows = {r["family"]: r for r in overhead.side_by_side_rows(medians)}
+    keyword = rows["FA3 (selector, keyword call)"]
+    assert keyword["ours_us"] == pytest.approx(2.5) and keyword["goal_selector"] == "PASS"
+    assert keyword["ours_minus_upstream_us"] == pytest.approx(-1.5)
+
+
+def test_compare_reads_minima_over_raw_and_the_trees_difference():
+    """overhead_compare.summarize: each tree's minimum over the rounds minus its raw row's
+    minimum (a loaded machine only slows a sample, so one slow round moves nothing); the
+    metadata reads and raw rows as they are; after - before of those minima."""
+    compare = load("overhead_compare")
+
+    def sample(none, raw, reads=2.0):
+        return {"none_harness": none, "raw_fa3": raw, "metadata_reads": reads}
+
+    before = [sample(5.0, 0.3), sample(9.0, 0.25), sample(5.2, 0.4)]
+    after = [sample(4.5, 0.3), sample(4.4, 0.2), sample(30.0, 0.2, reads=1.5)]
+    rows = compare.summarize({"before": {"isolated": before, "polluted": []},
+                              "after": {"isolated": after, "polluted": []}})["isolated"]
+    assert rows["none_harness"]["before"] == pytest.approx(5.0 - 0.25)
+    assert rows["none_harness"]["after"] == pytest.approx(4.4 - 0.2)
+    assert rows["none_harness"]["after_minus_before"] == pytest.approx(4.2 - 4.75)
+    assert rows["metadata_reads"]["after"] == pytest.approx(1.5) and rows["raw_fa3"]["before"] == pytest.approx(0.25)
+    assert "fa2" not in rows  # a row no sample has is left out
+
+
+def test_compare_runs_two_trees(tmp_path):
+    """The whole tool, one round of two calls: HEAD's package against the working tree, each in
+    its own process; every row of both modes measured, every timed call on the quick path."""
+    import json
+
+    compare = load("overhead_compare")
+    assert compare.main(["--before", "HEAD", "--rounds", "1", "--calls", "2", "--out", str(tmp_path),
+                         "--plain"]) == 0
+    result = json.loads((tmp_path / "overhead-compare.json").read_text(encoding="utf-8"))
+    for mode in ("isolated", "polluted"):
+        rows = result["modes"][mode]
+        assert {"none_harness", "none_keywords", "fa3", "fa2", "metadata_reads"} <= set(rows)
+        assert all("after_minus_before" in row for row in rows.values())
+    assert result["full_path_calls"] == {"before": 0, "after": 0}
+
+
+def test_the_fa2_op_with_upstreams_cu_seqlens_k(describe, fake_ops):
+    """(c2u): this package's FA2 op call for a paged cache with cu_seqlens_k a tensor of its own
+    (equal values, not cu_seqlens_q itself), every other argument the very object this package
+    passed; a call that passes its own cu_seqlens_k has no such row."""
+    from vendored_flash_attn import flash_attn_varlen_func
+
+    describe(caps=(HOPPER,), build=make_build("minimal"))
+    inp = overhead.DecodeInputs(4, [40, 16, 33, 64], device="cpu")
+    flash_attn_varlen_func(inp.q, inp.k, inp.v, fa_version=2, **overhead.call_kwargs(inp))
+    name, passed = fake_ops.calls[-1]
+    ours = tuple(passed.values())
+    theirs = overhead.upstream_fa2_args(ours)
+    assert name == "varlen_fwd" and list(passed)[4:6] == ["cu_seqlens_q", "cu_seqlens_k"]
+    assert theirs[5] is not inp.cu_seqlens_q and torch.equal(theirs[5], inp.cu_seqlens_q)
+    assert all(a is b for i, (a, b) in enumerate(zip(ours, theirs)) if i != 5) and len(theirs) == len(ours)
+    assert overhead.upstream_fa2_args(ours[:5] + (inp.cu_seqlens_q.clone(),) + ours[6:]) is None
