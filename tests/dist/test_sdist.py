@@ -237,9 +237,10 @@ def test_an_isolated_build_from_the_sdist_stages_fa4_and_passes_the_release_chec
 
 
 @pytest.fixture(scope="module")
-def isolated_install(isolated):
+def isolated_install(isolated, isolated_sdist_wheel):
     """`pip install <checkout>` from the fresh venv, default isolation, FA4 on: the second
-    isolated build, from another folder than the sdist's."""
+    isolated build, from another folder than the sdist's (after it, whichever test asks first:
+    its cache hits are measured against the first build's)."""
     project = checkout_copy(isolated["root"] / "checkout")
     run([tool("sccache"), "--zero-stats"], env=isolated["env"])
     result = isolated_pip(isolated, "install", "--no-deps", "-v", str(project), VFA_BUILD_FA4="on")
