@@ -563,11 +563,12 @@ def test_an_edit_during_a_compile_undone_before_it_ends_fails_this_build(filled,
     assert (build / _object_of(build, "hopper/flash_api.cpp")).exists()
 
 
-@pytest.mark.parametrize("edit", ["spec", "stub"])
+@pytest.mark.parametrize("edit", ["spec", "stub", "stub writable by others"])
 def test_the_build_dirs_own_inputs_edited_after_configure_stop_the_build(filled, pin, cache, tmp_path, edit):
     """The check's spec says what to check; the generated stub is compiled. Each is held to the
     digest the configure wrote, which lives in the build file's command (on 0d62d60 an emptied
-    spec checked nothing and an edited stub was compiled)."""
+    spec checked nothing and an edited stub was compiled); the stub, staged by content like the
+    sources, also to their rules (a copy another user could write is not compiled)."""
     build = _configured(pin, cache, tmp_path / "build")
     if edit == "spec":
         spec = build / "vfa_verified_sources.json"
@@ -575,10 +576,14 @@ def test_the_build_dirs_own_inputs_edited_after_configure_stop_the_build(filled,
         data["components"] = []
         spec.write_text(json.dumps(data))
         shown = f"the source check's spec '{spec}' is not the one this build was configured with"
-    else:
+    elif edit == "stub":
         stub = _stub(build)
         stub.write_text(stub.read_text() + '\n#error "edited after the configure"\n')
         shown = f"the generated file '{stub}' is not what the configure wrote"
+    else:
+        stub = _stub(build)
+        stub.chmod(0o666)
+        shown = f"the generated file '{stub}' is not what the configure wrote (edited since: 1 entry that another user"
     built = _build(build, "vfa_verified_sources")
     assert built.returncode != 0, built.output[-3000:]
     assert shown in built.text
