@@ -44,14 +44,15 @@ function(vfa_add_family_target family)
   vfa_verified_sources_of(kernels ${family} "build.kernels" ${VFA_${part}_INSTANTIATIONS})
   list(APPEND sources ${kernels})
   if(VFA_${part}_MISSING)
-    vfa_write_family_stubs(stubs ${family} "${CMAKE_BINARY_DIR}/generated")
+    vfa_write_family_stubs(stubs ${family})
     # Verified at build time like the sources (cmake/UpstreamBuildCheck.cmake).
     set_property(GLOBAL APPEND PROPERTY VFA_GENERATED_SOURCES "${stubs}")
     list(APPEND sources "${stubs}")
-    # Its error messages name it (__FILE__, in STD_TORCH_CHECK): by a path that is the
-    # same in every build dir, or two builds of one selection differ in their bytes.
+    # Its error messages name it (__FILE__, in STD_TORCH_CHECK): by a path that is the same
+    # for every user's store, or two builds of one selection differ in their bytes.
+    get_filename_component(stubs_dir "${stubs}" DIRECTORY)
     set_source_files_properties("${stubs}" PROPERTIES COMPILE_OPTIONS
-      "$<$<CXX_COMPILER_ID:GNU,Clang>:-fmacro-prefix-map=${CMAKE_BINARY_DIR}/generated=vendored-flash-attn-generated>")
+      "$<$<CXX_COMPILER_ID:GNU,Clang>:-fmacro-prefix-map=${stubs_dir}=vendored-flash-attn-generated>")
   endif()
   # Include dirs: [component, folders...] in order, each folder verified against the pin
   # (cmake/UpstreamVerify.cmake: never a folder nobody checked, such as csrc/ itself).

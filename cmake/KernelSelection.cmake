@@ -280,42 +280,51 @@ function(vfa_family_selection family head_dims dtypes features)
   set(VFA_${part}_DEFINES "${defines}" PARENT_SCOPE)
 endfunction()
 
-# Writes <text> to <path> unless it holds exactly that already (so an unchanged
-# file keeps its time and is not compiled again): every configure compares, so
-# a file edited or cut short since the last one is written anew, never reused
-# on the strength of its name. Through a temporary file read back before it is
-# renamed into place: a write cut short (a full disk) stops here instead of
-# leaving half a file.
-#   vfa_write_generated_file(/build/generated/x.cpp "int x;\n")  ->  /build/generated/x.cpp
-function(vfa_write_generated_file path text)
-  if(EXISTS "${path}")
-    file(READ "${path}" current)
-    if(current STREQUAL text)
-      return()
-    endif()
-  endif()
-  get_filename_component(dir "${path}" DIRECTORY)
-  file(MAKE_DIRECTORY "${dir}")
+# Stages <text> as <filename> in the user's staged store (VFA_STAGED_SOURCES, the one the
+# upstream sources and torch's headers are staged in: cmake/staged_tree.py) and returns its path,
+# <store>/<name>-<digest>/<filename>: a path that depends only on the text, the same in every
+# checkout and build dir of the user. The compiler cache keys on it (sccache hashes the
+# preprocessed text, whose line markers name the file by its absolute path), so a generated file
+# in the build dir missed the cache in every new build dir. What is staged is what this configure
+# computed: the expected digest is taken from <text> itself, not from a file; a copy already
+# there is reused only when its bytes are these, it is this user's and nobody else can write it,
+# else it is made again (so a copy edited or cut short since is never compiled); a store others
+# can write, or a write cut short (a full disk), stops the configure.
+#   vfa_stage_generated_file(path fa2_missing_kernels fa2_missing_kernels.cpp "int x;\n")
+#     ->  ~/.cache/vendored-flash-attn/staged/fa2_missing_kernels-3f1c.../fa2_missing_kernels.cpp
+function(vfa_stage_generated_file out_var name filename text)
+  string(SHA256 sha "${text}")
   string(RANDOM LENGTH 8 suffix)
-  set(tmp "${path}.tmp-${suffix}")
-  file(WRITE "${tmp}" "${text}")
-  file(READ "${tmp}" written)
-  if(NOT written STREQUAL text)
-    file(REMOVE "${tmp}")
-    message(FATAL_ERROR "Could not write '${path}' completely (is the disk under '${dir}' full?). "
-      "Free some space in the build dir's filesystem and configure again.")
+  # Written here only to be copied from: staged_tree.py hashes what it copies and compares it
+  # with <sha>, so an edit of this folder in between is refused, not staged.
+  set(tmp "${CMAKE_BINARY_DIR}/generated/.${name}-${suffix}")
+  file(MAKE_DIRECTORY "${tmp}")
+  file(WRITE "${tmp}/${filename}" "${text}")
+  file(WRITE "${tmp}.json" "{\"files\": [[\"${filename}\", \"644\", \"${sha}\"]]}\n")
+  vfa_script_python(python)
+  execute_process(
+    COMMAND "${python}" -E -s -S "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/staged_tree.py" stage --source "${tmp}"
+            --store "${VFA_STAGED_SOURCES}" --name "${name}" --expect "${tmp}.json" "${filename}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE)
+  file(REMOVE_RECURSE "${tmp}" "${tmp}.json")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "vendored-flash-attn: the generated file ${filename} could not be staged in "
+      "VFA_STAGED_SOURCES ('${VFA_STAGED_SOURCES}'): ${err}. Fix what the message says (a full disk: free "
+      "some space there) and configure again.")
   endif()
-  file(RENAME "${tmp}" "${path}")
+  string(JSON dir GET "${out}" path)
+  set(${out_var} "${dir}/${filename}" PARENT_SCOPE)
 endfunction()
 
 # Writes the C++ definitions of <family>'s kernels left out (VFA_<NAME>_MISSING, by its
-# declared stubs table) to a content-addressed file under <dir>, the build dir's generated/
-# folder, and returns its path in <out_var>. In the build dir, not the shared source cache: a
-# read-only cache works, and no file there is compiled that only its name vouches for. The
-# cost: this one C++ unit misses the compiler cache in a new build dir (sccache keys on its
-# absolute path; SCCACHE_BASEDIRS=<build dir> makes it hit, README).
-#   vfa_write_family_stubs(stubs <name> /build/generated)  ->  /build/generated/<name>_missing_kernels_6403d678242dd8c5.cpp
-function(vfa_write_family_stubs out_var family dir)
+# declared stubs table) to a content-addressed file in the user's staged store
+# (vfa_stage_generated_file), and returns its path in <out_var>. Not in the shared source cache
+# (a read-only cache works, and no file there is compiled that only its name vouches for), not in
+# the build dir (its path, and so the compiler cache's key, would change with every build dir).
+#   vfa_write_family_stubs(stubs <name>)
+#     ->  ~/.cache/vendored-flash-attn/staged/<name>_missing_kernels-6403d678.../<name>_missing_kernels.cpp
+function(vfa_write_family_stubs out_var family)
   string(TOUPPER "${family}" part)
   vfa_family_field(kernels ${family} "build;kernels" "{}")
   vfa_json_elements(variants "${kernels}" variants)
@@ -361,10 +370,7 @@ ${include_lines}
 namespace ${namespace} {
 ${body}}  // namespace ${namespace}
 ")
-  string(MD5 digest "${text}")
-  string(SUBSTRING "${digest}" 0 16 digest)
-  set(path "${dir}/${family}_missing_kernels_${digest}.cpp")
-  vfa_write_generated_file("${path}" "${text}")
+  vfa_stage_generated_file(path ${family}_missing_kernels ${family}_missing_kernels.cpp "${text}")
   set(${out_var} "${path}" PARENT_SCOPE)
 endfunction()
 

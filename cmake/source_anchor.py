@@ -184,20 +184,30 @@ def _read_spec(spec: Path, sha: str) -> dict:
     return json.loads(spec.read_text(encoding="utf-8"))
 
 
-def _check_generated(spec: dict) -> list[str]:
+def _check_generated(spec: dict, taken: dict | None = None) -> list[str]:
+    """The generated files, each alone in its staged folder (cmake/KernelSelection.cmake:
+    vfa_stage_generated_file), held to the digest the configure wrote and to the staged copies'
+    rules (this user's, writable by nobody else, no link); their folders' snapshots go to ``taken``."""
     problems = []
     for item in spec.get("generated", []):
         path = Path(item["path"])
-        if not path.is_file() or path.is_symlink() or _sha256(path) != item["sha256"]:
-            problems.append(f"the generated file '{path}' is not what the configure wrote (edited since). "
-                            f"Configure again, which writes it anew")
+        folder = path.parent
+        before = staged_tree.snapshot(folder) if folder.is_dir() and not folder.is_symlink() else {}
+        differences = staged_tree.verify(folder, {path.name: ("644", item["sha256"])})
+        if not differences and staged_tree.changed_since(folder, before):
+            differences = {"changed": staged_tree.changed_since(folder, before)}
+        if differences:
+            problems.append(f"the generated file '{path}' is not what the configure wrote (edited since: "
+                            f"{staged_tree.describe(differences)}). Configure again, which writes it anew")
+        elif taken is not None:
+            taken[str(folder)] = before
     return problems
 
 
 def build_time_verify(spec_file: Path, sha: str) -> None:
     spec = _read_spec(spec_file, sha)
-    problems = _check_generated(spec)
     taken = {}
+    problems = _check_generated(spec, taken)
     for c in spec["components"]:
         _entry, manifest = load(Path(spec["pin"]), c["name"])
         staged = Path(c["staged"])

@@ -563,11 +563,12 @@ def test_an_edit_during_a_compile_undone_before_it_ends_fails_this_build(filled,
     assert (build / _object_of(build, "hopper/flash_api.cpp")).exists()
 
 
-@pytest.mark.parametrize("edit", ["spec", "stub"])
+@pytest.mark.parametrize("edit", ["spec", "stub", "stub writable by others"])
 def test_the_build_dirs_own_inputs_edited_after_configure_stop_the_build(filled, pin, cache, tmp_path, edit):
     """The check's spec says what to check; the generated stub is compiled. Each is held to the
     digest the configure wrote, which lives in the build file's command (on 0d62d60 an emptied
-    spec checked nothing and an edited stub was compiled)."""
+    spec checked nothing and an edited stub was compiled); the stub, staged by content like the
+    sources, also to their rules (a copy another user could write is not compiled)."""
     build = _configured(pin, cache, tmp_path / "build")
     if edit == "spec":
         spec = build / "vfa_verified_sources.json"
@@ -575,10 +576,14 @@ def test_the_build_dirs_own_inputs_edited_after_configure_stop_the_build(filled,
         data["components"] = []
         spec.write_text(json.dumps(data))
         shown = f"the source check's spec '{spec}' is not the one this build was configured with"
-    else:
+    elif edit == "stub":
         stub = _stub(build)
         stub.write_text(stub.read_text() + '\n#error "edited after the configure"\n')
         shown = f"the generated file '{stub}' is not what the configure wrote"
+    else:
+        stub = _stub(build)
+        stub.chmod(0o666)
+        shown = f"the generated file '{stub}' is not what the configure wrote (edited since: 1 entry that another user"
     built = _build(build, "vfa_verified_sources")
     assert built.returncode != 0, built.output[-3000:]
     assert shown in built.text
@@ -1194,7 +1199,7 @@ def test_the_users_git_settings_do_not_change_what_a_fetch_writes(synthetic, pin
     assert {s["origin"] for s in again.sources().values()} == {"cache"}
 
 
-# --- generated files live in the build dir --------------------------------------------------
+# --- generated files are staged by content, like the sources ---------------------------------
 
 
 def _stub(build):
@@ -1209,37 +1214,50 @@ def test_the_quick_start_works_with_a_read_only_source_cache(filled, pin, cache,
     command = configure_command(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
     result = _read_only(cache, command, clean_env())
     assert result.returncode == 0, result.output
-    assert _stub(build).parent == build / "generated"
+    # Compiled from the user's staged store (defines(): beside the cache), not from the build dir.
+    assert _stub(build).parent.parent == cache.parent / "staged"
     assert sorted(p.name for p in cache.iterdir()) == ["src"], "the configure wrote into the source cache"
 
 
 def test_the_generated_file_compiles_to_the_same_bytes_in_any_build_dir(filled, pin, cache, tmp_path):
-    objects = []
+    """Its path depends on its content only (the compiler cache keys on it: a generated file in
+    the build dir missed the cache in every new build dir), and its bytes on neither path."""
+    objects, stubs = [], []
     for name in ("build-a", "elsewhere/build-b"):
         build = tmp_path / name
         result = configure(build, defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off"))
         assert result.returncode == 0, result.output
         entry = next(c for c in compile_commands(build) if "fa2_missing_kernels" in c["file"])
+        stubs.append(Path(entry["file"]))
         args = entry["command"].split()
         out = args[args.index("-o") + 1]
         compiled = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
         assert compiled.returncode == 0, compiled.stderr
         objects.append((Path(entry["directory"]) / out).read_bytes())
         assert str(build).encode() not in objects[-1], "the build dir's path is in the compiled stub"
+        assert str(stubs[-1].parent).encode() not in objects[-1], "the staged store's path is in the compiled stub"
+    assert stubs[0] == stubs[1] and stubs[0].parent.parent == cache.parent / "staged", stubs
     assert objects[0] == objects[1]
 
 
-def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path):
+@pytest.mark.parametrize("tamper", ["cut short", "writable by others"])
+def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path, tamper):
+    """The staged copy is reused only when its bytes are what the configure computes and only
+    this user can write it (cmake/staged_tree.py), as the staged sources are."""
     build = tmp_path / "build"
     knobs = defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off")
     result = configure(build, knobs)
     assert result.returncode == 0, result.output
     stub = _stub(build)
     written = stub.read_text()
-    stub.write_text(written[: len(written) // 2])  # cut short, as by a full disk
+    if tamper == "cut short":
+        stub.write_text(written[: len(written) // 2])  # as by a full disk
+    else:
+        stub.chmod(0o666)
     again = configure(build, knobs)  # what every pip build of this build dir runs first
     assert again.returncode == 0, again.output
     assert _stub(build) == stub and stub.read_text() == written
+    assert stub.stat().st_mode & 0o777 == 0o644
 
 
 # --- messages that name the right cause --------------------------------------------------

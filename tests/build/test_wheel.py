@@ -168,8 +168,9 @@ def test_second_checkout_and_build_dir_hit_the_compiler_cache(built, second):
     hits_before, misses_before = hit_rate(built["first"])
     assert misses_before > 0, "the first build must have compiled something"
     hits, misses = hit_rate(second["stats"])
-    assert hits + misses > 0
-    assert hits / (hits + misses) >= 0.95, f"{hits} hits, {misses} misses"
+    assert hits > 0
+    # Every unit, the generated FA2 file included (staged by content, not in the build dir).
+    assert misses == 0, f"{hits} hits, {misses} misses"
     assert second["wheel"].name == built["wheel"].name
 
 
