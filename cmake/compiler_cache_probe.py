@@ -58,7 +58,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
+from url_secrets import without_env_secrets, without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
 from dist_trust import read_only_conf, read_only_server_env  # noqa: E402  (cmake/dist_trust.py)
@@ -291,7 +291,7 @@ def scrubbed_crash(text: str, environ: dict[str, str]) -> str:
     """A crash's text (CMake prints it) without the credentials of any URL in the
     environment (SCCACHE_REDIS_ENDPOINT, a scheduler URL ...): an exception message may
     quote one, and the probe's own scrubbing of its answers did not run."""
-    return without_secrets(text, [value for value in environ.values() if "://" in value or "@" in value])
+    return without_env_secrets(text, environ)
 
 
 def main_scrubbed(argv: list[str] | None = None) -> int:

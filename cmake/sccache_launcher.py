@@ -57,6 +57,8 @@ from dist_output import abandon, claim, drop, private_output, with_output  # noq
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
                         STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
 from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
+# What this launcher shows and records of sccache's words goes without URL passwords (the one scrubber).
+from url_secrets import without_env_secrets  # noqa: E402
 
 # sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
 # one runs once per unit and stays small).
@@ -108,15 +110,23 @@ def run_captured(command: list[str], env: dict[str, str]) -> tuple[int, bytes, b
             signal.signal(s, handler)
 
 
+def scrubbed(data: bytes) -> bytes:
+    if not data:
+        return data
+    return without_env_secrets(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
 def show(out: bytes, err: bytes) -> None:
-    sys.stdout.buffer.write(out)
+    """A compile's output, as sccache and the compiler wrote it but for URL passwords."""
+    sys.stdout.buffer.write(scrubbed(out))
     sys.stdout.flush()
-    sys.stderr.buffer.write(err)
+    sys.stderr.buffer.write(scrubbed(err))
     sys.stderr.flush()
 
 
 def cluster_failure(text: str) -> tuple[str, str] | None:
     """("refused" | "job-failed", a short reason) when the cluster may be what failed."""
+    text = without_env_secrets(text)  # before the reason is cut: a cut could leave half a password
     refused = REFUSED.search(text)
     if refused:
         return "refused", " ".join(refused.group(1).split())[:200]
@@ -142,10 +152,10 @@ def record(settings: dict, unit: str, kind: str, reason: str) -> int:
     """Appends a line for the unit; returns its place among the build's cluster failures (not
     how many there are once it is read back: units failing side by side, both appended before
     either counted, each read 2, and no launcher said the first line; under load, issue 39)."""
-    line = f"{time.time():.3f}\t{unit}\t{kind}\t{reason}\n".encode("utf-8", "replace")
+    line = f"{time.time():.3f}\t{unit}\t{kind}\t{without_env_secrets(reason)}\n".encode("utf-8", "replace")
     path = os.path.join(settings["build_dir"], FALLBACKS)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # sccache's words: 0600, as its log
         try:
             os.write(fd, line)  # one write: lines of parallel units never interleave
         finally:
@@ -164,6 +174,7 @@ def record(settings: dict, unit: str, kind: str, reason: str) -> int:
 def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
     """Counts one unit the cluster failed; prints the first line and, at the limit, the last."""
     build_dir = settings["build_dir"]
+    reason = without_env_secrets(reason)
     count = record(settings, unit, kind, reason)
     limit = settings.get("max_cluster_failures", 3)
     if count == 1:
@@ -171,7 +182,7 @@ def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
               f"After {limit} such failures this build stops sending compiles to the cluster.", file=sys.stderr)
     if count >= limit:
         try:
-            os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except FileExistsError:
             return
         except OSError:

@@ -127,6 +127,14 @@ def without_secrets(text: str, known: tuple[str, ...] | list[str] = ()) -> str:
     return SCP_IN_TEXT.sub(lambda m: m.group(0)[len(m.group(1)) + 1:], text)
 
 
+def without_env_secrets(text: str, environ=None) -> str:
+    """without_secrets(<text>) with the URLs of the environment (SCCACHE_REDIS_ENDPOINT, a
+    scheduler URL ...) known: what the build writes into its logs and prints, where an error
+    of sccache or of a compiler may quote one, however malformed."""
+    environ = os.environ if environ is None else environ
+    return without_secrets(text, [value for value in environ.values() if "://" in value or "@" in value])
+
+
 def secrets_in(url: str) -> list[str]:
     """What of one URL is a secret: a password, a user name that is a token (any
     scheme but ssh: GitHub takes a token as the user name), a query string, a fragment."""

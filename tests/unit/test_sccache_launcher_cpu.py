@@ -28,6 +28,16 @@ if mode == "refused":
     sys.stderr.write("sccache: Compiler killed by signal 1\n[\"x.module_id\"] http error status: Error 401: "
                      "Fixed token mismatch\n")
     sys.exit(254)
+if mode == "refused-secret":  # a 401 whose text quotes a cache URL with its password
+    sys.stderr.write("http error status: Error 401: redis://ci:hunter2hunter2@cache.example:6379 refused\n")
+    sys.exit(254)
+if mode == "fell-back-secret":  # sccache's own fallback, its reason in its log quoting a password
+    out = sys.argv[sys.argv.index("-o") + 1]
+    stem = os.path.basename(out).split(".")[0]
+    with open(os.path.join(os.environ["FAKE_BUILD"], "vfa-sccache-dist.log"), "a") as log:
+        log.write(f"WARN [{stem}.module_id]: Could not perform distributed compile, falling back to local: "
+                  "cannot reach redis://ci:hunter2hunter2@cache.example:6379\n")
+    sys.exit(subprocess.run(sys.argv[1:]).returncode)
 if mode == "job-failed":
     proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
     sys.stderr.write("sccache: Job failed on server 10.0.0.2:10501:\nbwrap: cannot create the sandbox\n"
@@ -63,6 +73,7 @@ def build(tmp_path):
 
 def compile_unit(root: Path, unit: str, cluster: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "FAKE_CALLS": str(root / "calls.log"), "FAKE_CLUSTER": cluster,
+           "FAKE_BUILD": str(root / "build"),
            "SCCACHE_CONF": str(root / "client.toml")}
     return subprocess.run([sys.executable, "-E", "-s", "-S", str(LAUNCHER), str(root / "build" / "vfa-sccache.json"),
                            "--", str(root / "cc"), "-c", "unit.cpp", "-o", str(root / unit)],
@@ -94,6 +105,22 @@ def test_cluster_failures_compile_here_and_turn_the_cluster_off_after_three(buil
     assert (build / "build" / "vfa-dist-off").exists()
     # Units 1-3: the cluster, then here; units 4 and 5: here only.
     assert confs(build) == ["client.toml", "local.toml"] * 3 + ["local.toml"] * 2
+
+
+@pytest.mark.parametrize("cluster", ["refused-secret", "fell-back-secret"])
+def test_what_the_launcher_records_and_prints_of_sccaches_words_holds_no_url_password(build, cluster):
+    """Issue 34: the reasons the launcher prints and records come from sccache (its error, or its
+    own log's fallback line, dist_bound.silent_fallback): they go through the one URL scrubber,
+    and the build's record of them is 0600 from its creation."""
+    results = [compile_unit(build, f"u{i}.o", cluster) for i in range(3)]
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    said = "".join(r.stdout + r.stderr for r in results)
+    tsv = build / "build" / "vfa-dist-fallbacks.tsv"
+    assert "cache.example:6379" in said and "cache.example:6379" in tsv.read_text()  # the reason is there,
+    assert "hunter2" not in said and "hunter2" not in tsv.read_text()                  # its password is not
+    assert kinds(build) == [cluster.replace("-secret", "")] * 3
+    assert tsv.stat().st_mode & 0o777 == 0o600
+    assert (build / "build" / "vfa-dist-off").stat().st_mode & 0o777 == 0o600
 
 
 def test_a_compile_error_fails_once_shown_and_is_no_cluster_failure(build):
