@@ -140,9 +140,9 @@ def fix_for(kind: str) -> str:
     if kind in BOUND_FIXES:  # dist_bound.py's kinds: the cluster did not answer in time
         return BOUND_FIXES[kind]
     if kind == "refused":
-        return ("The cluster refused this client (a 401/403: the token under [dist.auth] in SCCACHE_CONF must equal "
-                "the scheduler's client_auth token; a scheduler restarted with new secrets needs the new token "
-                "here, then a reconfigure)")
+        from sccache_config import refused_fix  # not at the top: this module runs once per unit
+        # The probe passed with this token (dist "on"): a refusal now is most likely a rotation.
+        return f"The cluster refused this client (a 401/403): {refused_fix('SCCACHE_CONF', accepted_before=True)}"
     return ("A build server could not run the compile (its sandbox or toolchain: see that server's log; "
             "`sccache --dist-status` with this SCCACHE_CONF lists the servers): fix or stop it "
             "(dist-compile/README.md)")
@@ -178,8 +178,10 @@ def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
     count = record(settings, unit, kind, reason)
     limit = settings.get("max_cluster_failures", 3)
     if count == 1:
+        # A refused token refuses every unit: its fix is said at once.
+        fix = f" {fix_for(kind)}." if kind == "refused" else ""
         print(f"vendored-flash-attn: the sccache-dist cluster failed {unit} ({reason}); compiled here instead. "
-              f"After {limit} such failures this build stops sending compiles to the cluster.", file=sys.stderr)
+              f"After {limit} such failures this build stops sending compiles to the cluster.{fix}", file=sys.stderr)
     if count >= limit:
         try:
             os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

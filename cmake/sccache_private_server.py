@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from compile_env import client_env  # (dist-compile/compile_env.py: what a compile sent to build servers may carry)
+from sccache_config import refused_fix  # what to do about a refused token (also the launcher's)
 from sccache_stats import ProbeFailure, counters, delta, dist_status, output_of, run, show_stats
 
 
@@ -36,9 +37,9 @@ def classify_compile_failure(proc: subprocess.CompletedProcess, env: dict[str, s
     conf = env.get("SCCACHE_CONF", "sccache's config file")
     if "http error status" in why and ("401" in why or "403" in why or "token" in why.lower()):
         return ProbeFailure("dist-auth",
-                            f"the sccache-dist scheduler refused this client ({why}); every compile would fail. "
-                            f"The token under [dist.auth] in {conf} must equal the scheduler's client_auth token "
-                            "(dist-compile/README.md)", "the sccache-dist scheduler refused this client's token")
+                            f"the sccache-dist scheduler refused this client ({why}); every compile would fail: "
+                            + refused_fix(conf, accepted_before=False),
+                            "the sccache-dist scheduler refused this client's token")
     if "Job failed on server" in why:
         return ProbeFailure("dist-toolchain",
                             f"a build server could not run the {what} compiler ({why}); every compile sent there "

@@ -188,3 +188,16 @@ print(json.dumps({{"before": before, "after": after, "probe": probe.returncode}}
     assert before["stats"]["compile_requests"] == 1
     assert after["stats"] == before["stats"]  # neither zeroed nor restarted (a restart zeroes too)
     assert after["cache_location"] == before["cache_location"] and "other-cache" in after["cache_location"]
+
+
+def test_a_refused_token_at_configure_names_rotation_and_the_fix():
+    """Issue 34: a 401 at configure is said with its likely cause, the cluster's secrets rotated,
+    and how to take the new token (the launcher says the same mid-build: fix_for("refused"))."""
+    sys.path.insert(0, str(PROBE.parent))
+    from sccache_private_server import classify_compile_failure
+    refused = subprocess.CompletedProcess([], 254, "", "http error status: Error 401: Fixed token mismatch\n")
+    failure = classify_compile_failure(refused, {"SCCACHE_CONF": "/etc/ci/client.toml"}, "C++")
+    assert failure.failure == "dist-auth" and "Error 401" in failure.message
+    assert "must equal the scheduler's client_auth token" in failure.message
+    assert "the cluster's secrets were most likely rotated" in failure.message
+    assert "cluster.py client --scheduler-url - --out /etc/ci/client.toml" in failure.message

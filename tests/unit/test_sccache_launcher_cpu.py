@@ -100,6 +100,10 @@ def test_cluster_failures_compile_here_and_turn_the_cluster_off_after_three(buil
     assert "3 compiles failed" in results[2].stderr
     assert ("the token under [dist.auth] in SCCACHE_CONF" if cluster == "refused"
             else "A build server could not run the compile") in results[2].stderr
+    if cluster == "refused":  # issue 34: a token the probe accepted and the scheduler now refuses: rotation,
+        for line in (results[0].stderr, results[2].stderr):  # said with its fix from the first unit on
+            assert "its secrets were most likely rotated since" in line, line
+            assert "python dist-compile/cluster.py client --scheduler-url - --out SCCACHE_CONF" in line, line
     assert "Error 401" not in results[3].stderr + results[4].stderr  # quiet once the cluster is off
     assert kinds(build) == [cluster] * 3
     assert (build / "build" / "vfa-dist-off").exists()
