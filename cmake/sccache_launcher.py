@@ -30,9 +30,10 @@ build dir that runs the same cache settings without [dist] (or, when no such cop
 config could be made, the compiler itself, uncached). The retry tells the two apart: an
 error in the source fails here too and is shown once, as the compiler printed it; a unit
 that compiles here was a cluster failure and is counted (BUILD_DIR/vfa-dist-fallbacks.tsv).
-The first one prints one line; after `max_cluster_failures` of them (3) the rest of the
-build skips the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix. The
-build's end (compiler_cache_probe.py stats) reports the counts and clears both files.
+The first one prints one line; after `max_cluster_failures` of them (3) the next units skip
+the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix, until a back-off has
+passed: then one unit tries it again, and its answer turns it back on, its failure off for
+twice as long (dist_off.py). The build's end (compiler_cache_probe.py stats) reports the counts and clears both files.
 
 The build's own servers live as long as the build, and one that stops during a compile is
 replaced (cmake/sccache_servers.py says how); `--keep` runs their keeper.
@@ -60,10 +61,12 @@ from sccache_servers import claim_servers, compile_through_server, keep_servers,
 # What this launcher shows and records of sccache's words goes without URL passwords (the one scrubber).
 from url_secrets import without_env_secrets  # noqa: E402
 
-# sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
-# one runs once per unit and stays small).
+# The cluster off after max_cluster_failures, and tried again after a back-off (dist_off.py).
+from dist_off import RETRY_MAX_S, route, turn_off, turn_on  # noqa: E402
+
+# sccache_build_report.py's FALLBACKS (that module is not imported here: this one runs once per
+# unit and stays small).
 FALLBACKS = "vfa-dist-fallbacks.tsv"
-DIST_OFF = "vfa-dist-off"
 # sccache's HttpClientError, a 4xx from the scheduler or a server: "http error status: Error 401:
 # Fixed token mismatch" through nvcc's steps, "didn't get a successful HTTP status, got `Error
 # 401: ...`" for a plain compile.
@@ -183,15 +186,19 @@ def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
         print(f"vendored-flash-attn: the sccache-dist cluster failed {unit} ({reason}); compiled here instead. "
               f"After {limit} such failures this build stops sending compiles to the cluster.{fix}", file=sys.stderr)
     if count >= limit:
-        try:
-            os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:
+        off = turn_off(build_dir, unit)  # dist_off.py: None when it is off already
+        if off is None:
             return
-        except OSError:
-            pass
-        print(f"vendored-flash-attn: {count} compiles failed on the sccache-dist cluster {settings['scheduler']} "
-              f"(last: {reason}); the rest of this build compiles here, cached, without the cluster. "
-              f"{fix_for(kind)}.", file=sys.stderr)
+        backoff, first = off
+        if first:
+            print(f"vendored-flash-attn: {count} compiles failed on the sccache-dist cluster {settings['scheduler']} "
+                  f"(last: {reason}); the next units compile here, cached, without the cluster, and after "
+                  f"{backoff:.0f} s one of them tries it again (after each failed try twice as long, up to "
+                  f"{RETRY_MAX_S:.0f} s). {fix_for(kind)}.", file=sys.stderr)
+        else:
+            print(f"vendored-flash-attn: the sccache-dist cluster {settings['scheduler']} failed {unit} again "
+                  f"({reason}); units compile here for the next {backoff:.0f} s, then one tries it again. "
+                  f"{fix_for(kind)}.", file=sys.stderr)
 
 
 def local_command(settings: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -208,7 +215,12 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
     # to build servers may carry). The local server below has no [dist]: plain sccache.
     mode = settings["dist"]
-    if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
+    unit = output_of(command)
+    bound, expected = bound_seconds(settings["build_dir"], unit) if mode == "on" else (0.0, 0.0)
+    # dist_off.py: after max_cluster_failures the cluster is off until its back-off has passed; then
+    # this unit may be the one that tries it again ("try"), while the others wait here for its bound.
+    where = route(settings["build_dir"], unit, bound + STATUS_TIMEOUT_S) if mode == "on" else "cluster"
+    if where == "here":
         local, local_env = local_command(settings, command)
         record_origin(settings["build_dir"], output_of(command), "here")  # dist_trust.py: compiled here
         if settings.get("local"):
@@ -220,8 +232,6 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
         return compile_through_server(settings, through_sccache, env, settings["server"], settings_path, build)
 
     # dist_bound.py: the cluster gets the unit's bound, and sccache's own silent fallbacks count.
-    unit = output_of(command)
-    bound, expected = bound_seconds(settings["build_dir"], unit)
     since = log_size(settings["build_dir"])
     # dist_output.py: the cluster writes into a private temporary, moved into place below only
     # while this unit still waits for it; an answer after the bound lands there, not on the object.
@@ -250,6 +260,9 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     else:
         failure = None if rc == 0 or interrupted else cluster_failure((err + out).decode("utf-8", "replace"))
     if failure is None:
+        if where == "try" and not interrupted and turn_on(settings["build_dir"], unit):
+            say_now(settings["build_dir"], f"the sccache-dist cluster {settings['scheduler']} answered again "
+                                           f"({unit}): compiles go to it again")
         show(out, err)
         if rc == 0 and not interrupted:
             fell_back = silent_fallback(settings["build_dir"], unit, since)

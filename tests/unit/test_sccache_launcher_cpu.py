@@ -1,8 +1,8 @@
 """cmake/sccache_launcher.py, the build's compiler launcher, with a stand-in for sccache that
 fails the way sccache-dist does (a 401 from a scheduler restarted with new secrets; a job
 that fails on a build server) and a stand-in compiler: a cluster failure is compiled here
-and counted, once per unit; the first prints a line, the third turns the cluster off for
-the rest of the build; a compile error in the source fails and is shown once, uncounted.
+and counted, once per unit; the first prints a line, the third turns the cluster off until
+a back-off has passed (then one unit tries it again); a compile error in the source fails and is shown once, uncounted.
 The same with the real scheduler and servers: tests/dist/test_sccache_dist.py."""
 
 from __future__ import annotations
@@ -125,6 +125,57 @@ def test_what_the_launcher_records_and_prints_of_sccaches_words_holds_no_url_pas
     assert kinds(build) == [cluster.replace("-secret", "")] * 3
     assert tsv.stat().st_mode & 0o777 == 0o600
     assert (build / "build" / "vfa-dist-off").stat().st_mode & 0o777 == 0o600
+
+
+def off_switch(root: Path) -> dict:
+    return json.loads((root / "build" / "vfa-dist-off").read_text())
+
+
+def back_off_passed(root: Path) -> None:
+    """What the switch holds once its back-off has passed (no waiting: its time is rewritten)."""
+    state = off_switch(root)
+    state["off_until"] = 1.0
+    (root / "build" / "vfa-dist-off").write_text(json.dumps(state))
+
+
+def test_the_cluster_is_tried_again_after_its_back_off_and_an_answer_turns_it_on(build):
+    """Issue 34: a short outage (3 refusals) must not turn the cluster off for the rest of the build.
+    While the back-off lasts units compile here without asking it; once it has passed, one unit
+    tries it, and its answer turns the cluster back on for the units after it."""
+    sys.path.insert(0, str(LAUNCHER.parent))
+    from dist_off import RETRY_FIRST_S
+    for i in range(3):
+        assert compile_unit(build, f"u{i}.o", "refused").returncode == 0
+    assert off_switch(build)["backoff_s"] == RETRY_FIRST_S
+    assert compile_unit(build, "here.o", "").returncode == 0  # the back-off has not passed: here only
+    assert confs(build) == ["client.toml", "local.toml"] * 3 + ["local.toml"]
+    back_off_passed(build)
+    tried = compile_unit(build, "tried.o", "")
+    assert tried.returncode == 0 and (build / "tried.o").read_text() == "object"
+    assert "answered again (" in tried.stderr and "compiles go to it again" in tried.stderr, tried.stderr
+    assert compile_unit(build, "after.o", "").returncode == 0
+    assert confs(build)[-2:] == ["client.toml", "client.toml"]  # the try and the unit after it: the cluster
+    assert off_switch(build)["off_until"] is None and kinds(build) == ["refused"] * 3
+
+
+def test_a_failed_try_turns_the_cluster_off_twice_as_long_up_to_the_cap(build):
+    sys.path.insert(0, str(LAUNCHER.parent))
+    from dist_off import RETRY_FIRST_S, RETRY_MAX_S
+    said = "".join(compile_unit(build, f"u{i}.o", "refused").stderr for i in range(3))
+    assert f"after {RETRY_FIRST_S:.0f} s one of them tries it again" in said, said
+    back_off_passed(build)
+    again = compile_unit(build, "again.o", "refused")
+    assert again.returncode == 0 and confs(build)[-2:] == ["client.toml", "local.toml"]  # tried, then here
+    assert f"failed {build / 'again.o'} again" in again.stderr, again.stderr
+    assert f"for the next {2 * RETRY_FIRST_S:.0f} s" in again.stderr
+    state = off_switch(build)
+    assert state["backoff_s"] == 2 * RETRY_FIRST_S and state["off_until"] > 1.0
+    calls = len(confs(build))
+    assert compile_unit(build, "here.o", "refused").returncode == 0 and confs(build)[calls:] == ["local.toml"]
+    state["backoff_s"], state["off_until"] = RETRY_MAX_S, 1.0
+    (build / "build" / "vfa-dist-off").write_text(json.dumps(state))
+    assert compile_unit(build, "capped.o", "refused").returncode == 0
+    assert off_switch(build)["backoff_s"] == RETRY_MAX_S
 
 
 def test_a_compile_error_fails_once_shown_and_is_no_cluster_failure(build):
