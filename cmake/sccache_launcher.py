@@ -33,7 +33,8 @@ that compiles here was a cluster failure and is counted (BUILD_DIR/vfa-dist-fall
 The first one prints one line; after `max_cluster_failures` of them (3) the next units skip
 the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix, until a back-off has
 passed: then one unit tries it again, and its answer turns it back on, its failure off for
-twice as long (dist_off.py). The build's end (compiler_cache_probe.py stats) reports the counts and clears both files.
+twice as long (dist_off.py). The build's end (compiler_cache_probe.py stats) reports the
+counts and clears both files.
 
 The build's own servers live as long as the build, and one that stops during a compile is
 replaced (cmake/sccache_servers.py says how); `--keep` runs their keeper.
@@ -218,7 +219,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     unit = output_of(command)
     bound, expected = bound_seconds(settings["build_dir"], unit) if mode == "on" else (0.0, 0.0)
     # dist_off.py: after max_cluster_failures the cluster is off until its back-off has passed; then
-    # this unit may be the one that tries it again ("try"), while the others wait here for its bound.
+    # this unit may be the one that tries it again ("try"), while the others compile here for its bound.
     where = route(settings["build_dir"], unit, bound + STATUS_TIMEOUT_S) if mode == "on" else "cluster"
     if where == "here":
         local, local_env = local_command(settings, command)
