@@ -47,6 +47,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compiler_output import sort_output  # noqa: E402
+# The project's one URL scrubber: what the build writes into its logs and shows (a compiler's or
+# sccache's error may quote a cache or scheduler URL with its password) goes through it.
+from url_secrets import without_env_secrets  # noqa: E402
 
 EVENTS = "vfa-progress.tsv"
 COMPILE_LOG = "vfa-compile.log"
@@ -91,12 +94,25 @@ def is_server_client(command: list[str]) -> bool:
 STOP_WAIT_S = 20  # for a client to get its server's answer once its compile is stopped
 
 
-def append_line(path: str, line: str) -> bool:
-    """One write on an O_APPEND descriptor."""
+def open_log(path: str) -> int:
+    """An O_APPEND descriptor on one of the build's logs: created 0600 (it holds what compiles
+    and sccache said, which may quote a cache's or a scheduler's address), and a file an
+    older build left with another mode is made 0600 before anything more is written."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_line(path: str, line: str) -> bool:
+    """One write on an O_APPEND descriptor, URL passwords scrubbed."""
+    try:
+        fd = open_log(path)
         try:
-            os.write(fd, line.encode("utf-8", "surrogateescape"))
+            os.write(fd, without_env_secrets(line).encode("utf-8", "surrogateescape"))
         finally:
             os.close(fd)
         return True
@@ -105,10 +121,11 @@ def append_line(path: str, line: str) -> bool:
 
 
 def append_log(path: str, text: str) -> bool:
+    """<text> appended under a lock, URL passwords scrubbed."""
     try:
-        with open(path, "a", encoding="utf-8", errors="surrogateescape") as log:
+        with os.fdopen(open_log(path), "a", encoding="utf-8", errors="surrogateescape") as log:
             fcntl.flock(log, fcntl.LOCK_EX)
-            log.write(text)
+            log.write(without_env_secrets(text))
         return True
     except OSError:
         return False
@@ -468,7 +485,7 @@ def compile_unit(build_dir: str, quiet_roots: list[str], command: list[str]) -> 
         append_line(events, f"stopped\t{time.time():.3f}\t{unit}\t{rc}\t{stopped.processes}\t{stopped.in_server}\n")
         return rc
     seconds = time.time() - start
-    text = raw.decode("utf-8", "surrogateescape")
+    text = without_env_secrets(raw.decode("utf-8", "surrogateescape"))  # logged and shown without URL passwords
 
     shown, hidden, notes = text, 0, 0
     log = os.path.join(build_dir, COMPILE_LOG)

@@ -18,9 +18,11 @@ in as the compiler launcher (see the comment at the top of CompilerCache.cmake):
 2. Does it work? A tiny C++ file with a unique string in it is compiled through that
    server twice: both must succeed, and the second must be a cache hit (read-write
    cache). A read-only cache (SCCACHE_*_RW_MODE=READ_ONLY) passes when both compiles
-   succeed and nothing failed to read. With a scheduler configured, the first compile
-   runs on a build server, and a tiny CUDA file is compiled too (it must run remotely
-   or fall back to local; a build server that cannot run the toolchain fails it).
+   succeed and nothing failed to read. With a scheduler configured, the cache is checked
+   on a server of SCCACHE_CONF minus [dist], and the cluster on a second private server
+   whose caches are read-only, as the build's is (no object a build server made enters
+   any cache): a C++ and a tiny CUDA file compiled there (each must run remotely or fall
+   back to local; a build server that cannot run the toolchain fails it).
 3. Which server will the build's compiles go to? Without an SCCACHE_SERVER_PORT or
    SCCACHE_SERVER_UDS in the environment, one of this build dir's own (an abstract
    unix socket named after the build dir): the default-port server, which another
@@ -58,7 +60,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from url_secrets import without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
+from url_secrets import without_env_secrets, without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
 from dist_trust import read_only_conf, read_only_server_env  # noqa: E402  (cmake/dist_trust.py)
@@ -151,7 +153,19 @@ def probe(args) -> dict:
             found = on_private_server(args, probe_env, work, start_failed)
         else:
             try:
-                found = on_private_server(args, probe_env, work, start_failed)
+                if scheduler_url and local_conf is not None:
+                    # The cache checked without [dist], read-write as the environment asks; the cluster on a
+                    # second server whose cache is read-only, as the build's is (dist_trust.py): no object a
+                    # build server made for the probe enters any cache.
+                    found = on_private_server(args, dict(env, SCCACHE_CONF=str(local_conf)), work, start_failed,
+                                              cluster_env=dict(env, **read_only_settings(conf_path, build_dir)))
+                elif scheduler_url:
+                    # No copy of SCCACHE_CONF without [dist] (no tomllib): one server, read-only, as this build's
+                    # compiles will all meet it (there is no server without [dist] to fall back on).
+                    found = on_private_server(args, dict(env, **read_only_settings(conf_path, build_dir)), work,
+                                              start_failed)
+                else:
+                    found = on_private_server(args, probe_env, work, start_failed)
             except ProbeFailure as exc:
                 if exc.failure not in DIST_FAILURES or dist_mode != "on" or local_conf is None:
                     raise
@@ -238,11 +252,9 @@ def probe(args) -> dict:
 
 
 def cluster_server_settings(conf_path: Path, build_dir: Path) -> dict[str, str]:
-    """What the build's sccache server gets when its compiles go to a cluster: every cache
-    backend read-only (dist_trust.py: a build server's object must not reach the shared
-    cache), through the environment and, for a cache configured in SCCACHE_CONF, a 0600 copy
-    of that file with rw_mode = "READ_ONLY" in its [cache.*] tables."""
-    settings = read_only_server_env()
+    """What the build's sccache server gets when its compiles go to a cluster: the caches
+    read-only (read_only_settings), and its warnings in a log of the build dir."""
+    settings = read_only_settings(conf_path, build_dir)
     # Its warnings in a 0600 file of the build dir: sccache's silent fallbacks, which the
     # launcher counts (dist_bound.py); sccache appends to it and keeps its mode.
     log = build_dir / DIST_LOG
@@ -251,6 +263,15 @@ def cluster_server_settings(conf_path: Path, build_dir: Path) -> dict[str, str]:
     settings["SCCACHE_ERROR_LOG"] = str(log)
     level = os.environ.get("SCCACHE_LOG", "")
     settings["SCCACHE_LOG"] = level if level.split(",")[0].lower() in ("warn", "info", "debug", "trace") else "warn"
+    return settings
+
+
+def read_only_settings(conf_path: Path, build_dir: Path) -> dict[str, str]:
+    """Every cache backend read-only (dist_trust.py: a build server's object must not reach the
+    shared cache), for a server whose compiles go to a cluster (the build's, the probe's):
+    through the environment and, for a cache configured in SCCACHE_CONF, a 0600 copy of that
+    file with rw_mode = "READ_ONLY" in its [cache.*] tables."""
+    settings = read_only_server_env()
     copy = read_only_conf(conf_path) if conf_path.is_file() else None
     if copy is not None:
         path = build_dir / DIST_CONF
@@ -291,7 +312,7 @@ def scrubbed_crash(text: str, environ: dict[str, str]) -> str:
     """A crash's text (CMake prints it) without the credentials of any URL in the
     environment (SCCACHE_REDIS_ENDPOINT, a scheduler URL ...): an exception message may
     quote one, and the probe's own scrubbing of its answers did not run."""
-    return without_secrets(text, [value for value in environ.values() if "://" in value or "@" in value])
+    return without_env_secrets(text, environ)
 
 
 def main_scrubbed(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from progress_estimate import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
+from url_secrets import without_env_secrets  # the one URL scrubber: sccache's words are shown and recorded
 
 BOUNDS_FILE = "vfa-dist-bounds.json"  # written at configure (cmake/DistBounds.cmake)
 DIST_LOG = "vfa-sccache-dist.log"     # the cluster's sccache server's log (warnings)
@@ -172,5 +173,7 @@ def silent_fallback(build_dir: str, obj: str, since: int) -> str | None:
     stem = unit_stem(obj)
     for line in text.splitlines():
         if FELL_BACK in line and f"[{stem}." in line and BUSY not in line:
-            return " ".join(line.split(FELL_BACK, 1)[1].lstrip(": ").split())[:200] or "no reason given"
+            # Scrubbed before it is cut: a cut must not leave half a password behind.
+            reason = without_env_secrets(line.split(FELL_BACK, 1)[1])
+            return " ".join(reason.lstrip(": ").split())[:200] or "no reason given"
     return None

@@ -17,13 +17,13 @@ import os
 import sys
 from pathlib import Path
 
+from dist_off import DIST_OFF  # exists once the launcher turned the cluster off in this build (cmake/dist_off.py)
 from dist_trust import VERIFIED  # this build's checked units (cmake/dist_trust.py)
 from sccache_stats import (COUNTS, UNIT_LANGUAGES, ProbeFailure, counters, dist_status, run, show_stats,
                            unit_counts, with_saved)
 
-# Written by cmake/sccache_launcher.py (which keeps its own copy of these names, to stay small).
+# Written by cmake/sccache_launcher.py (which keeps its own copy of this name, to stay small).
 FALLBACKS = "vfa-dist-fallbacks.tsv"  # one line per unit the launcher compiled here after a cluster failure
-DIST_OFF = "vfa-dist-off"  # exists once the launcher stopped sending compiles to the cluster
 
 
 def launcher_settings(settings_path: Path) -> dict:

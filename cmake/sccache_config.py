@@ -95,6 +95,19 @@ def scheduler_credentials(url: str, public_url: str, conf_path: Path) -> ProbeFa
                         "the scheduler URL carries credentials")
 
 
+def refused_fix(conf: str, accepted_before: bool) -> str:
+    """What to do when the scheduler refuses this client's token (HTTP 401/403), said by the
+    configure's probe and by the launcher alike. Rotating the cluster's secrets
+    (dist-compile/README.md, "Rotating") makes a new client token: every client that keeps the
+    old one is refused from the scheduler's restart on, so a token accepted before points there."""
+    cause = ("The scheduler accepted this token at configure: its secrets were most likely rotated since"
+             if accepted_before else "If this token worked before, the cluster's secrets were most likely rotated")
+    return (f"the token under [dist.auth] in {conf} must equal the scheduler's client_auth token. {cause} "
+            "(`cluster.py secrets`, the scheduler restarted with them): take the new VFA_DIST_CLIENT_TOKEN, write "
+            f"this client's config again with it (`python dist-compile/cluster.py client --scheduler-url - --out "
+            f"{conf}`, the URL on stdin) and reconfigure (dist-compile/README.md, \"Rotating\")")
+
+
 def scheduler_hang(url: str, seconds: float = SCHEDULER_ANSWER_S) -> str | None:
     """How a scheduler that accepts connections but does not answer HTTP looks, or None.
     A refused or unreachable one is sccache's to report (its server starts and says

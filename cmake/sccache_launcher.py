@@ -30,9 +30,11 @@ build dir that runs the same cache settings without [dist] (or, when no such cop
 config could be made, the compiler itself, uncached). The retry tells the two apart: an
 error in the source fails here too and is shown once, as the compiler printed it; a unit
 that compiles here was a cluster failure and is counted (BUILD_DIR/vfa-dist-fallbacks.tsv).
-The first one prints one line; after `max_cluster_failures` of them (3) the rest of the
-build skips the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix. The
-build's end (compiler_cache_probe.py stats) reports the counts and clears both files.
+The first one prints one line; after `max_cluster_failures` of them (3) the next units skip
+the cluster (BUILD_DIR/vfa-dist-off) with one more line naming the fix, until a back-off has
+passed: then one unit tries it again, and its answer turns it back on, its failure off for
+twice as long (dist_off.py). The build's end (compiler_cache_probe.py stats) reports the
+counts and clears both files.
 
 The build's own servers live as long as the build, and one that stops during a compile is
 replaced (cmake/sccache_servers.py says how); `--keep` runs their keeper.
@@ -57,11 +59,15 @@ from dist_output import abandon, claim, drop, private_output, with_output  # noq
 from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
                         STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
 from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
+# What this launcher shows and records of sccache's words goes without URL passwords (the one scrubber).
+from url_secrets import without_env_secrets  # noqa: E402
 
-# sccache_build_report.py's FALLBACKS and DIST_OFF (that module is not imported here: this
-# one runs once per unit and stays small).
+# The cluster off after max_cluster_failures, and tried again after a back-off (dist_off.py).
+from dist_off import RETRY_MAX_S, route, turn_off, turn_on  # noqa: E402
+
+# sccache_build_report.py's FALLBACKS (that module is not imported here: this one runs once per
+# unit and stays small).
 FALLBACKS = "vfa-dist-fallbacks.tsv"
-DIST_OFF = "vfa-dist-off"
 # sccache's HttpClientError, a 4xx from the scheduler or a server: "http error status: Error 401:
 # Fixed token mismatch" through nvcc's steps, "didn't get a successful HTTP status, got `Error
 # 401: ...`" for a plain compile.
@@ -108,15 +114,23 @@ def run_captured(command: list[str], env: dict[str, str]) -> tuple[int, bytes, b
             signal.signal(s, handler)
 
 
+def scrubbed(data: bytes) -> bytes:
+    if not data:
+        return data
+    return without_env_secrets(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
 def show(out: bytes, err: bytes) -> None:
-    sys.stdout.buffer.write(out)
+    """A compile's output, as sccache and the compiler wrote it but for URL passwords."""
+    sys.stdout.buffer.write(scrubbed(out))
     sys.stdout.flush()
-    sys.stderr.buffer.write(err)
+    sys.stderr.buffer.write(scrubbed(err))
     sys.stderr.flush()
 
 
 def cluster_failure(text: str) -> tuple[str, str] | None:
     """("refused" | "job-failed", a short reason) when the cluster may be what failed."""
+    text = without_env_secrets(text)  # before the reason is cut: a cut could leave half a password
     refused = REFUSED.search(text)
     if refused:
         return "refused", " ".join(refused.group(1).split())[:200]
@@ -130,9 +144,9 @@ def fix_for(kind: str) -> str:
     if kind in BOUND_FIXES:  # dist_bound.py's kinds: the cluster did not answer in time
         return BOUND_FIXES[kind]
     if kind == "refused":
-        return ("The cluster refused this client (a 401/403: the token under [dist.auth] in SCCACHE_CONF must equal "
-                "the scheduler's client_auth token; a scheduler restarted with new secrets needs the new token "
-                "here, then a reconfigure)")
+        from sccache_config import refused_fix  # not at the top: this module runs once per unit
+        # The probe passed with this token (dist "on"): a refusal now is most likely a rotation.
+        return f"The cluster refused this client (a 401/403): {refused_fix('SCCACHE_CONF', accepted_before=True)}"
     return ("A build server could not run the compile (its sandbox or toolchain: see that server's log; "
             "`sccache --dist-status` with this SCCACHE_CONF lists the servers): fix or stop it "
             "(dist-compile/README.md)")
@@ -142,10 +156,10 @@ def record(settings: dict, unit: str, kind: str, reason: str) -> int:
     """Appends a line for the unit; returns its place among the build's cluster failures (not
     how many there are once it is read back: units failing side by side, both appended before
     either counted, each read 2, and no launcher said the first line; under load, issue 39)."""
-    line = f"{time.time():.3f}\t{unit}\t{kind}\t{reason}\n".encode("utf-8", "replace")
+    line = f"{time.time():.3f}\t{unit}\t{kind}\t{without_env_secrets(reason)}\n".encode("utf-8", "replace")
     path = os.path.join(settings["build_dir"], FALLBACKS)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # sccache's words: 0600, as its log
         try:
             os.write(fd, line)  # one write: lines of parallel units never interleave
         finally:
@@ -164,21 +178,28 @@ def record(settings: dict, unit: str, kind: str, reason: str) -> int:
 def record_fallback(settings: dict, unit: str, kind: str, reason: str) -> None:
     """Counts one unit the cluster failed; prints the first line and, at the limit, the last."""
     build_dir = settings["build_dir"]
+    reason = without_env_secrets(reason)
     count = record(settings, unit, kind, reason)
     limit = settings.get("max_cluster_failures", 3)
     if count == 1:
+        # A refused token refuses every unit: its fix is said at once.
+        fix = f" {fix_for(kind)}." if kind == "refused" else ""
         print(f"vendored-flash-attn: the sccache-dist cluster failed {unit} ({reason}); compiled here instead. "
-              f"After {limit} such failures this build stops sending compiles to the cluster.", file=sys.stderr)
+              f"After {limit} such failures this build stops sending compiles to the cluster.{fix}", file=sys.stderr)
     if count >= limit:
-        try:
-            os.close(os.open(os.path.join(build_dir, DIST_OFF), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
+        off = turn_off(build_dir, unit)  # dist_off.py: None when it is off already
+        if off is None:
             return
-        except OSError:
-            pass
-        print(f"vendored-flash-attn: {count} compiles failed on the sccache-dist cluster {settings['scheduler']} "
-              f"(last: {reason}); the rest of this build compiles here, cached, without the cluster. "
-              f"{fix_for(kind)}.", file=sys.stderr)
+        backoff, first = off
+        if first:
+            print(f"vendored-flash-attn: {count} compiles failed on the sccache-dist cluster {settings['scheduler']} "
+                  f"(last: {reason}); the next units compile here, cached, without the cluster, and after "
+                  f"{backoff:.0f} s one of them tries it again (after each failed try twice as long, up to "
+                  f"{RETRY_MAX_S:.0f} s). {fix_for(kind)}.", file=sys.stderr)
+        else:
+            print(f"vendored-flash-attn: the sccache-dist cluster {settings['scheduler']} failed {unit} again "
+                  f"({reason}); units compile here for the next {backoff:.0f} s, then one tries it again. "
+                  f"{fix_for(kind)}.", file=sys.stderr)
 
 
 def local_command(settings: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -195,7 +216,12 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
     # to build servers may carry). The local server below has no [dist]: plain sccache.
     mode = settings["dist"]
-    if mode == "on" and os.path.exists(os.path.join(settings["build_dir"], DIST_OFF)):
+    unit = output_of(command)
+    bound, expected = bound_seconds(settings["build_dir"], unit) if mode == "on" else (0.0, 0.0)
+    # dist_off.py: after max_cluster_failures the cluster is off until its back-off has passed; then
+    # this unit may be the one that tries it again ("try"), while the others compile here for its bound.
+    where = route(settings["build_dir"], unit, bound + STATUS_TIMEOUT_S) if mode == "on" else "cluster"
+    if where == "here":
         local, local_env = local_command(settings, command)
         record_origin(settings["build_dir"], output_of(command), "here")  # dist_trust.py: compiled here
         if settings.get("local"):
@@ -207,8 +233,6 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
         return compile_through_server(settings, through_sccache, env, settings["server"], settings_path, build)
 
     # dist_bound.py: the cluster gets the unit's bound, and sccache's own silent fallbacks count.
-    unit = output_of(command)
-    bound, expected = bound_seconds(settings["build_dir"], unit)
     since = log_size(settings["build_dir"])
     # dist_output.py: the cluster writes into a private temporary, moved into place below only
     # while this unit still waits for it; an answer after the bound lands there, not on the object.
@@ -237,6 +261,9 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     else:
         failure = None if rc == 0 or interrupted else cluster_failure((err + out).decode("utf-8", "replace"))
     if failure is None:
+        if where == "try" and not interrupted and turn_on(settings["build_dir"], unit):
+            say_now(settings["build_dir"], f"the sccache-dist cluster {settings['scheduler']} answered again "
+                                           f"({unit}): compiles go to it again")
         show(out, err)
         if rc == 0 and not interrupted:
             fell_back = silent_fallback(settings["build_dir"], unit, since)

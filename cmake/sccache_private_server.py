@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from compile_env import client_env  # (dist-compile/compile_env.py: what a compile sent to build servers may carry)
+from sccache_config import refused_fix  # what to do about a refused token (also the launcher's)
 from sccache_stats import ProbeFailure, counters, delta, dist_status, output_of, run, show_stats
 
 
@@ -36,9 +37,9 @@ def classify_compile_failure(proc: subprocess.CompletedProcess, env: dict[str, s
     conf = env.get("SCCACHE_CONF", "sccache's config file")
     if "http error status" in why and ("401" in why or "403" in why or "token" in why.lower()):
         return ProbeFailure("dist-auth",
-                            f"the sccache-dist scheduler refused this client ({why}); every compile would fail. "
-                            f"The token under [dist.auth] in {conf} must equal the scheduler's client_auth token "
-                            "(dist-compile/README.md)", "the sccache-dist scheduler refused this client's token")
+                            f"the sccache-dist scheduler refused this client ({why}); every compile would fail: "
+                            + refused_fix(conf, accepted_before=False),
+                            "the sccache-dist scheduler refused this client's token")
     if "Job failed on server" in why:
         return ProbeFailure("dist-toolchain",
                             f"a build server could not run the {what} compiler ({why}); every compile sent there "
@@ -73,8 +74,9 @@ def wait_for_write(sccache: str, env: dict[str, str], before: dict[str, int], se
         time.sleep(0.05)
 
 
-def check_private_server(args, env: dict[str, str], work: Path, start_failed) -> dict:
-    """Steps 1 and 2 on a server of our own: what is asked for, and does it work."""
+def check_private_server(args, env: dict[str, str], work: Path, start_failed, cache: bool = True) -> dict:
+    """Steps 1 and 2 on a server of our own: what is asked for, and does it work. <cache>: the
+    cache is checked (two compiles); else only the cluster the server is connected to."""
     found: dict = {"checks": []}
     proc = run([args.sccache, "--start-server"], env)
     if proc.returncode != 0:
@@ -88,9 +90,49 @@ def check_private_server(args, env: dict[str, str], work: Path, start_failed) ->
     shipped = client_env(env) if found["dist"]["scheduler"] else env
 
     nonce = uuid.uuid4().hex
+    if cache:
+        found.update(check_cache(args, env, shipped, work, nonce, counters(stats)))
+        cpp_remote = found.pop("cpp_remote")
+    elif found["dist"]["state"] == "connected":
+        # The cluster alone (the cache was checked on a server without [dist]): one C++ compile.
+        source = work / "probe-cluster.cpp"
+        source.write_text(f'const char* vfa_cluster_probe() {{ return "{nonce}"; }}\n', encoding="utf-8")
+        before = counters(stats)
+        compile_through(args.sccache, shipped, [args.cxx], source, "C++")
+        cpp_remote = delta(counters(show_stats(args.sccache, env)), before)["remote"]
+        found["checks"].append("C++ compile through sccache")
+        if cpp_remote:
+            found["checks"].append("C++ compile on a build server")
+    else:
+        cpp_remote = 0
+
+    found["dist"]["probe"] = None
+    if found["dist"]["state"] == "connected":
+        # Compiles on build servers: C++ above; CUDA's cicc/ptxas steps here.
+        found["dist"]["probe"] = "C++ remote" if cpp_remote else "C++ local (fell back)"
+        if args.cuda:
+            cu = work / "probe.cu"
+            cu.write_text(f'__global__ void vfa_cache_probe_kernel(int* x) {{ x[0] = {len(nonce)}; }}\n'
+                          f'const char* vfa_cache_probe_cu() {{ return "{nonce}"; }}\n', encoding="utf-8")
+            before = counters(show_stats(args.sccache, env))
+            compile_through(args.sccache, shipped, [args.cuda, *args.cuda_flag], cu, "CUDA")
+            d = delta(counters(show_stats(args.sccache, env)), before)
+            found["dist"]["probe"] += ", CUDA " + ("remote" if d["remote"] else "local (fell back)")
+            cuda_remote = bool(d["remote"])
+            if cuda_remote:
+                found["checks"].append("CUDA compile steps on a build server")
+        else:
+            cuda_remote = True
+        # The job pool is sized for the cluster only when the heavy (CUDA) units run there.
+        found["dist"]["remote_ok"] = bool(cpp_remote) and cuda_remote
+    return found
+
+
+def check_cache(args, env: dict[str, str], shipped: dict[str, str], work: Path, nonce: str, before: dict) -> dict:
+    """Step 2: a unique C++ file compiled twice; the second must be a cache hit (read-write)."""
+    found: dict = {"checks": []}
     source = work / "probe.cpp"
     source.write_text(f'const char* vfa_cache_probe() {{ return "{nonce}"; }}\n', encoding="utf-8")
-    before = counters(stats)
     compile_through(args.sccache, shipped, [args.cxx], source, "C++")
     first = wait_for_write(args.sccache, env, before)
     compile_through(args.sccache, shipped, [args.cxx], source, "C++")
@@ -117,33 +159,28 @@ def check_private_server(args, env: dict[str, str], work: Path, start_failed) ->
     else:
         raise ProbeFailure("write", "a compile through sccache was not stored in its cache (no write, no error "
                                     "reported; the second compile missed); check the SCCACHE_* settings")
-
-    found["dist"]["probe"] = None
-    if found["dist"]["state"] == "connected":
-        # Compiles on build servers: C++ above; CUDA's cicc/ptxas steps here.
-        found["dist"]["probe"] = "C++ remote" if d1["remote"] else "C++ local (fell back)"
-        if args.cuda:
-            cu = work / "probe.cu"
-            cu.write_text(f'__global__ void vfa_cache_probe_kernel(int* x) {{ x[0] = {len(nonce)}; }}\n'
-                          f'const char* vfa_cache_probe_cu() {{ return "{nonce}"; }}\n', encoding="utf-8")
-            before = counters(show_stats(args.sccache, env))
-            compile_through(args.sccache, shipped, [args.cuda, *args.cuda_flag], cu, "CUDA")
-            d = delta(counters(show_stats(args.sccache, env)), before)
-            found["dist"]["probe"] += ", CUDA " + ("remote" if d["remote"] else "local (fell back)")
-            cuda_remote = bool(d["remote"])
-            if cuda_remote:
-                found["checks"].append("CUDA compile steps on a build server")
-        else:
-            cuda_remote = True
-        # The job pool is sized for the cluster only when the heavy (CUDA) units run there.
-        found["dist"]["remote_ok"] = bool(d1["remote"]) and cuda_remote
+    found["cpp_remote"] = d1["remote"]
     return found
 
 
-def on_private_server(args, env: dict[str, str], work: Path, start_failed) -> dict:
+def on_private_server(args, env: dict[str, str], work: Path, start_failed,
+                      cluster_env: dict[str, str] | None = None) -> dict:
+    """Steps 1 and 2 on a private server of <env>. With <cluster_env> (a scheduler is configured):
+    the cache is checked on a server of <env> (its config without [dist]: nothing leaves this
+    machine), and the cluster on a second one of <cluster_env>, whose cache is read-only as the
+    build's cluster server's is, so no object a build server made enters any cache."""
+    found = _on_one_server(args, env, work, start_failed, cache=True)
+    if cluster_env is not None:
+        cluster = _on_one_server(args, cluster_env, work, start_failed, cache=False)
+        found["dist"] = cluster["dist"]
+        found["checks"] += cluster["checks"]
+    return found
+
+
+def _on_one_server(args, env: dict[str, str], work: Path, start_failed, cache: bool) -> dict:
     private = dict(env, SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_IDLE_TIMEOUT="120")
     private.pop("SCCACHE_SERVER_UDS", None)
     try:
-        return check_private_server(args, private, work, start_failed)
+        return check_private_server(args, private, work, start_failed, cache)
     finally:
         run([args.sccache, "--stop-server"], private)

@@ -210,7 +210,7 @@ def test_the_configure_probe_sends_only_what_a_compile_needs(trusted, dump_toolc
         stop_client(env)
     assert probe.returncode == 0, probe.output
     assert "C++ compile on a build server" in json.loads((root / "result.json").read_text())["checks"]
-    seen = parse_env(root / "work" / "probe.cpp.o")
+    seen = parse_env(root / "work" / "probe-cluster.cpp.o")  # the probe's cluster compile (its cache check: here)
     assert "PATH" in seen and "TOP" not in seen, sorted(seen)
 
 

@@ -473,6 +473,22 @@ def test_the_launcher_shows_everything_when_it_cannot_keep_a_log(tmp_path):
     assert run.stdout == GCC_LONG4
 
 
+def test_the_build_logs_are_0600_and_hold_no_url_password(tmp_path):
+    """Issue 34: sccache's error may quote a cache's URL with its password; the build's logs are
+    0600 from their creation (one an older build left 0644 made so) and they and the console get
+    the text through the one URL scrubber (cmake/url_secrets.py)."""
+    (tmp_path / "vfa-progress.tsv").write_text("")
+    (tmp_path / "vfa-progress.tsv").chmod(0o644)
+    run = launch(tmp_path, "echo 'sccache: error: Server startup failed: cache storage failed to read: "
+                           "redis://ci:hunter2hunter2@cache.example:6379/ refused' >&2; exit 2")
+    assert run.returncode == 2
+    log = (tmp_path / "vfa-compile.log").read_text()
+    assert "redis://cache.example:6379/ refused" in log and "redis://cache.example:6379/" in run.stdout + run.stderr
+    assert "hunter2" not in log + run.stdout + run.stderr
+    for name in ("vfa-compile.log", "vfa-progress.tsv"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+
+
 def test_a_compiler_killed_by_a_signal_fails_the_unit(tmp_path):
     run = launch(tmp_path, "kill -9 $$")
     assert run.returncode == 137

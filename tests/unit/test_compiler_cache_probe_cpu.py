@@ -188,3 +188,108 @@ print(json.dumps({{"before": before, "after": after, "probe": probe.returncode}}
     assert before["stats"]["compile_requests"] == 1
     assert after["stats"] == before["stats"]  # neither zeroed nor restarted (a restart zeroes too)
     assert after["cache_location"] == before["cache_location"] and "other-cache" in after["cache_location"]
+
+
+def test_a_refused_token_at_configure_names_rotation_and_the_fix():
+    """Issue 34: a 401 at configure is said with its likely cause, the cluster's secrets rotated,
+    and how to take the new token (the launcher says the same mid-build: fix_for("refused"))."""
+    sys.path.insert(0, str(PROBE.parent))
+    from sccache_private_server import classify_compile_failure
+    refused = subprocess.CompletedProcess([], 254, "", "http error status: Error 401: Fixed token mismatch\n")
+    failure = classify_compile_failure(refused, {"SCCACHE_CONF": "/etc/ci/client.toml"}, "C++")
+    assert failure.failure == "dist-auth" and "Error 401" in failure.message
+    assert "must equal the scheduler's client_auth token" in failure.message
+    assert "the cluster's secrets were most likely rotated" in failure.message
+    assert "cluster.py client --scheduler-url - --out /etc/ci/client.toml" in failure.message
+
+
+# Stands in for sccache where the probe needs a cluster (no scheduler runs here): a "server" per
+# SCCACHE_SERVER_PORT/UDS, its settings fixed when it starts, as sccache's are (a [dist] scheduler
+# in its SCCACHE_CONF; its cache read-only by SCCACHE_LOCAL_RW_MODE or rw_mode in that file). A
+# compile on a server with a scheduler counts as one a build server made; each compile is logged
+# with its server's settings, and a cache of its own stores what a read-write server compiled.
+FAKE_SCCACHE = r'''#!PYTHON
+import hashlib, json, os, subprocess, sys
+STATE = "STATE"
+path = os.path.join(STATE, "servers.json")
+servers = json.load(open(path)) if os.path.exists(path) else {}
+cache = set(json.load(open(os.path.join(STATE, "cache.json")))) if os.path.exists(os.path.join(STATE, "cache.json")) else set()
+key = os.environ.get("SCCACHE_SERVER_UDS") or os.environ.get("SCCACHE_SERVER_PORT") or "4226"
+args = sys.argv[1:]
+ZERO = {"hits": 0, "writes": 0, "remote": 0, "compilations": 0, "requests": 0}
+
+def start():
+    conf = os.environ.get("SCCACHE_CONF", "")
+    text = open(conf).read() if conf and os.path.isfile(conf) else ""
+    read_only = os.environ.get("SCCACHE_LOCAL_RW_MODE") == "READ_ONLY" or 'rw_mode = "READ_ONLY"' in text
+    servers[key] = {"dist": "scheduler_url" in text, "read_only": read_only, **ZERO}
+
+def save():
+    json.dump(servers, open(path, "w"))
+    json.dump(sorted(cache), open(os.path.join(STATE, "cache.json"), "w"))
+
+if args[0] == "--stop-server":
+    servers.pop(key, None); save(); sys.exit(0)
+if key not in servers:
+    start()
+s = servers[key]
+if args[0] == "--start-server":
+    start()
+elif args[0] == "--zero-stats":
+    s.update(ZERO)
+elif args[0] == "--dist-status":
+    print(json.dumps({"SchedulerStatus": ["http://sched.example:10600/", {"num_servers": 1, "num_cpus": 4,
+                      "in_progress": 0}]} if s["dist"] else "Disabled"))
+elif args[0] == "--show-stats":
+    print(json.dumps({"cache_location": 'Local disk: "/fake"', "version": "0.0.0-fake", "stats": {
+        "cache_hits": {"counts": {"C/C++": s["hits"]}}, "cache_misses": {"counts": {}}, "cache_errors": {"counts": {}},
+        "cache_read_errors": 0, "cache_writes": s["writes"], "cache_write_errors": 0,
+        "dist_compiles": {"127.0.0.1:10501": s["remote"]}, "dist_errors": 0, "compilations": s["compilations"],
+        "compile_requests": s["requests"]}}))
+else:
+    s["requests"] += 1
+    source = args[args.index("-c") + 1]
+    digest = hashlib.sha256(open(source, "rb").read()).hexdigest()
+    rc = subprocess.run(args).returncode
+    if digest in cache:
+        s["hits"] += 1
+    else:
+        s["compilations"] += 1
+        s["remote"] += s["dist"]
+        with open(os.path.join(STATE, "compiles.log"), "a") as log:
+            log.write(json.dumps({"cluster": s["dist"], "read_only": s["read_only"]}) + "\n")
+        if not s["read_only"] and rc == 0:
+            cache.add(digest); s["writes"] += 1
+    save(); sys.exit(rc)
+save()
+'''
+
+
+def test_the_probe_never_stores_an_object_a_build_server_made(tmp_path):
+    """Issue 34: the configure's probe compiled on the cluster through a server with the environment's
+    cache settings, so with a read-write cache the cluster's probe object entered it. Now the cache
+    is checked on a server without [dist] (read-write, as asked), the cluster on one whose cache is
+    read-only, and the probe reports both truly. A stand-in sccache records every compile's server."""
+    state = tmp_path / "state"
+    state.mkdir()
+    fake = tmp_path / "sccache"
+    fake.write_text(FAKE_SCCACHE.replace("#!PYTHON", f"#!{sys.executable}").replace('"STATE"', repr(str(state))))
+    fake.chmod(0o755)
+    with socket.socket() as closed:  # a scheduler address nothing listens at: not hung (the stand-in answers)
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    conf = client_conf(tmp_path / "client.toml", f"http://127.0.0.1:{port}")
+    (tmp_path / "build").mkdir()
+    command = probe_command(tmp_path)
+    command[command.index("--sccache") + 1] = str(fake)
+    proc = subprocess.run(command, env=clean_env(SCCACHE_CONF=str(conf), SCCACHE_DIR=str(tmp_path / "cache")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] is True, result
+    compiles = [json.loads(line) for line in (state / "compiles.log").read_text().splitlines()]
+    assert {"cluster": True, "read_only": True} in compiles  # the cluster was probed ...
+    assert {"cluster": True, "read_only": False} not in compiles, compiles  # ... never into a writable cache
+    assert "C++ compile on a build server" in result["checks"] and result["dist"]["state"] == "connected"
+    assert "second compile was a cache hit" in result["checks"]  # the cache itself checked read-write
+    assert result["rw_mode"] == "read-only" and any("(the cache itself was read-write)" in c for c in result["checks"])

@@ -1,8 +1,8 @@
 """cmake/sccache_launcher.py, the build's compiler launcher, with a stand-in for sccache that
 fails the way sccache-dist does (a 401 from a scheduler restarted with new secrets; a job
 that fails on a build server) and a stand-in compiler: a cluster failure is compiled here
-and counted, once per unit; the first prints a line, the third turns the cluster off for
-the rest of the build; a compile error in the source fails and is shown once, uncounted.
+and counted, once per unit; the first prints a line, the third turns the cluster off until
+a back-off has passed (then one unit tries it again); a compile error in the source fails and is shown once, uncounted.
 The same with the real scheduler and servers: tests/dist/test_sccache_dist.py."""
 
 from __future__ import annotations
@@ -28,6 +28,16 @@ if mode == "refused":
     sys.stderr.write("sccache: Compiler killed by signal 1\n[\"x.module_id\"] http error status: Error 401: "
                      "Fixed token mismatch\n")
     sys.exit(254)
+if mode == "refused-secret":  # a 401 whose text quotes a cache URL with its password
+    sys.stderr.write("http error status: Error 401: redis://ci:hunter2hunter2@cache.example:6379 refused\n")
+    sys.exit(254)
+if mode == "fell-back-secret":  # sccache's own fallback, its reason in its log quoting a password
+    out = sys.argv[sys.argv.index("-o") + 1]
+    stem = os.path.basename(out).split(".")[0]
+    with open(os.path.join(os.environ["FAKE_BUILD"], "vfa-sccache-dist.log"), "a") as log:
+        log.write(f"WARN [{stem}.module_id]: Could not perform distributed compile, falling back to local: "
+                  "cannot reach redis://ci:hunter2hunter2@cache.example:6379\n")
+    sys.exit(subprocess.run(sys.argv[1:]).returncode)
 if mode == "job-failed":
     proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
     sys.stderr.write("sccache: Job failed on server 10.0.0.2:10501:\nbwrap: cannot create the sandbox\n"
@@ -63,6 +73,7 @@ def build(tmp_path):
 
 def compile_unit(root: Path, unit: str, cluster: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "FAKE_CALLS": str(root / "calls.log"), "FAKE_CLUSTER": cluster,
+           "FAKE_BUILD": str(root / "build"),
            "SCCACHE_CONF": str(root / "client.toml")}
     return subprocess.run([sys.executable, "-E", "-s", "-S", str(LAUNCHER), str(root / "build" / "vfa-sccache.json"),
                            "--", str(root / "cc"), "-c", "unit.cpp", "-o", str(root / unit)],
@@ -89,11 +100,82 @@ def test_cluster_failures_compile_here_and_turn_the_cluster_off_after_three(buil
     assert "3 compiles failed" in results[2].stderr
     assert ("the token under [dist.auth] in SCCACHE_CONF" if cluster == "refused"
             else "A build server could not run the compile") in results[2].stderr
+    if cluster == "refused":  # issue 34: a token the probe accepted and the scheduler now refuses: rotation,
+        for line in (results[0].stderr, results[2].stderr):  # said with its fix from the first unit on
+            assert "its secrets were most likely rotated since" in line, line
+            assert "python dist-compile/cluster.py client --scheduler-url - --out SCCACHE_CONF" in line, line
     assert "Error 401" not in results[3].stderr + results[4].stderr  # quiet once the cluster is off
     assert kinds(build) == [cluster] * 3
     assert (build / "build" / "vfa-dist-off").exists()
     # Units 1-3: the cluster, then here; units 4 and 5: here only.
     assert confs(build) == ["client.toml", "local.toml"] * 3 + ["local.toml"] * 2
+
+
+@pytest.mark.parametrize("cluster", ["refused-secret", "fell-back-secret"])
+def test_what_the_launcher_records_and_prints_of_sccaches_words_holds_no_url_password(build, cluster):
+    """Issue 34: the reasons the launcher prints and records come from sccache (its error, or its
+    own log's fallback line, dist_bound.silent_fallback): they go through the one URL scrubber,
+    and the build's record of them is 0600 from its creation."""
+    results = [compile_unit(build, f"u{i}.o", cluster) for i in range(3)]
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    said = "".join(r.stdout + r.stderr for r in results)
+    tsv = build / "build" / "vfa-dist-fallbacks.tsv"
+    assert "cache.example:6379" in said and "cache.example:6379" in tsv.read_text()  # the reason is there,
+    assert "hunter2" not in said and "hunter2" not in tsv.read_text()                  # its password is not
+    assert kinds(build) == [cluster.replace("-secret", "")] * 3
+    assert tsv.stat().st_mode & 0o777 == 0o600
+    assert (build / "build" / "vfa-dist-off").stat().st_mode & 0o777 == 0o600
+
+
+def off_switch(root: Path) -> dict:
+    return json.loads((root / "build" / "vfa-dist-off").read_text())
+
+
+def back_off_passed(root: Path) -> None:
+    """What the switch holds once its back-off has passed (no waiting: its time is rewritten)."""
+    state = off_switch(root)
+    state["off_until"] = 1.0
+    (root / "build" / "vfa-dist-off").write_text(json.dumps(state))
+
+
+def test_the_cluster_is_tried_again_after_its_back_off_and_an_answer_turns_it_on(build):
+    """Issue 34: a short outage (3 refusals) must not turn the cluster off for the rest of the build.
+    While the back-off lasts units compile here without asking it; once it has passed, one unit
+    tries it, and its answer turns the cluster back on for the units after it."""
+    sys.path.insert(0, str(LAUNCHER.parent))
+    from dist_off import RETRY_FIRST_S
+    for i in range(3):
+        assert compile_unit(build, f"u{i}.o", "refused").returncode == 0
+    assert off_switch(build)["backoff_s"] == RETRY_FIRST_S
+    assert compile_unit(build, "here.o", "").returncode == 0  # the back-off has not passed: here only
+    assert confs(build) == ["client.toml", "local.toml"] * 3 + ["local.toml"]
+    back_off_passed(build)
+    tried = compile_unit(build, "tried.o", "")
+    assert tried.returncode == 0 and (build / "tried.o").read_text() == "object"
+    assert "answered again (" in tried.stderr and "compiles go to it again" in tried.stderr, tried.stderr
+    assert compile_unit(build, "after.o", "").returncode == 0
+    assert confs(build)[-2:] == ["client.toml", "client.toml"]  # the try and the unit after it: the cluster
+    assert off_switch(build)["off_until"] is None and kinds(build) == ["refused"] * 3
+
+
+def test_a_failed_try_turns_the_cluster_off_twice_as_long_up_to_the_cap(build):
+    sys.path.insert(0, str(LAUNCHER.parent))
+    from dist_off import RETRY_FIRST_S, RETRY_MAX_S
+    said = "".join(compile_unit(build, f"u{i}.o", "refused").stderr for i in range(3))
+    assert f"after {RETRY_FIRST_S:.0f} s one of them tries it again" in said, said
+    back_off_passed(build)
+    again = compile_unit(build, "again.o", "refused")
+    assert again.returncode == 0 and confs(build)[-2:] == ["client.toml", "local.toml"]  # tried, then here
+    assert f"failed {build / 'again.o'} again" in again.stderr, again.stderr
+    assert f"for the next {2 * RETRY_FIRST_S:.0f} s" in again.stderr
+    state = off_switch(build)
+    assert state["backoff_s"] == 2 * RETRY_FIRST_S and state["off_until"] > 1.0
+    calls = len(confs(build))
+    assert compile_unit(build, "here.o", "refused").returncode == 0 and confs(build)[calls:] == ["local.toml"]
+    state["backoff_s"], state["off_until"] = RETRY_MAX_S, 1.0
+    (build / "build" / "vfa-dist-off").write_text(json.dumps(state))
+    assert compile_unit(build, "capped.o", "refused").returncode == 0
+    assert off_switch(build)["backoff_s"] == RETRY_MAX_S
 
 
 def test_a_compile_error_fails_once_shown_and_is_no_cluster_failure(build):
