@@ -74,7 +74,7 @@ def test_ci_run_keeps_pytests_exit_status_and_asks_for_every_tier(tmp_path):
                             env={"PATH": os.environ["PATH"]}, timeout=60)
     assert result.returncode == 5, result.stdout + result.stderr
     assert (tmp_path / ".venv/bin/args").read_text().split() == [
-        "-m", "pytest", "--require-cpu-tiers", "-k", "zzz"]
+        "-m", "pytest", "--require-cpu-tiers", "--numprocesses=2", "--dist=loadfile", "-k", "zzz"]
 
 
 def test_skips_are_summed_up_by_reason_none_reading_like_an_error():

@@ -507,7 +507,10 @@ def test_ctrl_c_stops_every_worker_and_is_no_warning(precompile, staged, fake_wo
         _interrupt_in_the_summary(precompile, monkeypatch)
     else:
         fake_workers.when(event, times, _thread.interrupt_main)
-    with pytest.raises(KeyboardInterrupt):
+    # As the step runs (its __main__): under stop_signals, which raises an interrupt Python lost
+    # (in a finalizer) when the block ends. Called bare, the summary's interrupt once did not
+    # raise (a full run under load with pytest-xdist; not reproduced in 3 runs under --load-check).
+    with pytest.raises(KeyboardInterrupt), precompile.fa4_workers.stop_signals():
         precompile.main(args)
     assert fake_workers.count(event or "started") >= max(times, 1), fake_workers.events()
     assert not _running(fake_workers.program), "a worker outlived the step"
