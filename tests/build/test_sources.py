@@ -606,8 +606,9 @@ def test_the_build_time_check_passes_an_unchanged_tree_and_keeps_its_snapshot(fi
     first = _build(build, "vfa_verified_sources")
     assert first.returncode == 0, first.output
     snapshot = build / "vfa_verified_sources.snapshot"
+    # The staged sources and the generated FA2 file's staged folder (its content-addressed copy).
     assert sorted(json.loads(snapshot.read_text())) == sorted(
-        str(_staged(cache, name)) for name in ("flash-attention", "cutlass"))
+        str(_staged(cache, name)) for name in ("flash-attention", "cutlass", "fa2_missing_kernels"))
     written = snapshot.stat().st_mtime_ns
     time.sleep(0.05)
     again = _build(build, "vfa_verified_sources")
