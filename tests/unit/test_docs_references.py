@@ -175,7 +175,7 @@ def defined_names(module: Path) -> frozenset[str]:
 def built_modules() -> set[str]:
     """What the build puts into the package for the declared families: each compiled family's
     module, each packaged family's subpackage and the module that marks it (``probe``)."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     found = set()
     for family in registry():
@@ -190,12 +190,19 @@ def module_problem(dotted: str) -> str | None:
     import vendored_flash_attn
 
     parts = dotted.split(".")
-    module = PACKAGE / f"{parts[0]}.py"
-    if module.is_file():
-        if len(parts) > 1 and parts[1] not in defined_names(module):
-            return f"{parts[0]}.py defines no {parts[1]}"
-        return None
-    if (PACKAGE / parts[0] / "__init__.py").is_file() or parts[0] in vendored_flash_attn.__all__:
+    folder = PACKAGE
+    for i, part in enumerate(parts):  # down the package's folders to a module, then a name of it
+        module = folder / f"{part}.py"
+        if module.is_file():
+            if len(parts) > i + 1 and parts[i + 1] not in defined_names(module):
+                return f"{module.relative_to(PACKAGE).as_posix()} defines no {parts[i + 1]}"
+            return None
+        if not (folder / part / "__init__.py").is_file():
+            break
+        folder = folder / part
+    else:
+        return None  # a folder of the package
+    if parts[0] in vendored_flash_attn.__all__:
         return None
     built = built_modules()
     # a built module, or one below a staged package (upstream's own modules, e.g. _fa4.cute.interface)
@@ -223,11 +230,15 @@ def test_every_package_module_the_docs_name_exists():
 
 
 def test_the_runtime_doc_lists_every_file_of_the_package():
-    """docs/runtime.md's file table: each package file in one row, and no file that is gone."""
+    """docs/runtime.md's file table: each package file in one row (by its path in the package),
+    and no file that is gone. A folder's __init__.py holds only its docstring (test_package.py)
+    and has no row."""
     text = (PROJECT / "docs" / "runtime.md").read_text()
     table = text.split("\n| file | concern |\n", 1)[1].split("\n\n", 1)[0]
     listed = [name for row in table.splitlines()[1:] for name in _SPAN.findall(row.strip("|").split("|")[0])]
-    files = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.suffix in (".py", ".json"))
+    files = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+                   if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts
+                   and not (p.name == "__init__.py" and p.parent != PACKAGE))
     assert sorted(listed) == files
 
 
@@ -237,10 +248,10 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
     also be a field of a family's declared `call` (families.CallRules)."""
     import dataclasses
 
-    from vendored_flash_attn.families import CallRules
+    from vendored_flash_attn.declaration.families import CallRules
 
     modules: dict[str, list[Path]] = {}
-    for path in (*PACKAGE.glob("*.py"), *(PROJECT / "cmake").glob("*.py")):
+    for path in (*PACKAGE.rglob("*.py"), *(PROJECT / "cmake").glob("*.py")):
         modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and cmake/'s
     call_fields = {f.name for f in dataclasses.fields(CallRules)}
     wrong = []
