@@ -94,7 +94,9 @@ def forward(resolved, call, window, fp8):
 PROBE = textwrap.dedent('''
     import json, os, sys, torch
     import vendored_flash_attn as vfa
-    from vendored_flash_attn import build_info, environment, selector, wheel_check, wheel_check_build_info
+    from vendored_flash_attn.declaration import build_info
+    from vendored_flash_attn.release import build_info_check as wheel_check_build_info, wheel_check
+    from vendored_flash_attn.selection import environment, selector
     from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
 
     class DescribedAmpere(environment.SystemEnvironment):

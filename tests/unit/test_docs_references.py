@@ -253,6 +253,10 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
     modules: dict[str, list[Path]] = {}
     for path in (*PACKAGE.rglob("*.py"), *(PROJECT / "cmake").glob("*.py")):
         modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and cmake/'s
+        if PACKAGE in path.parents and path.stem != "__init__":  # and by its path: fa4.cache, families.fa2
+            parts = path.relative_to(PACKAGE).with_suffix("").parts
+            for i in range(len(parts) - 1):
+                modules.setdefault(".".join(parts[i:]), []).append(path)
     call_fields = {f.name for f in dataclasses.fields(CallRules)}
     wrong = []
     for doc in DOCS:
@@ -261,7 +265,10 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
                 for word in span.split():
                     if re.search(r"\.(json|jsonl|txt|tsv|log|py|md|sh|toml|cmake)\b", word):
                         continue  # a file's name (build_info.wheel.json, kernels.jsonl)
-                    for module, name in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)", word):
+                    for dotted in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*(?:\.[A-Za-z_]\w*)+)", word):
+                        parts = dotted.split(".")  # the longest start that names a module, then a name
+                        at = next((i for i in range(len(parts) - 1, 0, -1) if ".".join(parts[:i]) in modules), 1)
+                        module, name = ".".join(parts[:at]), parts[at]
                         if module not in modules or any(name in defined_names(m) for m in modules[module]):
                             continue
                         if module == "call" and name in call_fields:

@@ -148,7 +148,7 @@ def test_importing_the_package_and_checking_never_import_cutlass(tmp_path):
     (tmp_path / "cutlass.py").write_text("import sys; sys.stderr.write('CUTLASS IMPORTED'); raise SystemExit(3)\n")
     code = ("import sys, vendored_flash_attn\n"
             "assert 'cutlass' not in sys.modules\n"
-            "from vendored_flash_attn import fa4_deps\n"
+            "from vendored_flash_attn.families.fa4 import deps as fa4_deps\n"
             "try:\n    fa4_deps.check()\nexcept fa4_deps.FA4DependencyError:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'quack', 'tvm_ffi')))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(tmp_path)])}

@@ -111,7 +111,7 @@ def test_the_version_knob_holds_exactly_the_families_versions(choices, versions)
     assert any(p.startswith("knobs.VLLM_FLASH_ATTN_VERSION.choices") and versions in p for p in found), found
 
 
-PYTHON_DIR = str(Path(families.__file__).resolve().parents[1])
+PYTHON_DIR = str(Path(families.__file__).resolve().parents[2])
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -264,7 +264,7 @@ def test_a_damaged_build_info_file_is_a_reason_not_an_exception(tmp_path, damage
     from pathlib import Path
 
     site = tmp_path / "site"
-    package = Path(selector.__file__).parent
+    package = Path(selector.__file__).parents[1]  # the package root
     shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     # The wheel installs the project's declaration beside the package (cmake/BuildInfo.cmake).
     shutil.copy(package.parents[1] / "cmake" / "knobs.json", site / package.name / "knobs.json")
