@@ -9,7 +9,7 @@ dim and dtype). A copy of the project then differs from this checkout in these f
   include dirs, defines, kernel rule, memory class, unit kinds; capabilities, dtypes, features,
   call rules, record), its three knobs (VFA_BUILD_FA5, VFA_FA5_HEAD_DIMS and VFA_FA5_DTYPES with
   their presets), ``fa5`` in ``default_order`` and ``5`` among VLLM_FLASH_ATTN_VERSION's choices;
-* ``python/vendored_flash_attn/fa5.py``, its adapter: ``forward`` (calls the module's op) and the
+* ``python/vendored_flash_attn/families/fa5.py``, its adapter: ``forward`` (calls the module's op) and the
   head-size rule its declaration names;
 * its source list: ``fa5`` among the flash-attention paths of the pin the build verifies (the pin
   file the test writes, vendor/flash-attention/pin.json's format).
@@ -55,7 +55,7 @@ FAMILY = {
     "head_dims_knob": "VFA_FA5_HEAD_DIMS", "dtypes_knob": "VFA_FA5_DTYPES", "features_knob": None,
     "features": ["varlen"],
     "default_on": [8], "not_default": {}, "fallback": "fa2",
-    "adapter": "vendored_flash_attn.fa5:forward", "head_size_rule": "vendored_flash_attn.fa5:head_size_problem",
+    "adapter": "vendored_flash_attn.families.fa5:forward", "head_size_rule": "vendored_flash_attn.families.fa5:head_size_problem",
     "call": {"kv_layouts": ["packed"]},
     "record": "build_info.json:fa5", "artefacts": [],
 }
@@ -153,7 +153,7 @@ def fifth(synthetic, tmp_path_factory):
     data["knobs"].update(KNOBS)
     data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"].append("5")
     path.write_text(json.dumps(data, indent=2) + "\n")
-    (project / "python" / "vendored_flash_attn" / "fa5.py").write_text(ADAPTER)
+    (project / "python" / "vendored_flash_attn" / "families" / "fa5.py").write_text(ADAPTER)
 
     pin = synthetic.write_pin(root / "pin.json")
     pinned = json.loads(pin.read_text())

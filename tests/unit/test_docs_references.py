@@ -243,7 +243,7 @@ def test_the_runtime_doc_lists_every_file_of_the_package():
 
 
 def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
-    """`fa4.run`, `fa4_cache.install`, `sccache_stats.save_counts`: in code, a module of the
+    """`fa4.run`, `fa4.cache.install`, `sccache_stats.save_counts`: in code, a module of the
     package or a script of cmake/ followed by a name must define that name. `call.<field>` may
     also be a field of a family's declared `call` (families.CallRules)."""
     import dataclasses
