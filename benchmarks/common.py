@@ -304,7 +304,7 @@ def build_info_dict() -> dict:
     """The installed wheel's build_info.json (or why it is missing) and where it lives."""
     try:
         import vendored_flash_attn
-        from vendored_flash_attn.build_info import BuildInfoMissing, load_build_info
+        from vendored_flash_attn.declaration.build_info import BuildInfoMissing, load_build_info
     except Exception as exc:  # noqa: BLE001
         return {"error": f"vendored_flash_attn not importable: {exc}"}
     try:

@@ -307,7 +307,7 @@ def forbid_skips(build_info: dict) -> list[str]:
     # registry): those recorded in build_info.json. FA4's record is a file of its own and its
     # tests need dependencies a slice's machine may lack; fa4_h200.sh forbids its skips itself.
     sys.path.insert(0, str(HERE.parent / "python"))
-    from vendored_flash_attn import families
+    from vendored_flash_attn.declaration import families
 
     args = []
     for family in families.registry():

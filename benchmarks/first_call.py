@@ -71,7 +71,7 @@ forced = os.environ.get("VFA_FIRST_CALL_FA_VERSION") or None
 forced = int(forced) if forced else None
 # The forced family's kernels are CuTe DSL Python (FA4's): loaded, and their user cache
 # counted, around the first call. Read from its declaration, not its version.
-from vendored_flash_attn.families import CUTE_DSL, registry
+from vendored_flash_attn.declaration.families import CUTE_DSL, registry
 cute_dsl = registry().get(forced) is not None and registry().get(forced).made == CUTE_DSL
 kernels_seen = {}
 
@@ -82,7 +82,7 @@ def user_cache_kernels(step):
     # FA4: kernels (.o) in the user cache after ``step``; a step that adds one compiled it.
     if not cute_dsl:
         return
-    from vendored_flash_attn import fa4_cache
+    from vendored_flash_attn.families.fa4 import cache as fa4_cache
     root = fa4_cache.user_cache_root()
     kernels_seen[step] = sum(1 for _ in root.rglob("*.o")) if root.is_dir() else 0
     res["user_cache_kernels"] = kernels_seen
@@ -112,7 +112,7 @@ try:
     if cute_dsl:
         user_cache_kernels("before")
         t = time.perf_counter()
-        from vendored_flash_attn import fa4
+        from vendored_flash_attn.families.fa4 import adapter as fa4
         res["fa4_cache_layout"] = fa4.load().cache_layout
         T["fa4_load_s"] = time.perf_counter() - t
         res["cutlass_after_load"] = "cutlass" in sys.modules
@@ -176,8 +176,8 @@ def fa4_plan(root: Path) -> list[dict]:
     """FA4's child runs, in order: the cache state and the environment each one gets.
     Every run calls FA4's version explicitly (VFA_FIRST_CALL_FA_VERSION: the one CuTe DSL family's,
     from the declaration)."""
-    from vendored_flash_attn.fa4_cache import SHIPPED_KERNELS_ENV  # the knob's one definition
-    from vendored_flash_attn.families import CUTE_DSL, registry
+    from vendored_flash_attn.families.fa4.cache import SHIPPED_KERNELS_ENV  # the knob's one definition
+    from vendored_flash_attn.declaration.families import CUTE_DSL, registry
 
     shipped_user, jit_user = str(root / "user-cache-shipped"), str(root / "user-cache-jit")
     (cute,) = [f for f in registry() if f.made == CUTE_DSL]

@@ -71,7 +71,7 @@ from common import LLAMA_8B  # noqa: E402
 def fp8_version() -> int:
     """The version of the family with FP8 q, k and v (its declared feature ``fp8``, cmake/knobs.json
     families): the family whose FP8 path and two-level accumulation this benchmark measures."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     return registry().having("fp8")[0].version
 
@@ -79,7 +79,7 @@ def fp8_version() -> int:
 def takes_fp8_qkv(version: int) -> bool:
     """Whether the family of ``version`` takes an FP8 q (``fp8``); else its FP8 path is FP8 KV
     with a 16-bit q (``fp8_kv``, FA4's on sm90)."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     return "fp8" in registry()[version].features
 
@@ -107,7 +107,7 @@ def two_level_tag(build: dict) -> str:
     value = common.build_option(build, "VFA_FA3_FP8_TWO_LEVEL_ACCUMULATION")
     if value is None:
         return "two_level_unknown" if "error" in build else "two_level_on"
-    from vendored_flash_attn.declaration import BOOL_ON  # the bool words of cmake/knobs.json
+    from vendored_flash_attn.declaration.knob_values import BOOL_ON  # the bool words of cmake/knobs.json
 
     return "two_level_on" if str(value).lower() in BOOL_ON else "two_level_off"
 
@@ -412,7 +412,7 @@ def reference64(q, k, v, q_lens, k_lens, causal=True, chunk=512):
 def fa4_fp8_page(head_dim: int, causal: bool) -> int:
     """FA4 takes FP8 KV on sm90 with a bf16/fp16 q from a paged cache whose page is the kernel's
     tile_n (fa4.check_call): upstream's own tile rule, asked of the loaded FA4."""
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     return fa4.load().interface._tile_size_fwd_sm90(head_dim, head_dim, causal, False).n_block_size
 
@@ -456,7 +456,7 @@ def long_context_case(shape: str, dist: str, seed: int = 0, head_dim: int = LLAM
 
 
 def long_context(args) -> list[dict]:
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     version = args.long_fa_version or fp8_version()
     family = registry()[version]  # ValueError naming the declared versions

@@ -7,7 +7,7 @@ Each sample is a new Python process (``--repeats`` per kind, median reported):
                      must stay lazy (no torch, no compiled module, no cutlass)
   torch + vfa        ``import torch`` then ``import vendored_flash_attn`` (vLLM's order)
   FA4 first use      ``import torch``, ``import vendored_flash_attn``, then
-                     ``vendored_flash_attn.fa4.load()``: the dependency check, the import of
+                     ``vendored_flash_attn.families.fa4.adapter.load()``: the dependency check, the import of
                      cutlass and FA4's sources and the kernel-cache install, what the first
                      ``fa_version=4`` call pays once per process (no GPU needed)
 Each child reports which heavy modules (torch, cutlass, tvm_ffi, quack, FA4's sources) are
@@ -59,7 +59,7 @@ try:
     if kind == "fa4_first_use":
         res["fa4_reason"] = step("fa_version_unsupported_reason(4)", lambda: vfa.fa_version_unsupported_reason(4))
         def load():
-            from vendored_flash_attn import fa4
+            from vendored_flash_attn.families.fa4 import adapter as fa4
             return fa4.load()
         try:
             layout = step("fa4.load()", load)

@@ -68,7 +68,7 @@ IMPL_VERSION = {"fa2": 2, "fa3": 3, "fa3_fp8": 3, "fa4": 4}
 def compiles_at_first_use(impl: str) -> bool:
     """The row's family is the CuTe DSL one (its declaration's ``made``): loaded before the
     rows are timed, and its user cache counted around the first call."""
-    from vendored_flash_attn.families import CUTE_DSL, registry
+    from vendored_flash_attn.declaration.families import CUTE_DSL, registry
 
     return impl in IMPL_VERSION and registry()[IMPL_VERSION[impl]].made == CUTE_DSL
 # Order of the rows within one case: FA4 right after FA3 (same inputs, same GPU state), FA2
@@ -316,7 +316,7 @@ def availability(impl: str) -> Optional[str]:
         # clear reason instead of an error per row, and the first call of the first FA4 row
         # times its kernel (shipped, cached or compiled), not the import.
         try:
-            from vendored_flash_attn import fa4
+            from vendored_flash_attn.families.fa4 import adapter as fa4
 
             fa4.load()
         except Exception as exc:  # noqa: BLE001
@@ -327,7 +327,7 @@ def availability(impl: str) -> Optional[str]:
 def fa4_user_cache_kernels() -> Optional[int]:
     """How many kernels (.o) FA4's user cache holds now: a first call that adds one compiled."""
     try:
-        from vendored_flash_attn import fa4_cache
+        from vendored_flash_attn.families.fa4 import cache as fa4_cache
 
         root = fa4_cache.user_cache_root()
     except Exception:  # noqa: BLE001

@@ -521,7 +521,7 @@ def side_by_side(q, k, v, kwargs: dict, upstream, cute, versions: list, *, round
     if stalled:
         import torch
 
-        from vendored_flash_attn.families import registry
+        from vendored_flash_attn.declaration.families import registry
 
         real = {f.version: (f.op_namespace, f.forward_op) for f in registry() if f.compiled}
         raw = {version: (getattr(getattr(torch.ops, real[version][0]), real[version][1]).default, args, kw)
@@ -588,7 +588,7 @@ def upstream_section(args, inp, stalled: bool = True) -> dict:
     cute = None
     if 4 in versions:
         try:
-            from vendored_flash_attn import fa4
+            from vendored_flash_attn.families.fa4 import adapter as fa4
 
             cute = fa4.load().interface
         except Exception as exc:  # noqa: BLE001 - FA4 left out of the comparison, saying why
@@ -735,8 +735,8 @@ def measure_cpu(args) -> dict:
     sys.path[:0] = [str(root / "tests" / "unit")] + ([] if "vendored_flash_attn" in sys.modules else [str(root / "python")])
     import runtime_fakes
 
-    from vendored_flash_attn import fa4
-    from vendored_flash_attn.environment import StaticEnvironment, set_environment
+    from vendored_flash_attn.families.fa4 import adapter as fa4
+    from vendored_flash_attn.selection.environment import StaticEnvironment, set_environment
 
     set_environment(StaticEnvironment(build=runtime_fakes.make_build("full", fa4=runtime_fakes.FA4_RECORD),
                                       capabilities=(runtime_fakes.HOPPER,), device_type="cpu"))

@@ -76,7 +76,7 @@ def _child(package_root: str, upstream_file: str, pollute_kib: int) -> None:
     import overhead
     import runtime_fakes
     from vendored_flash_attn import flash_attn_varlen_func, interface
-    from vendored_flash_attn.environment import StaticEnvironment, set_environment
+    from vendored_flash_attn.selection.environment import StaticEnvironment, set_environment
 
     set_environment(StaticEnvironment(build=runtime_fakes.make_build("full"), capabilities=(runtime_fakes.HOPPER,),
                                       device_type="cpu"))

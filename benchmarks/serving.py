@@ -114,7 +114,7 @@ class Variant:
     # family by design); what a row's calls do differently is read from the family's declaration.
     @property
     def family(self):
-        from vendored_flash_attn.families import registry
+        from vendored_flash_attn.declaration.families import registry
 
         return registry()[self.version]
 
@@ -127,7 +127,7 @@ class Variant:
     def compiles_at_first_use(self) -> bool:
         """Its kernels are upstream's CuTe DSL Python (FA4): loaded (and their cache set up)
         before anything is timed."""
-        from vendored_flash_attn.families import CUTE_DSL
+        from vendored_flash_attn.declaration.families import CUTE_DSL
 
         return self.family.made == CUTE_DSL
 
@@ -159,10 +159,10 @@ def _importable_package() -> None:
 
 def tile_page_size(fa4_interface=None) -> tuple[int, str]:
     """The kernels' tile as a page size: FA3's kBlockN for head dim 128 causal paged calls
-    (its tile rule, vendored_flash_attn.scheduler_metadata.tile_size_sm90), checked against
+    (its tile rule, vendored_flash_attn.call.scheduler_metadata.tile_size_sm90), checked against
     FA4's sm90 tile_n where its interface is given."""
     _importable_package()
-    from vendored_flash_attn.scheduler_metadata import tile_size_sm90
+    from vendored_flash_attn.call.scheduler_metadata import tile_size_sm90
 
     _, n = tile_size_sm90(128, 128, True, False, False, False, False, False, True)
     note = f"FA3's kBlockN for head dim 128 causal paged: {n}"
@@ -922,13 +922,13 @@ def availability(variant: Variant) -> Optional[str]:
     if reason:
         return reason
     if variant.kv == "fp8":
-        from vendored_flash_attn.environment import current_environment
+        from vendored_flash_attn.selection.environment import current_environment
 
         if "e4m3" not in current_environment().build_info().component(variant.version).dtypes:
             return f"this wheel's FA{variant.version} has no e4m3 kernels"
     if variant.compiles_at_first_use:
         try:
-            from vendored_flash_attn import fa4  # the CuTe DSL family's adapter
+            from vendored_flash_attn.families.fa4 import adapter as fa4  # the CuTe DSL family's adapter
 
             fa4.load()
         except Exception as exc:  # noqa: BLE001
@@ -953,7 +953,7 @@ def run(args) -> dict:
             variants.append(BY_NAME[name])
     fa4_interface = None
     if any(v.compiles_at_first_use for v in variants):
-        from vendored_flash_attn import fa4  # the CuTe DSL family's adapter: its tile sets the paged layout
+        from vendored_flash_attn.families.fa4 import adapter as fa4  # the CuTe DSL family's adapter: its tile sets the paged layout
 
         fa4_interface = fa4.load().interface
     tile, tile_note = tile_page_size(fa4_interface)
@@ -1131,7 +1131,7 @@ def record(json_path: Path, measured_path: Path) -> int:
     for size, winners in entry["winners"].items():
         print(f"  fastest bf16 family at block size {size}: " + ", ".join(f"{ph} {w}" for ph, w in winners.items()))
     _importable_package()
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     families = registry()
     default = next((f for f in families.in_default_order() if f.is_default_on(major)), None)

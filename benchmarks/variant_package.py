@@ -23,7 +23,7 @@ from pathlib import Path
 
 def modules() -> dict[str, str]:
     """Each compiled family's module, by family name (cmake/knobs.json families)."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     return {f.name: f.module for f in registry() if f.module}
 

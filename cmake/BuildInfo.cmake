@@ -231,7 +231,7 @@ function(vfa_write_build_info)
   vfa_write_if_different("${wheel_path}" "${wheel_json}\n")
   install(FILES "${wheel_path}" DESTINATION vendored_flash_attn RENAME build_info.json)
   # The declaration the package reads its bool words and head dims from
-  # (python/vendored_flash_attn/declaration.py), as CMake read them.
+  # (python/vendored_flash_attn/declaration/knob_values.py), as CMake read them.
   install(FILES "${VFA_DECLARATION_FILE}" DESTINATION vendored_flash_attn)
   message(STATUS "vendored-flash-attn: build info written to ${path} "
     "(the wheel gets ${wheel_path}: the same without this machine's readings)")

@@ -2,7 +2,7 @@
 # targets, the row of a target, the lowest GPU the build knows, TORCH_CUDA_ARCH_LIST parsed (by
 # the package's parser, cuda_archs.py), -gencode flags, and which code runs on which GPU. Which code each
 # family compiles from it: cmake/CudaArchs.cmake. The package reads the same table
-# (python/vendored_flash_attn/cuda_archs.py: one rule of which code runs where, checked against
+# (python/vendored_flash_attn/declaration/cuda_archs.py: one rule of which code runs where, checked against
 # this file by tests/unit/test_cuda_archs.py).
 
 include_guard(GLOBAL)
@@ -65,9 +65,9 @@ endfunction()
 # Parses "8.0 8.6;9.0a,8.0+PTX Hopper" into numeric archs ("8.0;8.6;9.0"), the archs asked for
 # with +PTX into <out_var>_PTX ("8.0;9.0": Hopper is PyTorch's 9.0+PTX), and the names used with
 # their meaning into <out_var>_NAMED ("Hopper = 9.0+PTX", for messages). The package's parser
-# reads it (python/vendored_flash_attn/cuda_archs.py, parse_arch_list: the one reader of the
+# reads it (python/vendored_flash_attn/declaration/cuda_archs.py, parse_arch_list: the one reader of the
 # list, which the package also uses on a recorded list), run as
-# `python -E -s -S -m vendored_flash_attn.cuda_archs parse FILE TEXT` (standard library only).
+# `python -E -s -S -m vendored_flash_attn.declaration.cuda_archs parse FILE TEXT` (standard library only).
 # A list it refuses (no architecture, "09.0", "Blackwell+PTX", an unknown word) stops here,
 # before torch's CMake reads it, with its message.
 function(vfa_parse_arch_list out_var text)
@@ -80,7 +80,7 @@ function(vfa_parse_arch_list out_var text)
   endif()
   # ',' separates as ';' does: a ';' would split the argument into several here.
   string(REPLACE ";" "," arg "${text}")
-  execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.cuda_archs parse "${file}" "${arg}"
+  execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.declaration.cuda_archs parse "${file}" "${arg}"
     WORKING_DIRECTORY "${project}/python" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
     OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
   if(rc EQUAL 1 AND NOT out STREQUAL "")

@@ -202,8 +202,8 @@ function(vfa_add_fa4_package)
   # an edit to one of them re-stages through DEPENDS.
   file(GLOB_RECURSE inputs "${cute}/*.py" "${cute}/pyproject.toml" "${cute}/LICENSE"
        "${cute}/AUTHORS" "${cute}/README.md")
-  set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_deps.py"
-      "${VFA_PROJECT_DIR}/python/vendored_flash_attn/fa4_cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
+  set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/families/fa4/deps.py"
+      "${VFA_PROJECT_DIR}/python/vendored_flash_attn/families/fa4/cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
   # From scratch each time: no kernel of an earlier source or selection may stay behind.
   set(commands
     COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}" "${stage}/share"

@@ -1,6 +1,6 @@
 # The declaration (cmake/knobs.json) checked at configure: its knobs by cmake/knobs.py's typed
 # parse (`validate`), the kernel families ("families") by the package's own validator:
-# python/vendored_flash_attn/families.py's problems(), which the installed package runs at
+# python/vendored_flash_attn/declaration/families.py's problems(), which the installed package runs at
 # first use. One set of rules, so a mistake (a version
 # declared twice, an unknown name in default_order, a mistyped `made`, a generation both
 # supported and excluded, a module renamed without its op namespace, ...) stops the build
@@ -13,7 +13,7 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)  # vfa_script_python
 
 # Stops the configure, listing every mistake, when the declaration has any. The validator
-# runs as `python -E -s -S -m vendored_flash_attn.families check FILE` from the project's
+# runs as `python -E -s -S -m vendored_flash_attn.declaration.families check FILE` from the project's
 # python/ folder (standard library only: no site-packages, nothing installed is read).
 #   vfa_check_families_declaration()  ->  with fa4's "version": 3: FATAL_ERROR
 #     ".../knobs.json declares the kernel families with mistakes ...:
@@ -38,7 +38,7 @@ function(vfa_check_families_declaration)
   elseif(NOT rc EQUAL 0)
     message(FATAL_ERROR "Checking the knobs declared in ${file} failed (${python}, exit ${rc}): ${out}${err}")
   endif()
-  execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.families check "${file}"
+  execute_process(COMMAND "${python}" -E -s -S -m vendored_flash_attn.declaration.families check "${file}"
     WORKING_DIRECTORY "${project}/python" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
     OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
   if(rc EQUAL 0)
@@ -48,7 +48,7 @@ function(vfa_check_families_declaration)
     string(REPLACE "\n" "\n  " out "${out}")
     message(FATAL_ERROR "${file} declares the kernel families (its \"families\" section) with mistakes; "
       "the build and the package read them, so the configure stops here:\n  ${out}\n"
-      "(The same rules run when the package first reads it: python/vendored_flash_attn/families.py.)")
+      "(The same rules run when the package first reads it: python/vendored_flash_attn/declaration/families.py.)")
   endif()
   message(FATAL_ERROR "Checking the kernel families declared in ${file} failed (${python}, exit ${rc}): "
     "${out}${err}")

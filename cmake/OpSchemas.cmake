@@ -1,7 +1,7 @@
 # The ops python/vendored_flash_attn calls with positional arguments must have the schemas
 # the flash-attention being built registers: cmake/op_schemas.py reads upstream's
 # registration sources (their ops.def strings) and compares them with
-# python/vendored_flash_attn/op_schemas.py. A pin bump (or a FLASH_ATTN_SRC_DIR) whose ops
+# python/vendored_flash_attn/declaration/op_schemas.py. A pin bump (or a FLASH_ATTN_SRC_DIR) whose ops
 # take other arguments stops here, not in a wheel whose calls shift the arguments.
 # Included once, after the sources are resolved and Python is found.
 

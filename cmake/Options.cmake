@@ -102,7 +102,7 @@ function(vfa_knob_field out_var decl field fallback)
 endfunction()
 
 # The kernel families, declared once in cmake/knobs.json ("families": what each is and
-# how it is built or packaged; python/vendored_flash_attn/families.py reads the same
+# how it is built or packaged; python/vendored_flash_attn/declaration/families.py reads the same
 # section for the package). The build's generic code iterates these instead of naming
 # FA2/FA3/FA4: every compiled family goes through one target function (cmake/FamilyTarget.cmake),
 # and only a packaged family's own cmake/<NAME>Package.cmake knows its family. Names come in name order (CMake's JSON reader keeps an object's

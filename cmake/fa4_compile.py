@@ -1,6 +1,6 @@
 """FA4's compile step: the planned kernel calls made through FA4's adapter on fake CUDA tensors.
 
-Each call of the plan (vendored_flash_attn.fa4_plan) goes through ``vendored_flash_attn.fa4.run``
+Each call of the plan (vendored_flash_attn.families.fa4.plan) goes through ``vendored_flash_attn.families.fa4.adapter.run``
 under torch's ``FakeTensorMode``, so it compiles one real kernel (SASS for the arch) with the
 compile key a run-time call gets, and launches nothing: no GPU is needed. Needs torch and the
 ``fa4`` extra in the interpreter that runs it (one kernel set per Python: upstream's
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from fa4_stage import VENDORED_PACKAGE
-from vendored_flash_attn import fa4_cache
-from vendored_flash_attn.fa4_plan import KernelCall, generation, make_call
+from vendored_flash_attn.families.fa4 import cache as fa4_cache
+from vendored_flash_attn.families.fa4.plan import KernelCall, generation, make_call
 
 
 class _KeyLog:
@@ -47,7 +47,7 @@ class _KeyLog:
 def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[KernelCall],
                       package: str = VENDORED_PACKAGE, verify: bool = False, progress: Path | None = None) -> dict:
     """Compile ``calls`` for ``arch`` into ``out/<flavour>/<fingerprint>/<kind>/`` through
-    FA4's adapter (``vendored_flash_attn.fa4.run``) on fake tensors; a report dict, each
+    FA4's adapter (``vendored_flash_attn.families.fa4.adapter.run``) on fake tensors; a report dict, each
     call with the ``[kind, key hash]`` of every kernel it looked up (``lookups``).
 
     Going through the adapter, not upstream's public functions, makes the compile keys those
@@ -78,7 +78,7 @@ def compile_selection(stage_root: Path, out: Path, arch: str, calls: list[Kernel
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     loaded = fa4.load()
     cache_utils = importlib.import_module(f"{package}.cache_utils")

@@ -15,12 +15,12 @@ concern is a module of its own beside it:
     by, a real ``flash_attn`` install; writes FA4's build record into the stage. Needs
     nothing but the standard library (+ packaging).
 
-``plan`` (python/vendored_flash_attn/fa4_plan.py: the installed wheel's check reads it too)
+``plan`` (python/vendored_flash_attn/families/fa4/plan.py: the installed wheel's check reads it too)
     Prints the kernels of FA4's selection (its knobs' head dims, dtypes, features and GQA
     ratios, LSE) that vLLM's calls reach through the adapter on an arch, one per compile key.
 
 ``compile`` (fa4_compile.py; ``--jobs N``: fa4_workers.py; ``--share FILE``: fa4_share.py)
-    Makes those calls through FA4's adapter (``vendored_flash_attn.fa4.run``) on fake CUDA
+    Makes those calls through FA4's adapter (``vendored_flash_attn.families.fa4.adapter.run``) on fake CUDA
     tensors (torch ``FakeTensorMode``), so each call compiles one real kernel (SASS for
     ``--arch``) with the compile key a run-time call gets, and launches nothing: no GPU is
     needed. Needs torch and the ``fa4`` extra in the interpreter that runs it (one kernel set
@@ -40,8 +40,8 @@ concern is a module of its own beside it:
 ``check-installed``
     On a GPU, with the wheel installed: every kernel it precompiled for this Python and GPU
     runs through the public call on real data with nothing compiled. The check lives beside
-    the other wheel checks (``python -m vendored_flash_attn.wheel_check fa4-kernels``,
-    python/vendored_flash_attn/wheel_check_fa4.py); this subcommand runs it.
+    the other wheel checks (``python -m vendored_flash_attn.release.wheel_check fa4-kernels``,
+    python/vendored_flash_attn/release/fa4_kernels.py); this subcommand runs it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import fa4_probe  # noqa: E402
 import fa4_share  # noqa: E402
 import fa4_stage  # noqa: E402
 import fa4_workers  # noqa: E402
-from vendored_flash_attn import fa4_cache, fa4_plan  # noqa: E402  (standard library only)
+from vendored_flash_attn.families.fa4 import cache as fa4_cache, plan as fa4_plan  # noqa: E402  (standard library only)
 
 
 def selection_from_args(args: argparse.Namespace) -> fa4_plan.Selection:
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fa4_probe.probe()))
         return 0
     if args.command == "check-installed":
-        from vendored_flash_attn.wheel_check_fa4 import check_installed
+        from vendored_flash_attn.release.fa4_kernels import check_installed
 
         return check_installed(args.report)
     if args.command == "stage":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from vendored_flash_attn import fa4_deps
+from vendored_flash_attn.families.fa4 import deps as fa4_deps
 
 
 def probe() -> dict:

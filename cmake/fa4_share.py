@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 import fa4_workers
-from vendored_flash_attn import fa4_cache
-from vendored_flash_attn.fa4_plan import KernelCall
+from vendored_flash_attn.families.fa4 import cache as fa4_cache
+from vendored_flash_attn.families.fa4.plan import KernelCall
 
 
 SHARE_SCHEMA = 1

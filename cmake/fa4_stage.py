@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from vendored_flash_attn import fa4_deps
+from vendored_flash_attn.families.fa4 import deps as fa4_deps
 
 # Where the staged copy lives inside our package, and how its sources refer to themselves.
 UPSTREAM_PACKAGE = "flash_attn.cute"
@@ -66,7 +66,7 @@ def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
     drift = fa4_deps.pin_drift(pin_pyproject.read_text(encoding="utf-8"))
     if drift:
         raise SystemExit(f"the fa4 extra in pyproject.toml differs from {pin_pyproject}: " + "; ".join(drift)
-                         + ". Update the extra to the pin's dependencies (see fa4_deps.py).")
+                         + ". Update the extra to the pin's dependencies (see fa4/deps.py).")
     target = dest.joinpath(*package.split("."))
     if target.exists():
         shutil.rmtree(target)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import fa4_compile
-from vendored_flash_attn.fa4_plan import KernelCall
+from vendored_flash_attn.families.fa4.plan import KernelCall
 
 # The build step's entry: each worker runs its `compile-worker` subcommand.
 ENTRY = Path(__file__).resolve().with_name("fa4_precompile.py")

@@ -80,7 +80,7 @@ class Knob:
     record: bool = True
     # {preset: [values]} of a family's selection knob (families.<name>.*_knob): what VFA_PRESET
     # selects when the knob is not set; a preset it does not name selects every choice. Checked by
-    # the families' validator (python/vendored_flash_attn/families.py), read by
+    # the families' validator (python/vendored_flash_attn/declaration/families.py), read by
     # cmake/KernelSelection.cmake.
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
@@ -134,12 +134,12 @@ def value_problem(knob: Knob, value: str) -> Optional[str]:
 
 
 def _json_types():
-    """The package's json_types (python/vendored_flash_attn/json_types.py, standard library only):
+    """The package's json_types (python/vendored_flash_attn/declaration/json_types.py, standard library only):
     one reading of the model's annotations for the typed parse and the schema."""
     python = str(PROJECT / "python")
     if python not in sys.path:
         sys.path.insert(0, python)
-    from vendored_flash_attn import json_types
+    from vendored_flash_attn.declaration import json_types
 
     return json_types
 

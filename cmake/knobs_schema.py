@@ -2,7 +2,7 @@
 readers parse into, as scikit-build-core makes its settings' schema from their declaration:
 
 * a knob: ``Knob`` (cmake/knobs.py);
-* a kernel family: ``Family`` with its ``CallRules`` (python/vendored_flash_attn/families.py) and
+* a kernel family: ``Family`` with its ``CallRules`` (python/vendored_flash_attn/declaration/families.py) and
   ``Archs`` (family_build.py), the JSON fields the validator knows (families._FIELDS: a field
   no model types stops the generation);
 * a row of the arch table: ``Row`` (cuda_archs.py).
@@ -38,7 +38,7 @@ def _package() -> tuple[ModuleType, ...]:
     python = str(PROJECT / "python")
     if python not in sys.path:
         sys.path.insert(0, python)
-    from vendored_flash_attn import cuda_archs, families, family_build, json_types
+    from vendored_flash_attn.declaration import cuda_archs, families, family_build, json_types
 
     return cuda_archs, families, family_build, json_types
 

@@ -3,7 +3,7 @@
 
     python cmake/op_schemas.py check FLASH_ATTENTION_DIR [--commit COMMIT]
 
-``python/vendored_flash_attn/op_schemas.py`` holds the schema of every op ``interface.py``
+``python/vendored_flash_attn/declaration/op_schemas.py`` holds the schema of every op ``interface.py``
 and ``sparse.py`` call (positionally). This reads upstream's own registrations, the
 ``ops.def("...")`` strings of the files ``op_schemas.REGISTRATION_SOURCES`` names, and exits
 1 with what differs when upstream registers another schema (or no such op): a pin bump that
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-OP_SCHEMAS_FILE = Path(__file__).resolve().parents[1] / "python/vendored_flash_attn/op_schemas.py"
+OP_SCHEMAS_FILE = Path(__file__).resolve().parents[1] / "python/vendored_flash_attn/declaration/op_schemas.py"
 
 # A C/C++ string or character literal, or a comment (which may hold quotes of its own).
 _LITERAL_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
@@ -43,7 +43,7 @@ class RegistrationError(ValueError):
 
 
 def load_op_schemas():
-    """python/vendored_flash_attn/op_schemas.py, loaded by path: no package import (which
+    """python/vendored_flash_attn/declaration/op_schemas.py, loaded by path: no package import (which
     would need the package's dependencies in the build's Python)."""
     spec = importlib.util.spec_from_file_location("vfa_op_schemas", OP_SCHEMAS_FILE)
     module = importlib.util.module_from_spec(spec)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     module = load_op_schemas()
     problems = differences(args.upstream, module)
     if problems:
-        print("The op schemas upstream registers differ from python/vendored_flash_attn/op_schemas.py, "
+        print("The op schemas upstream registers differ from python/vendored_flash_attn/declaration/op_schemas.py, "
               "whose ops interface.py and sparse.py call with positional arguments:", file=sys.stderr)
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)

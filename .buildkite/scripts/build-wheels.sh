@@ -48,9 +48,9 @@ tools_venv .venv-cibw "cibuildwheel>=3.1" abi3audit pyelftools packaging
 
 echo "--- wheel checks (size and sha256, abi3, C++ runtime, build info)"
 # Checks that need no torch run here; symbols are checked by check-wheels.sh.
-PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check size "$out" | tee "$out/checks.txt"
-PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check abi3 "$out" | tee -a "$out/checks.txt"
-PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check cxx-runtime "$out" | tee -a "$out/checks.txt"
-PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.wheel_check build-info "$out" \
+PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.release.wheel_check size "$out" | tee "$out/checks.txt"
+PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.release.wheel_check abi3 "$out" | tee -a "$out/checks.txt"
+PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.release.wheel_check cxx-runtime "$out" | tee -a "$out/checks.txt"
+PYTHONPATH=python .venv-cibw/bin/python -m vendored_flash_attn.release.wheel_check build-info "$out" \
   --pin vendor/flash-attention/pin.json --cuda-major "$(cuda_major "$CUDA")" \
   --arch-list "${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" ${VFA_PRESET:+--preset "$VFA_PRESET"} | tee -a "$out/checks.txt"

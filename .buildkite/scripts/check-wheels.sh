@@ -32,7 +32,7 @@ else
   .venv-check/bin/python -m pip install -q ${index:+--index-url "$index"} "torch==${VFA_TORCH_VERSION}"
   py=.venv-check/bin/python
 fi
-wheel_check() { PYTHONPATH="$ROOT/python" "$py" -m vendored_flash_attn.wheel_check "$@"; }
+wheel_check() { PYTHONPATH="$ROOT/python" "$py" -m vendored_flash_attn.release.wheel_check "$@"; }
 status=0
 found=0
 for dir in "$wheelhouse"/cu"${CUDA}"-*/; do

@@ -88,7 +88,7 @@ def held_family_skips(built: dict[str, bool], capability: tuple[int, int]) -> li
     """The skip reasons a GPU of ``capability`` must not show for a wheel holding the
     families ``built`` says it holds: "<FAMILY> not usable" for each one built that runs on
     that GPU (cmake/knobs.json's families, through the installed package's registry)."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     return [f"{family.title} not usable" for family in registry()
             if built.get(family.name) and family.capability_problem(*capability, 0) is None]
@@ -98,7 +98,7 @@ def installed_held_family_skips() -> list[str]:
     """held_family_skips for the installed wheel on GPU 0 (needs torch and the wheel)."""
     import torch
 
-    from vendored_flash_attn.build_info import load_build_info
+    from vendored_flash_attn.declaration.build_info import load_build_info
 
     built = {name: component.built for name, component in load_build_info().components.items()}
     return held_family_skips(built, torch.cuda.get_device_capability(0))

@@ -28,9 +28,9 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "python"))
 
-from vendored_flash_attn import fa4_deps  # noqa: E402
-from vendored_flash_attn.declaration import BOOL_OFF, load  # noqa: E402
-from vendored_flash_attn.families import CUTE_DSL, registry  # noqa: E402
+from vendored_flash_attn.families.fa4 import deps as fa4_deps  # noqa: E402
+from vendored_flash_attn.declaration.knob_values import BOOL_OFF, load  # noqa: E402
+from vendored_flash_attn.declaration.families import CUTE_DSL, registry  # noqa: E402
 
 # Where the manylinux images keep each CPython (cibuildwheel builds with these too).
 MANYLINUX_PYTHON = "/opt/python/cp{tag}-cp{tag}/bin/python"

@@ -5,7 +5,7 @@
 # Every family the wheel holds that runs on the agent's GPU is tested, with no skip: the
 # wheel is installed with its [fa4] extra (the pin's versions, from the wheel's metadata)
 # when it holds FA4, FA4's shipped kernels must all run with no compile
-# (python -m vendored_flash_attn.wheel_check fa4-kernels), and a GPU test skipped "FAn not usable" for a
+# (python -m vendored_flash_attn.release.wheel_check fa4-kernels), and a GPU test skipped "FAn not usable" for a
 # family the wheel holds fails the step (check_gpu_junit.py --forbid-held-skips).
 #
 #   .buildkite/scripts/gpu-test.sh fa2|fa3 CUDA
@@ -79,7 +79,7 @@ PY
   else
     "$py" -m pip install -q "${pip_source[@]}" "${wheel}[fa4]"
   fi
-  (cd /tmp && "$py" -c 'import sys; from vendored_flash_attn import fa4_deps
+  (cd /tmp && "$py" -c 'import sys; from vendored_flash_attn.families.fa4 import deps as fa4_deps
 problems = fa4_deps.problems()
 sys.exit("the [fa4] extra is not installed at the pin'"'"'s versions: " + "; ".join(problems) if problems else 0)')
 fi
@@ -95,7 +95,7 @@ work=$(mktemp -d)
 cd "$work"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$work/fa4-user-cache
 "$py" -m vendored_flash_attn info
-"$py" -m vendored_flash_attn.wheel_check installed \
+"$py" -m vendored_flash_attn.release.wheel_check installed \
   --pin "$ROOT/vendor/flash-attention/pin.json" --cuda-major "$(cuda_major "$CUDA")" --require declared
 case "$PART" in
   # A100: the selector picks FA2 by itself; FA3 and FA4 tests skip off Hopper with the reason.
@@ -107,11 +107,11 @@ case "$PART" in
 esac
 fa4_check=0
 fa4_runs_here=$("$py" -c 'import sys, torch
-from vendored_flash_attn.families import registry
+from vendored_flash_attn.declaration.families import registry
 print(int(registry().by_name("fa4").capability_problem(*torch.cuda.get_device_capability(0), 0) is None))')
 if [ "$holds_fa4" = 1 ] && [ "$fa4_runs_here" = 1 ]; then
   echo "--- FA4's shipped kernels: each runs with no compile (user cache empty)"
-  "$py" -m vendored_flash_attn.wheel_check fa4-kernels --report "$ROOT/fa4-check-installed-$PART.json" \
+  "$py" -m vendored_flash_attn.release.wheel_check fa4-kernels --report "$ROOT/fa4-check-installed-$PART.json" \
     || fa4_check=$?
   rm -rf "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 fi

@@ -23,10 +23,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from . import measured
-from .build_info import BuildInfo, BuildInfoMissing
-from .environment import current_environment
-from .families import registry
+from .selection import measured
+from .declaration.build_info import BuildInfo, BuildInfoMissing
+from .selection.environment import current_environment
+from .declaration.families import registry
 
 COMPONENT_FIELDS = ("built", "module", "gencode", "head_dims", "dtypes", "features", "sources", "reason",
                     "precompiled")
@@ -108,8 +108,8 @@ def _build_summary(info: BuildInfo) -> dict:
 def collect(build_dir: Optional[str] = None) -> dict:
     """The whole report as plain data (what ``--json`` prints); ``build_dir``: where to read
     the build dir's record (find_build_dir_record)."""
-    from .debug_checks import DEBUG_ENV
-    from .selector import ENV_VAR, requested_version, select_flash_attn_version, version_problem
+    from .call.debug_checks import DEBUG_ENV
+    from .selection.selector import ENV_VAR, requested_version, select_flash_attn_version, version_problem
 
     from . import __version__
 

@@ -2,7 +2,7 @@
 
 Call-compatible with vLLM's ``vllm_flash_attn`` functions of the same names (same
 parameters, order and defaults: ``flash_attn_varlen_func`` is generated from the one table
-of them, call.py), except that ``fa_version=None`` asks the selector. Each call: resolve
+of them, call/arguments.py), except that ``fa_version=None`` asks the selector. Each call: resolve
 its kind (family, build record, op, adapter) once per kind, check it with the shared checks
 against the family's declaration, and hand it to the family's adapter, which maps it onto
 its kernels and refuses what only that family cannot run. Two paths do that:
@@ -32,18 +32,18 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .build_info import ComponentInfo
-from .call import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall, launch, with_launch
-from .call import maybe_contiguous  # noqa: F401  (the package's API, as upstream's file has it)
-from .compiled import component as _component, ops as _ops
-from .debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
-from .environment import current_environment, on_environment_change
+from .declaration.build_info import ComponentInfo
+from .call.arguments import SCHEDULER_METADATA, VARLEN, SchedulerMetadataCall, VarlenCall, launch, with_launch
+from .call.arguments import maybe_contiguous  # noqa: F401  (the package's API, as upstream's file has it)
+from .selection.compiled import component as _component, ops as _ops
+from .call.debug_checks import DEBUG_ENV, debug_checks_enabled, run_debug_checks
+from .selection.environment import current_environment, on_environment_change
 from .errors import (FlashAttnCaptureError, FlashAttnInputError, FlashAttnTypeError,
                      FlashAttnUnavailableError)
-from .families import Family, registry, titles_text
-from .kernels import dtype_name
-from .selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
-from .validation import _is_local, check_q_device, check_varlen_call, static_verdict, window_tuple
+from .declaration.families import Family, registry, titles_text
+from .declaration.kernels import dtype_name
+from .selection.selector import ENV_VAR, resolve_device_index, select_flash_attn_version, version_problem
+from .call.validation import _is_local, check_q_device, check_varlen_call, static_verdict, window_tuple
 
 _Tensor = torch.Tensor
 _INT32, _FLOAT32, _BF16, _E4M3 = torch.int32, torch.float32, torch.bfloat16, torch.float8_e4m3fn

@@ -47,17 +47,17 @@ from typing import Optional
 
 import torch
 
-from .build_info import ComponentInfo
-from .call import SPARSE, SPARSE_VARLEN, SparseCall, SparseVarlenCall
-from .compiled import component
-from .debug_checks import debug_checks_enabled, run_debug_checks
-from .environment import current_environment, on_environment_change
+from .declaration.build_info import ComponentInfo
+from .call.arguments import SPARSE, SPARSE_VARLEN, SparseCall, SparseVarlenCall
+from .selection.compiled import component
+from .call.debug_checks import debug_checks_enabled, run_debug_checks
+from .selection.environment import current_environment, on_environment_change
 from .errors import FlashAttnTypeError, FlashAttnUnavailableError
-from .families import Family, registry
+from .declaration.families import Family, registry
 from .interface import maybe_contiguous
-from .kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
-from .selector import resolve_device_index, version_problem
-from .validation import (_fail, _integer, _same_device, _tensor, check_heads, check_out,
+from .declaration.kernels import SPARSE_HEAD_DIM, dtype_name, dtype_problem, sparse_problem
+from .selection.selector import resolve_device_index, version_problem
+from .call.validation import (_fail, _integer, _same_device, _tensor, check_heads, check_out,
                          check_q_device, check_same_dtype)
 
 BLOCK_M = 64   # query rows per row block (kBlockM of the hdim-128 sparse kernel traits)

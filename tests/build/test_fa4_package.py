@@ -315,7 +315,7 @@ def test_a_wheel_of_fa4_alone_passes_the_release_gate(fa4_only_wheel):
     gate = run(["bash", str(project / ".buildkite/scripts/check-wheels.sh"), "13.0"], env=env, timeout=600)
     assert gate.returncode == 0, gate.output
     assert "PASS build-info" in gate.stdout and "required fa4" in gate.stdout, gate.stdout
-    checked = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(fa4_only_wheel["path"]),
+    checked = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "all", str(fa4_only_wheel["path"]),
                    "--pin", str(project / "vendor/flash-attention/pin.json"), "--cuda-major", "13",
                    "--arch-list", "10.0", "--require", "declared"], env=clean_env(PYTHONPATH=str(project / "python")))
     assert checked.returncode == 0, checked.output

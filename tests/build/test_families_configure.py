@@ -130,7 +130,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
 def test_a_declaration_mistake_stops_the_configure_naming_the_field(mistake, tmp_path, sources):
-    from vendored_flash_attn import families
+    from vendored_flash_attn.declaration import families
 
     edit, expected = MISTAKES[mistake]
     project = _declaring(tmp_path / "project", edit)

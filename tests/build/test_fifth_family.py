@@ -9,7 +9,7 @@ dim and dtype). A copy of the project then differs from this checkout in these f
   include dirs, defines, kernel rule, memory class, unit kinds; capabilities, dtypes, features,
   call rules, record), its three knobs (VFA_BUILD_FA5, VFA_FA5_HEAD_DIMS and VFA_FA5_DTYPES with
   their presets), ``fa5`` in ``default_order`` and ``5`` among VLLM_FLASH_ATTN_VERSION's choices;
-* ``python/vendored_flash_attn/fa5.py``, its adapter: ``forward`` (calls the module's op) and the
+* ``python/vendored_flash_attn/families/fa5.py``, its adapter: ``forward`` (calls the module's op) and the
   head-size rule its declaration names;
 * its source list: ``fa5`` among the flash-attention paths of the pin the build verifies (the pin
   file the test writes, vendor/flash-attention/pin.json's format).
@@ -55,7 +55,7 @@ FAMILY = {
     "head_dims_knob": "VFA_FA5_HEAD_DIMS", "dtypes_knob": "VFA_FA5_DTYPES", "features_knob": None,
     "features": ["varlen"],
     "default_on": [8], "not_default": {}, "fallback": "fa2",
-    "adapter": "vendored_flash_attn.fa5:forward", "head_size_rule": "vendored_flash_attn.fa5:head_size_problem",
+    "adapter": "vendored_flash_attn.families.fa5:forward", "head_size_rule": "vendored_flash_attn.families.fa5:head_size_problem",
     "call": {"kv_layouts": ["packed"]},
     "record": "build_info.json:fa5", "artefacts": [],
 }
@@ -94,7 +94,9 @@ def forward(resolved, call, window, fp8):
 PROBE = textwrap.dedent('''
     import json, os, sys, torch
     import vendored_flash_attn as vfa
-    from vendored_flash_attn import build_info, environment, selector, wheel_check, wheel_check_build_info
+    from vendored_flash_attn.declaration import build_info
+    from vendored_flash_attn.release import build_info_check as wheel_check_build_info, wheel_check
+    from vendored_flash_attn.selection import environment, selector
     from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
 
     class DescribedAmpere(environment.SystemEnvironment):
@@ -151,7 +153,7 @@ def fifth(synthetic, tmp_path_factory):
     data["knobs"].update(KNOBS)
     data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"].append("5")
     path.write_text(json.dumps(data, indent=2) + "\n")
-    (project / "python" / "vendored_flash_attn" / "fa5.py").write_text(ADAPTER)
+    (project / "python" / "vendored_flash_attn" / "families" / "fa5.py").write_text(ADAPTER)
 
     pin = synthetic.write_pin(root / "pin.json")
     pinned = json.loads(pin.read_text())

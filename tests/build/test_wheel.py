@@ -103,7 +103,7 @@ def test_wheel_holds_both_modules_and_the_build_info(built, synthetic):
     for module in MODULES:
         assert f"vendored_flash_attn/{module}.abi3.so" in names
     assert "vendored_flash_attn/build_info.json" in names
-    assert "vendored_flash_attn/knobs.json" in names  # the declaration the package reads (declaration.py)
+    assert "vendored_flash_attn/knobs.json" in names  # the declaration the package reads (declaration/knob_values.py)
     assert "vendored_flash_attn/__init__.py" in names
     info = json.loads(zipfile.ZipFile(wheel).read("vendored_flash_attn/build_info.json"))
     assert info["preset"] == "minimal"

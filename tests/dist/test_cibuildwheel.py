@@ -74,7 +74,7 @@ def test_sccache_settings_reach_the_container():
 
 
 def test_the_test_command_checks_the_build_info():
-    assert "vendored_flash_attn.wheel_check installed" in CIBW["test-command"]
+    assert "vendored_flash_attn.release.wheel_check installed" in CIBW["test-command"]
     assert "{project}/vendor/flash-attention/pin.json" in CIBW["test-command"]
     assert CIBW["audit-command"].startswith("abi3audit --strict")
 
@@ -90,7 +90,7 @@ def _fa4_deps_script():
 
 def test_the_build_python_gets_fa4s_pinned_dependencies_unless_fa4_is_off():
     module = _fa4_deps_script()
-    from vendored_flash_attn import fa4_deps
+    from vendored_flash_attn.families.fa4 import deps as fa4_deps
 
     [(pip, added)] = module.commands({})
     assert pip[1:4] == ["-m", "pip", "install"] and added == {}
@@ -109,7 +109,7 @@ def test_release_wheels_precompile_fa4_for_every_declared_python_besides_the_bui
     # minor cibuildwheel builds with (its own Python compiles; listing it again would only
     # install torch twice).
     module = _fa4_deps_script()
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     declared = registry().by_name("fa4").pythons
     assert CIBW["build"].startswith("cp310-") and "3.10" in declared

@@ -215,6 +215,6 @@ def test_every_family_is_gated_and_fa4_is_released_precompiled():
     check_wheels = (PROJECT / ".buildkite/scripts/check-wheels.sh").read_text()
     assert "--require declared" in check_wheels and "fa2,fa3" not in check_wheels
     gpu = (PROJECT / ".buildkite/scripts/gpu-test.sh").read_text()
-    assert '"${wheel}[fa4]"' in gpu and "vendored_flash_attn.wheel_check fa4-kernels" in gpu
+    assert '"${wheel}[fa4]"' in gpu and "vendored_flash_attn.release.wheel_check fa4-kernels" in gpu
     assert "--forbid-held-skips" in gpu and "--require declared" in gpu and "fa2,fa3" not in gpu
     assert "fa4-check-installed-fa3.json" in by_key["gpu-hopper"]["artifact_paths"]

@@ -61,7 +61,7 @@ def test_sdist_has_the_plain_version_and_the_sources(sdist):
     for needed in ("pyproject.toml", "CMakeLists.txt", "cmake/UpstreamSources.cmake", "cmake/fetch_sources.cmake",
                    "vendor/flash-attention/pin.json", "vendor/flash-attention/anchor.json", "cmake/source_anchor.py",
                    "cmake/staged_tree.py", "cmake/bounded_run.py", "python/vendored_flash_attn/__init__.py",
-                   "python/vendored_flash_attn/versioning.py", "PKG-INFO"):
+                   "python/vendored_flash_attn/declaration/versioning.py", "PKG-INFO"):
         assert needed in names, needed
 
 
@@ -113,7 +113,7 @@ def test_sdist_builds_offline_from_source_directories(offline_wheel, synthetic):
 
 def test_the_wheel_passes_every_release_check(offline_wheel):
     env = clean_env(PYTHONPATH=str(PROJECT / "python"))
-    result = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(offline_wheel["wheel"]),
+    result = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "all", str(offline_wheel["wheel"]),
                   "--max-mb", "5", "--pin", str(offline_wheel["pin"]), "--cuda-major", "13",
                   "--preset", "minimal", "--arch-list", "8.0;9.0", "--require", "fa2,fa3"], env=env)
     assert result.returncode == 0, result.output
@@ -124,7 +124,7 @@ def test_the_wheel_passes_every_release_check(offline_wheel):
 def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(offline_wheel["wheel"]).extractall(site)
-    result = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed",
+    result = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "installed",
                   "--pin", str(offline_wheel["pin"]), "--require", "fa2,fa3"],
                  env=clean_env(PYTHONPATH=str(site)), cwd=tmp_path)
     assert result.returncode == 0, result.output
@@ -209,7 +209,7 @@ def isolated_pip(isolated, *args: str, **knobs: str):
 
 
 def release_checks(command: str, wheel: Path, pin: Path, *more: str):
-    return run([sys.executable, "-m", "vendored_flash_attn.wheel_check", command, str(wheel), *more, "--pin", str(pin),
+    return run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", command, str(wheel), *more, "--pin", str(pin),
                 "--cuda-major", "13",
                 "--preset", "minimal", "--arch-list", "8.0;9.0", "--require", "declared"],
                env=clean_env(PYTHONPATH=str(PROJECT / "python")))
@@ -269,7 +269,7 @@ def test_an_isolated_pip_install_with_fa4_on_installs_every_family(isolated, iso
     assert "staged 8 files" in isolated_install["log"]
     site = next(Path(isolated["python"]).parents[1].glob("lib/python3*/site-packages"))
     # The installed package (the venv's files; torch from this interpreter) as cibuildwheel checks it.
-    checked = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed", "--pin", str(isolated["pin"]),
+    checked = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "installed", "--pin", str(isolated["pin"]),
                    "--require", "declared"], env=clean_env(PYTHONPATH=str(site)), cwd=tmp_path)
     assert checked.returncode == 0, checked.output
     assert "built fa2+fa3+fa4" in checked.stdout and "PASS symbols" in checked.stdout

@@ -12,8 +12,8 @@ import pytest
 from packaging.version import Version
 
 from support.cmake_runner import PROJECT, clean_env, run
-from vendored_flash_attn import versioning
-from vendored_flash_attn.versioning import VersionSchemeError, compute, parse_local
+from vendored_flash_attn.declaration import versioning
+from vendored_flash_attn.declaration.versioning import VersionSchemeError, compute, parse_local
 
 PIN_COMMIT = json.loads((PROJECT / "vendor/flash-attention/pin.json").read_text())["flash_attention"]["commit"]
 
@@ -111,7 +111,7 @@ def test_parse_local_rejects_foreign_labels():
 
 def test_cli_prints_the_version():
     env = clean_env(PYTHONPATH=str(PROJECT / "python"), VFA_CUDA_MAJOR="12")
-    result = run([sys.executable, "-m", "vendored_flash_attn.versioning", "--project", str(PROJECT), "--json"], env=env)
+    result = run([sys.executable, "-m", "vendored_flash_attn.declaration.versioning", "--project", str(PROJECT), "--json"], env=env)
     assert result.returncode == 0, result.output
     assert json.loads(result.stdout)["version"] == f"0.1.0+fa{PIN_COMMIT[:7]}.cu12"
 

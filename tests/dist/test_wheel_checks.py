@@ -1,4 +1,4 @@
-"""The wheel checks (python -m vendored_flash_attn.wheel_check) on small wheels
+"""The wheel checks (python -m vendored_flash_attn.release.wheel_check) on small wheels
 made here: real ELF modules compiled with the host compiler, so dlopen and
 abi3audit see what they would see in a release wheel."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import PROJECT, clean_env, run
-from vendored_flash_attn.wheel_check import (Expectations, check_abi3, check_build_info,
+from vendored_flash_attn.release.wheel_check import (Expectations, check_abi3, check_build_info,
                                              check_cxx_runtime, check_size, check_symbols)
-from vendored_flash_attn.wheel_check_build_info import compare_build_info
+from vendored_flash_attn.release.build_info_check import compare_build_info
 
 PIN = json.loads((PROJECT / "vendor/flash-attention/pin.json").read_text())
 FA = PIN["flash_attention"]["commit"]
@@ -190,13 +190,13 @@ def test_version_label_must_name_the_built_upstream():
 
 def test_cli_exit_status_and_output(good, tmp_path):
     env = clean_env(PYTHONPATH=str(PROJECT / "python"))
-    ok = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "all", str(good), "--max-mb", "1",
+    ok = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "all", str(good), "--max-mb", "1",
               "--pin", str(PROJECT / "vendor/flash-attention/pin.json"), "--cuda-major", "13"], env=env)
     assert ok.returncode == 0, ok.output
     assert [line.split()[:2] for line in ok.stdout.splitlines() if line[:4] in ("PASS", "FAIL")] == [
         ["PASS", "size:"], ["PASS", "abi3:"], ["PASS", "cxx-runtime:"], ["PASS", "build-info:"],
         ["PASS", "symbols:"]]
-    bad = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "size", str(good.parent), "--max-mb", "0.0001"],
+    bad = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "size", str(good.parent), "--max-mb", "0.0001"],
               env=env)
     assert bad.returncode == 1 and "FAIL size:" in bad.stdout
 
@@ -238,7 +238,7 @@ def install_like_pip(tmp: Path, wheel: Path) -> Path:
 def run_installed(tmp: Path, wheel: Path, *args: str):
     site = install_like_pip(tmp, wheel)
     # From outside the checkout, like cibuildwheel: the unpacked package, not python/.
-    return run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed", *args],
+    return run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "installed", *args],
                env=clean_env(PYTHONPATH=str(site)), cwd=tmp)
 
 
@@ -266,7 +266,7 @@ def test_installed_fails_clearly_on_a_damaged_build_info(tmp_path):
     wheel = make_wheel(tmp_path / "w")
     site = install_like_pip(tmp_path, wheel)
     (site / "vendored_flash_attn/build_info.json").write_text('{"schema": 1, "pack')
-    result = run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "installed"],
+    result = run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "installed"],
                  env=clean_env(PYTHONPATH=str(site)), cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.output, result.output
     assert "FAIL build-info: build_info.json is not valid JSON" in result.stdout, result.output
@@ -328,7 +328,7 @@ def test_shipped_fa4_kernels_that_are_not_their_records_are_caught(tmp_path, kwa
     ("8.0, 9.0a", {}, ("fa2", "fa3", "fa4")),
 ])
 def test_the_families_a_build_asked_for_come_from_the_declaration(arch_list, knobs, expected):
-    from vendored_flash_attn.wheel_check_build_info import declared_families
+    from vendored_flash_attn.release.build_info_check import declared_families
 
     options = {knob: {"value": value, "origin": "env:" + knob} for knob, value in knobs.items()}
     assert declared_families(build_info(cuda_arch_list=arch_list, options=options)) == expected

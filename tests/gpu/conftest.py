@@ -72,7 +72,7 @@ def rng(request) -> Rand:
 def real_machine():
     """The selector's view of the real machine, with its caches and warning memory cleared
     before and after (VLLM_FLASH_ATTN_VERSION and VFA_DEBUG_CHECKS are read afresh)."""
-    from vendored_flash_attn.environment import current_environment, set_environment
+    from vendored_flash_attn.selection.environment import current_environment, set_environment
 
     set_environment(None)
     yield current_environment()
@@ -84,7 +84,7 @@ def op_versions(monkeypatch):
     """The FA versions whose forward op the interface called, in order (the compiled ops
     wrapped in a counter)."""
     from vendored_flash_attn import interface
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     calls = []
     real_forward_op = interface._forward_op

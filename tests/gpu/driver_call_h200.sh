@@ -26,7 +26,7 @@ echo "build C: $(( $(date +%s) - start )) s"
 "$PY" -m pip install -q --no-deps --no-compile --target /tmp/vfa-wheel-c "$src"/dist/*.whl
 for variant in b c; do
   export PYTHONPATH=/tmp/vfa-wheel-$variant:/tmp/vfa-site
-  (cd /tmp && "$PY" -c 'import json, vendored_flash_attn.build_info as b; print(json.dumps(b.load_build_info().raw["cuda_driver_call"]))') \
+  (cd /tmp && "$PY" -c 'import json, vendored_flash_attn.declaration.build_info as b; print(json.dumps(b.load_build_info().raw["cuda_driver_call"]))') \
     | tee "$RES/driver-$variant.json"
   (cd /tmp && "$PY" "$ROOT/benchmarks/first_call.py" --only-default --out "$RES/$variant" --plain) 2>&1 | tail -n 12
   (cd /tmp && "$PY" "$ROOT/benchmarks/overhead.py" --no-fa2 --out "$RES/$variant" --plain) 2>&1 | tail -n 14

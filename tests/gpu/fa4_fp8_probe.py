@@ -35,13 +35,13 @@ def child() -> list[dict]:
     import torch
 
     from vendored_flash_attn import flash_attn_varlen_func
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     rows = []
     interface = fa4.load().interface
     shapes = []
     for head_dim in [int(d) for d in os.environ.get("FA4_FP8_PROBE_HEAD_DIMS", "128,512").split(",")]:
-        # FA4 takes FP8 KV on sm90 with pages of its tile_n for the head dim (fa4.py's rule).
+        # FA4 takes FP8 KV on sm90 with pages of its tile_n for the head dim (fa4/adapter.py's rule).
         tile_n = interface._tile_size_fwd_sm90(head_dim, head_dim, True, False).n_block_size
         shapes.append((head_dim, tile_n, (8, 4) if head_dim == 512 else (32, 8)))
     for head_dim, page, heads in shapes:

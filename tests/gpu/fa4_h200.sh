@@ -48,7 +48,7 @@ case "${1:?stage FOLDER | run | install | fp8-probe | tests FILE... | bench}" in
     python3 -m vendored_flash_attn info > "$RES/info.txt" 2>&1
     python3 -m vendored_flash_attn info --json > "$RES/info.json" 2>/dev/null
     cat "$RES/info.txt"
-    python3 -m vendored_flash_attn.wheel_check fa4-kernels --report "$RES/check_installed.json" \
+    python3 -m vendored_flash_attn.release.wheel_check fa4-kernels --report "$RES/check_installed.json" \
       > "$RES/check_installed.log" 2>&1
     echo "check-installed rc=$?" >> "$RES/check_installed.log"
     tail -n 3 "$RES/check_installed.log"

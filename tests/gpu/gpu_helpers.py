@@ -61,7 +61,7 @@ FA3_BUCKETS = (64, 96, 128, 192, 256)
 
 def _load_build():
     try:
-        from vendored_flash_attn.build_info import load_build_info
+        from vendored_flash_attn.declaration.build_info import load_build_info
 
         return load_build_info()
     except Exception:  # BuildInfoMissing, import problems: conftest reports the reason
@@ -271,7 +271,7 @@ def gpu_skip_reason() -> Optional[str]:
         return "no CUDA GPU: torch.cuda.is_available() is False"
     try:
         import vendored_flash_attn
-        from vendored_flash_attn.build_info import load_build_info
+        from vendored_flash_attn.declaration.build_info import load_build_info
     except Exception as exc:  # pragma: no cover - package broken
         return f"vendored_flash_attn does not import: {type(exc).__name__}: {exc}"
     try:
@@ -294,7 +294,7 @@ def version_skip_reason(version: int, check_gpu: bool = True) -> Optional[str]:
         reason = gpu_skip_reason()
         if reason:
             return reason
-    from vendored_flash_attn.environment import current_environment
+    from vendored_flash_attn.selection.environment import current_environment
 
     comp = component(version)
     if comp is None:

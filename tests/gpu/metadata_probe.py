@@ -15,7 +15,7 @@ import importlib
 
 import torch
 
-from vendored_flash_attn.build_info import load_build_info
+from vendored_flash_attn.declaration.build_info import load_build_info
 
 importlib.import_module("vendored_flash_attn._vendored_fa3_C")  # registers the ops
 ops = torch.ops._vendored_fa3_C

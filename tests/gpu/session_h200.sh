@@ -102,7 +102,7 @@ test)
   "$PY" -m pip install -q --no-deps --no-compile --target "$SESSION/wheel-b" "$wheel_b"
   (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$RES/info.txt"
   (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$RES/info.json" || true
-  (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
+  (cd /tmp && "$PY" -m vendored_flash_attn.release.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
     > "$RES/wheel_check.txt" 2>&1 || true
   (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") 2>&1 | tee "$RES/smoke.log"
   rc=0

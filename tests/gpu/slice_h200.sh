@@ -103,7 +103,7 @@ suite_and_coverage() {
 installed_checks() {
   (cd /tmp && "$PY" -m vendored_flash_attn info) | tee "$1/info.txt"
   (cd /tmp && "$PY" -m vendored_flash_attn info --json) > "$1/info.json" || true
-  (cd /tmp && "$PY" -m vendored_flash_attn.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
+  (cd /tmp && "$PY" -m vendored_flash_attn.release.wheel_check installed --pin "$ROOT/vendor/flash-attention/pin.json") \
     > "$1/wheel_check.txt" 2>&1 || true
   (cd /tmp && "$PY" "$ROOT/tests/gpu/smoke_check.py") > "$1/smoke.log" 2>&1 || true
 }

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import vendored_flash_attn as vfa
-from vendored_flash_attn.build_info import load_build_info
+from vendored_flash_attn.declaration.build_info import load_build_info
 
 from gpu_helpers import TORCH_DTYPES, smoke_calls
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import pytest
 import torch
 
-from vendored_flash_attn.families import registry
+from vendored_flash_attn.declaration.families import registry
 
 from gpu_helpers import (BUILD, FA2_BUCKETS, Rand, built_dtypes, built_head_dims, check,
                          chunked_lengths, fa3_has_fp8, has_feature, make_problem,
@@ -407,7 +407,7 @@ def debug_checks(on: bool):
     if not on:
         yield
         return
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     old = os.environ.get("VFA_DEBUG_CHECKS")
     os.environ["VFA_DEBUG_CHECKS"] = "1"
@@ -451,7 +451,7 @@ def fa4_launches(monkeypatch):
     if usable_reason(4) is not None:
         yield calls
         return
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     real = fa4.load()
 

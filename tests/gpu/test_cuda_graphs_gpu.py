@@ -199,7 +199,7 @@ def test_debug_checks_are_refused_under_capture(rng, monkeypatch, real_machine, 
     """VFA_DEBUG_CHECKS=1 reads index values on the host: refused under capture, clearly,
     before anything is enqueued; the same call runs (checked) eagerly afterwards."""
     from vendored_flash_attn import FlashAttnCaptureError
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     p, buffers = _fa2_buffers(rng)
     monkeypatch.setenv("VFA_DEBUG_CHECKS", "1")
@@ -215,8 +215,9 @@ def test_debug_checks_are_refused_under_capture(rng, monkeypatch, real_machine, 
 
 
 def test_a_family_declared_not_capturable_is_refused_under_capture(rng, real_machine, call_once_captured):
-    from vendored_flash_attn import FlashAttnCaptureError, declaration, families
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn import FlashAttnCaptureError
+    from vendored_flash_attn.declaration import knob_values as declaration, families
+    from vendored_flash_attn.selection.environment import set_environment
 
     p, buffers = _fa2_buffers(rng)
     data = copy.deepcopy(declaration.load())

@@ -118,7 +118,7 @@ fp8_accuracy = _fp8_accuracy()
 
 
 def _fp8_kv_head_dims():
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     return registry().by_name("fa4").call.fp8_kv_head_dims or (128,)
 
@@ -173,7 +173,7 @@ def test_fa4_fp8_kv_is_refused_at_a_head_dim_it_computes_wrong():
 def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
     """Every FA4 kernel the wheel precompiled for this Python and this GPU, called through
     the public function on real data in a fresh process whose user cache starts empty:
-    nothing may compile (python -m vendored_flash_attn.wheel_check fa4-kernels). Skipped, with the build
+    nothing may compile (python -m vendored_flash_attn.release.wheel_check fa4-kernels). Skipped, with the build
     record's words, for a wheel built without precompiled kernels for them."""
     import json
     import os
@@ -195,7 +195,7 @@ def test_the_precompiled_kernels_run_with_no_compile(tmp_path):
                     f"(precompile {precompile.get('state')}: {precompile.get('reason') or 'other Pythons/archs'})")
     env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(tmp_path / "user-cache")}
     report = tmp_path / "check.json"
-    result = subprocess.run([sys.executable, "-m", "vendored_flash_attn.wheel_check", "fa4-kernels", "--report", str(report)],
+    result = subprocess.run([sys.executable, "-m", "vendored_flash_attn.release.wheel_check", "fa4-kernels", "--report", str(report)],
                             env=env, capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     checked = json.loads(report.read_text())
@@ -212,7 +212,7 @@ def test_fa4_debug_checks_refuse_an_out_of_range_block_id_and_the_process_goes_o
     checks: FA2 and FA3 refused it, fa_version=4 ran it and the CUDA context died
     (cudaErrorInvalidAddressSpace). Now refused, and the same process computes right after."""
     import vendored_flash_attn as vfa
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     from gpu_helpers import expect_refused
 

@@ -139,7 +139,7 @@ def test_selector_answer(real_machine, monkeypatch, pair, dtype):
     head size), with FA3's refusal among the fallbacks."""
     from vendored_flash_attn import (FlashAttnFallbackWarning, get_flash_attn_version,
                                      select_flash_attn_version)
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     head_dim, head_dim_v = (int(x) for x in pair.split("/"))
     require(3)

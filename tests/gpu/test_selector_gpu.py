@@ -34,7 +34,7 @@ def hopper_with_both(real_machine):
 
 def fresh(monkeypatch, value):
     """Set (or unset, value None) the variable and clear the selector's caches."""
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     if value is None:
         monkeypatch.delenv(ENV, raising=False)

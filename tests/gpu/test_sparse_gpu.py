@@ -360,7 +360,7 @@ def test_refused_without_sparse_kernels(rng):
 def test_debug_checks_refuse_out_of_bounds_indexes(rng, real_machine, monkeypatch):
     require_sparse()
     from vendored_flash_attn import sparse_attn_varlen_func
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     monkeypatch.setenv("VFA_DEBUG_CHECKS", "1")
     set_environment(None)
@@ -390,7 +390,7 @@ def test_debug_checks_refuse_out_of_bounds_indexes(rng, real_machine, monkeypatc
 
 def _raw_ops():
     require_sparse()
-    from vendored_flash_attn.environment import current_environment
+    from vendored_flash_attn.selection.environment import current_environment
     from vendored_flash_attn.interface import OP_NAMESPACES
 
     assert current_environment().load_module(2) is None

@@ -33,7 +33,7 @@ ENV = "VLLM_FLASH_ATTN_VERSION"
 @pytest.fixture
 def selector_defaults(real_machine, monkeypatch):
     """The real machine, VLLM_FLASH_ATTN_VERSION unset, caches and warning memory cleared."""
-    from vendored_flash_attn.environment import set_environment
+    from vendored_flash_attn.selection.environment import set_environment
 
     monkeypatch.delenv(ENV, raising=False)
     set_environment(None)
@@ -45,7 +45,7 @@ def selector_defaults(real_machine, monkeypatch):
 def test_op_schemas_are_the_compiled_modules(real_machine):
     """The adapters (fa2.launch, fa3.launch) call the ops positionally in the order of op_schemas.py (the CPU
     tests check every argument by name against it); here, that copy against the modules."""
-    from vendored_flash_attn.op_schemas import FA2_NAMESPACE, OP_SCHEMAS
+    from vendored_flash_attn.declaration.op_schemas import FA2_NAMESPACE, OP_SCHEMAS
 
     checked = []
     for (namespace, name), schema in OP_SCHEMAS.items():
@@ -130,8 +130,8 @@ ACCEPTED_CASES = [((built_dtypes(3) or ["bf16"])[0], variant) for variant in ACC
 def _schedule_differences(metadata: torch.Tensor, for_the_call: torch.Tensor) -> list:
     """How the schedule FA3 derives from ``metadata``'s arguments differs from the one it
     derives from the call's (the runtime's verdict: refused when not empty)."""
-    from vendored_flash_attn.build_info import load_build_info
-    from vendored_flash_attn.scheduler_metadata import derive, mismatches, recorded_args
+    from vendored_flash_attn.declaration.build_info import load_build_info
+    from vendored_flash_attn.call.scheduler_metadata import derive, mismatches, recorded_args
 
     comp = load_build_info().fa3
     return mismatches(derive(recorded_args(metadata), comp), derive(recorded_args(for_the_call), comp))

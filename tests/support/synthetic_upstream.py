@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from vendored_flash_attn import declaration as declared
+from vendored_flash_attn.declaration import knob_values as declared
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cmake"))
 import source_anchor  # noqa: E402  (the pin's anchor: written for every synthetic pin)
@@ -499,7 +499,7 @@ def _fa3_style_def(schema: str) -> str:
 def _registrations(namespace: str, style) -> str:
     # Imported here: tests/conftest.py imports this module for every run, the GPU run too,
     # where the package comes from the installed wheel.
-    from vendored_flash_attn import op_schemas
+    from vendored_flash_attn.declaration import op_schemas
 
     return "".join(style(schema) for (ns, _), schema in op_schemas.OP_SCHEMAS.items() if ns == namespace)
 
@@ -515,7 +515,7 @@ def fa4_cute_files() -> dict[str, str]:
     ``flash_attn/__init__.py`` that fails when imported, as upstream's does without FA2's
     compiled module: staging and the staged copy must never need it.
     """
-    from vendored_flash_attn import fa4_deps
+    from vendored_flash_attn.families.fa4 import deps as fa4_deps
 
     pin_dependencies = [r for r in fa4_deps.required() if fa4_deps.requirement_name(r) not in fa4_deps.ADDED_TO_PIN]
     pin_dependencies += list(fa4_deps.NOT_IN_EXTRA)

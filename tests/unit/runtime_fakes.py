@@ -14,9 +14,9 @@ import re
 import pytest
 import torch
 
-from vendored_flash_attn import op_schemas
-from vendored_flash_attn.build_info import BuildInfo
-from vendored_flash_attn.environment import StaticEnvironment, set_environment
+from vendored_flash_attn.declaration import op_schemas
+from vendored_flash_attn.declaration.build_info import BuildInfo
+from vendored_flash_attn.selection.environment import StaticEnvironment, set_environment
 
 # The FA3 defines of every build (cmake/KernelSelection.cmake) that the runtime reads.
 FA3_DEFINES = ["FLASHATTENTION_VARLEN_ONLY", "FLASHATTENTION_PACKGQA_ONLY",

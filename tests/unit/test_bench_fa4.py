@@ -180,7 +180,7 @@ def test_kernels_dry_run_lists_fa4_without_a_gpu():
 # --- first_call.py ---------------------------------------------------------------------
 
 def test_fa4_cache_states_get_their_own_environment(tmp_path):
-    from vendored_flash_attn import fa4_cache
+    from vendored_flash_attn.families.fa4 import cache as fa4_cache
 
     plan = {step["state"]: step["env"] for step in first_call.fa4_plan(tmp_path)}
     assert list(plan) == ["shipped", "jit", "user cache"]

@@ -409,7 +409,7 @@ def test_build_estimate_reads_the_estimates_a_monitor_printed(tmp_path):
 def test_the_fp8_benchmark_measures_the_family_declaring_fp8():
     """fp8_accuracy.py's FA3 calls and its FA4 FP8 KV cases come from the declaration: the
     family with FP8 q/k/v (``fp8``) is measured by default; one with FP8 KV only gets a 16-bit q."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     fp8 = load("fp8_accuracy")
     assert fp8.fp8_version() == registry().having("fp8")[0].version

@@ -1,4 +1,4 @@
-"""vLLM's call signatures are declared once (vendored_flash_attn/call.py): the declaration is
+"""vLLM's call signatures are declared once (vendored_flash_attn/call/arguments.py): the declaration is
 upstream's, the public functions have exactly its signatures, the call object carries every
 argument by name, and a parameter added to a table reaches the function and its call object
 with nothing else changed."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import vendored_flash_attn
-from vendored_flash_attn import call as declared
+from vendored_flash_attn.call import arguments as declared
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,7 +198,7 @@ def _quick_writing(body: str):
     parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
     folder = Path(tempfile.mkdtemp())
     (folder / "quick_source.py").write_text(
-        f"from vendored_flash_attn.call import launch\n\n\ndef quick(resolved, {parameters}):\n{body}",
+        f"from vendored_flash_attn.call.arguments import launch\n\n\ndef quick(resolved, {parameters}):\n{body}",
         encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"quick_source_{abs(hash(body))}", folder / "quick_source.py")
     module = importlib.util.module_from_spec(spec)
@@ -256,7 +256,7 @@ def test_every_adapters_launch_takes_the_launch_contract():
     second, hand-written copy of the list)."""
     import importlib
 
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     for family in registry():
         launch = family.adapter_function().launch
@@ -287,7 +287,7 @@ def test_the_interface_names_no_adapter():
     """interface.py reaches every family's code through the declaration (its ``adapter``), never
     by importing an adapter module by name: get_scheduler_metadata goes to the family declaring
     scheduler_metadata."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     adapters = {f.adapter.partition(":")[0] for f in registry()}
     tree = ast.parse((ROOT / "python" / "vendored_flash_attn" / "interface.py").read_text(encoding="utf-8"))
@@ -330,9 +330,9 @@ def test_the_quick_paths_launch_is_the_full_paths(describe, fake_ops, monkeypatc
 
     from runtime_fakes import FA4_RECORD, HOPPER, make_build
     from vendored_flash_attn import interface
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
     from vendored_flash_attn.errors import FlashAttnInputError
-    from vendored_flash_attn.kernels import dtype_name
+    from vendored_flash_attn.declaration.kernels import dtype_name
 
     describe(caps=(HOPPER,), build=make_build("full", fa4=FA4_RECORD))
     family = registry()[version]
@@ -408,7 +408,7 @@ def test_a_with_launch_quick_path_runs_inline_in_the_public_function():
 
     parameters = ", ".join(n for n in declared.LAUNCH if n not in declared.LAUNCH_COMPUTED)
     folder = Path(tempfile.mkdtemp())
-    (folder / "inline_source.py").write_text(f"""from vendored_flash_attn.call import launch
+    (folder / "inline_source.py").write_text(f"""from vendored_flash_attn.call.arguments import launch
 
 SEEN = []
 

@@ -116,7 +116,7 @@ def mirrored(build_dir: Path, installed: dict) -> dict:
 
 
 def mirror_build():
-    from vendored_flash_attn.build_info import BuildInfo
+    from vendored_flash_attn.declaration.build_info import BuildInfo
     build = make_build("minimal", options={
         "FLASH_ATTN_MIRROR": {"value": "(not recorded)", "origin": "env:FLASH_ATTN_MIRROR"},
         "CUTLASS_MIRROR": {"value": "(not recorded)", "origin": "cmake"}})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import clean_env, run, tool
-from vendored_flash_attn import cuda_archs, declaration, families
+from vendored_flash_attn.declaration import cuda_archs, knob_values as declaration, families
 
 CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
 

@@ -28,7 +28,7 @@ from calls import descales, paged_call, varlen_call
 from runtime_fakes import AMPERE, FA4_RECORD, HOPPER, make_build
 from vendored_flash_attn import (FlashAttnCaptureError, flash_attn_varlen_func, get_scheduler_metadata,
                                  interface)
-from vendored_flash_attn import declaration, families
+from vendored_flash_attn.declaration import knob_values as declaration, families
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -103,8 +103,8 @@ def test_no_host_read_in_the_call_path(describe, fake_ops, fa_version, caps, bui
 
 
 def test_no_host_read_in_fa4s_call_path(describe, monkeypatch):
-    """FA4's adapter (fa4.py), its kernels replaced by a recording stand-in."""
-    from vendored_flash_attn import fa4
+    """FA4's adapter (fa4/adapter.py), its kernels replaced by a recording stand-in."""
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     describe(caps=(HOPPER,), build=make_build("minimal", fa4=FA4_RECORD))
     seen = []

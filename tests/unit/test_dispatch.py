@@ -21,7 +21,7 @@ import torch
 from calls import descales, paged_call, varlen_call
 from runtime_fakes import AMPERE, HOPPER, _arg_names
 from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata, make_fp8_descales
-from vendored_flash_attn.op_schemas import OP_SCHEMAS
+from vendored_flash_attn.declaration.op_schemas import OP_SCHEMAS
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -378,7 +378,7 @@ def test_the_quick_path_reads_the_version_override_on_every_call(describe, fake_
 def test_the_machines_lookup_of_the_override_follows_os_environ(monkeypatch):
     """What the kinds of fa_version=None calls are keyed on, on the real machine
     (Environment.getenv_lookup): equal answers exactly when the variable's values are."""
-    from vendored_flash_attn.environment import SystemEnvironment
+    from vendored_flash_attn.selection.environment import SystemEnvironment
 
     lookup, key = SystemEnvironment().getenv_lookup("VLLM_FLASH_ATTN_VERSION")
     monkeypatch.delenv("VLLM_FLASH_ATTN_VERSION", raising=False)

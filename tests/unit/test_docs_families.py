@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vendored_flash_attn import declaration, families
+from vendored_flash_attn.declaration import knob_values as declaration, families
 
 RUNTIME = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from vendored_flash_attn.environment import SystemEnvironment, _read_environ
+from vendored_flash_attn.selection.environment import SystemEnvironment, _read_environ
 
 NAME = "VFA_TEST_ENVIRON_READ"
 

@@ -1,10 +1,10 @@
-"""FA4's adapter (fa4.py) on a CPU: a fake ``vendored_flash_attn._fa4.cute`` (interface and
+"""FA4's adapter (fa4/adapter.py) on a CPU: a fake ``vendored_flash_attn._fa4.cute`` (interface and
 cache_utils) and a fake ``cutlass`` stand in for the staged sources and the DSL; the fake
 ``_flash_attn_fwd`` records what it was called with, by name."""
 
 from __future__ import annotations
 
-# One file over 500 lines, on purpose: one module under test (fa4.py) and the one stand-in for the
+# One file over 500 lines, on purpose: one module under test (fa4/adapter.py) and the one stand-in for the
 # DSL its cases share.
 
 import os
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, FA4_RECORD, HOPPER, make_build
-from vendored_flash_attn import fa4, fa4_cache, fa4_deps, flash_attn_varlen_func, interface
+from vendored_flash_attn.families.fa4 import adapter as fa4, cache as fa4_cache, deps as fa4_deps
+from vendored_flash_attn import flash_attn_varlen_func, interface
 from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
@@ -509,7 +510,7 @@ def test_the_quick_path_hands_fa4_what_the_full_path_does(fake, monkeypatch):
 
 def _verdict(arch, call, window=(-1, -1)):
     """What fa4.check_call answers: ("ok", fp8_kv_dequant) or the refusal's type and message."""
-    from vendored_flash_attn.call import VarlenCall
+    from vendored_flash_attn.call.arguments import VarlenCall
 
     try:
         c = VarlenCall(**call)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from vendored_flash_attn import fa4_cache, fa4_user_cache
+from vendored_flash_attn.families.fa4 import cache as fa4_cache, user_cache as fa4_user_cache
 
 OBJECT_HEAD, OBJECT_TAIL = b"\x7fELF stand-in object: ", b" :end of object"
 NOT_AN_OBJECT = "BinaryExecutionEngine: Failed to add object file: The file was not recognized as a valid object file"

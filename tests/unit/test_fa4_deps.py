@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vendored_flash_attn import fa4_deps, fa4_plan
+from vendored_flash_attn.families.fa4 import deps as fa4_deps, plan as fa4_plan
 from vendored_flash_attn.errors import FlashAttnUnavailableError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ def test_importing_the_package_and_checking_never_import_cutlass(tmp_path):
     (tmp_path / "cutlass.py").write_text("import sys; sys.stderr.write('CUTLASS IMPORTED'); raise SystemExit(3)\n")
     code = ("import sys, vendored_flash_attn\n"
             "assert 'cutlass' not in sys.modules\n"
-            "from vendored_flash_attn import fa4_deps\n"
+            "from vendored_flash_attn.families.fa4 import deps as fa4_deps\n"
             "try:\n    fa4_deps.check()\nexcept fa4_deps.FA4DependencyError:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'quack', 'tvm_ffi')))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(tmp_path)])}
@@ -254,7 +254,7 @@ def test_the_plan_is_what_the_adapter_takes_not_a_copy_of_its_rules(monkeypatch)
     # Every planned call is one fa4.run accepts; a rule of the adapter's changed changes the plan
     # with no change here: FP8 KV at head dim 128, refused by the declaration today (its sm90
     # kernels compute wrong there), planned once the declaration takes it.
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     selection = fa4_plan.Selection(head_dims=(128, 512), dtypes=("e4m3",), features=("paged",), gqa_ratios=(1,),
                                    return_lse=(False,))

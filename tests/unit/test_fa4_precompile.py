@@ -169,7 +169,7 @@ def _compile_as(precompile, monkeypatch, dsl, dest, record, *extra):
 
 
 def test_a_second_python_ships_an_index_of_the_first_ones_kernels(precompile, staged, monkeypatch, capsys):
-    from vendored_flash_attn import fa4_cache
+    from vendored_flash_attn.families.fa4 import cache as fa4_cache
 
     dest, record = staged
     first = FakeDSL("3.12")
@@ -247,7 +247,7 @@ def test_a_failed_best_effort_run_leaves_no_record_to_share(precompile, staged, 
 
 def test_a_second_arch_adds_to_the_pythons_index(precompile, staged, monkeypatch):
     # Every arch's kernels of one Python live under one fingerprint: its index keeps them all.
-    from vendored_flash_attn import fa4_cache
+    from vendored_flash_attn.families.fa4 import cache as fa4_cache
 
     dest, record = staged
     for arch in ("sm_90a", "sm_100a"):
@@ -565,7 +565,7 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
     missing package with its requirement, the interpreter's path and the command."""
     from importlib import metadata
 
-    from vendored_flash_attn import fa4_deps
+    from vendored_flash_attn.families.fa4 import deps as fa4_deps
     real_version = metadata.version
 
     def version(name):

@@ -19,8 +19,12 @@ import torch
 import vendored_flash_attn as vfa
 from runtime_fakes import AMPERE, BLACKWELL, BLACKWELL_12, FA4_RECORD, HOPPER, make_build
 from test_fa4_adapter import _paged, fake  # noqa: F401  (fake: the FA4 sources stand-in fixture)
-from vendored_flash_attn import cli, declaration, families, fa4, selector, wheel_check, wheel_check_build_info
-from vendored_flash_attn.environment import set_environment
+from vendored_flash_attn import cli
+from vendored_flash_attn.declaration import knob_values as declaration, families
+from vendored_flash_attn.families.fa4 import adapter as fa4
+from vendored_flash_attn.selection import selector
+from vendored_flash_attn.release import wheel_check, build_info_check as wheel_check_build_info
+from vendored_flash_attn.selection.environment import set_environment
 from vendored_flash_attn.errors import FlashAttnInputError
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -49,9 +53,9 @@ def test_the_declaration_holds_three_families_and_the_knob_takes_their_versions(
     assert data["knobs"]["VLLM_FLASH_ATTN_VERSION"]["choices"] == [str(v) for v in registry.versions]
     fa4_family = registry[4]
     assert not fa4_family.compiled and fa4_family.probe == fa4.SUBPACKAGE
-    assert fa4_family.adapter == "vendored_flash_attn.fa4:forward"
+    assert fa4_family.adapter == "vendored_flash_attn.families.fa4.adapter:forward"
     assert fa4_family.adapter_function() is fa4.forward
-    # FA4's generations are the declaration's (fa4.py reads them from there).
+    # FA4's generations are the declaration's (fa4/adapter.py reads them from there).
     assert fa4.GENERATIONS == fa4_family.generations == {9: "sm90", 10: "sm100", 11: "sm100"}
     assert "does not compile" in fa4_family.excluded[12]  # sm120: upstream's kernel at the pin
     assert registry[3].generations == {9: "sm90"} and not registry[2].generations
@@ -107,13 +111,13 @@ def test_the_version_knob_holds_exactly_the_families_versions(choices, versions)
     assert any(p.startswith("knobs.VLLM_FLASH_ATTN_VERSION.choices") and versions in p for p in found), found
 
 
-PYTHON_DIR = str(Path(families.__file__).resolve().parents[1])
+PYTHON_DIR = str(Path(families.__file__).resolve().parents[2])
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("adapter", "vendored_flash_attn.fa9:forward", "families.fa4.adapter: module vendored_flash_attn.fa9 is not there"),
-    ("adapter", "vendored_flash_attn.fa4:fwd", "defines no fwd"),
-    ("head_size_rule", "vendored_flash_attn.kernels:fa9_head_size_problem", "defines no fa9_head_size_problem"),
+    ("adapter", "vendored_flash_attn.families.fa4.adapter:fwd", "defines no fwd"),
+    ("head_size_rule", "vendored_flash_attn.declaration.kernels:fa9_head_size_problem", "defines no fa9_head_size_problem"),
     ("deps_check", "nowhere_at_all:problems", "families.fa4.deps_check: module nowhere_at_all is not there"),
 ])
 def test_an_adapter_that_is_not_there_is_found_without_importing(field, value, message):
@@ -157,7 +161,7 @@ def fa5(monkeypatch, describe):
     monkeypatch.setitem(sys.modules, FA5_ADAPTER, adapter)
     previous = families.set_registry(families.parse(data))
     build = make_build("full", fa4=FA4_RECORD).raw
-    from vendored_flash_attn.build_info import BuildInfo
+    from vendored_flash_attn.declaration.build_info import BuildInfo
 
     info = BuildInfo.from_dict(build, {"fa4": FA4_RECORD, "fa5": {"schema": 1, "package": "x"}})
     machine = describe(caps=(BLACKWELL,), build=info, env={"VLLM_FLASH_ATTN_VERSION": "5"})
@@ -296,7 +300,7 @@ def test_a_plain_query_imports_neither_cutlass_nor_the_fa4_sources(tmp_path):
         import vendored_flash_attn
         assert not [m for m in sys.modules if m.startswith(("cutlass", "vendored_flash_attn._fa4", "torch"))]
         vendored_flash_attn.__path__.append({str(tmp_path)!r})
-        from vendored_flash_attn.environment import SystemEnvironment
+        from vendored_flash_attn.selection.environment import SystemEnvironment
         answer = SystemEnvironment().load_module(4)
         vendored_flash_attn.is_fa_version_supported(4)
         loaded = [m for m in sys.modules if m.startswith("cutlass") or m.startswith("vendored_flash_attn._fa4.")]
@@ -312,7 +316,7 @@ def test_a_plain_query_imports_neither_cutlass_nor_the_fa4_sources(tmp_path):
 # --- FA2 and FA3 differ by declaration and adapter, not by version branches ---------------
 
 def test_every_family_adapter_is_a_real_entry_point_of_its_own():
-    from vendored_flash_attn import fa2, fa3
+    from vendored_flash_attn.families import fa2, fa3
 
     declared = families.registry()
     assert declared.by_name("fa2").adapter_function() is fa2.forward

@@ -1,6 +1,6 @@
 """The build's CMake code reads the kernel families where the package does: the
 ``families`` section of cmake/knobs.json (cmake/Options.cmake's vfa_declared_families /
-vfa_family_field; python/vendored_flash_attn/families.py on the package's side). Run in
+vfa_family_field; python/vendored_flash_attn/declaration/families.py on the package's side). Run in
 script mode (`cmake -P`, a fraction of a second). The configure that follows a changed
 declaration: tests/build/test_families_configure.py."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import clean_env, run, tool
-from vendored_flash_attn import families
+from vendored_flash_attn.declaration import families
 
 CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
 FIELDS = ("made", "build_knob", "module", "record", "capabilities;min", "head_dims_knob", "dtypes_knob")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.cmake_runner import clean_env, run, tool
-from vendored_flash_attn import declaration, families
+from vendored_flash_attn.declaration import knob_values as declaration, families
 
 CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
 

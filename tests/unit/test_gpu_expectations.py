@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from runtime_fakes import make_build
-from vendored_flash_attn.families import registry
-from vendored_flash_attn.kernels import sparse_problem
-from vendored_flash_attn.scheduler_metadata import MetadataArgs, derive, mismatches
+from vendored_flash_attn.declaration.families import registry
+from vendored_flash_attn.declaration.kernels import sparse_problem
+from vendored_flash_attn.call.scheduler_metadata import MetadataArgs, derive, mismatches
 
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 if str(GPU_TESTS) not in sys.path:

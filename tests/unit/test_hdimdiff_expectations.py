@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from runtime_fakes import make_build
-from vendored_flash_attn.families import registry
-from vendored_flash_attn.kernels import dtype_problem, head_size_problem
+from vendored_flash_attn.declaration.families import registry
+from vendored_flash_attn.declaration.kernels import dtype_problem, head_size_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 for extra in (ROOT / "tests/gpu", ROOT / "benchmarks"):

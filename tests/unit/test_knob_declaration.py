@@ -149,9 +149,9 @@ message(NOTICE "PTX=${{VFA_FA2_PTX}}")
 PYTHON_READERS = """import json, sys
 sys.path.insert(0, sys.argv[1])
 import knobs
-from vendored_flash_attn import declaration, kernels, versioning
+from vendored_flash_attn.declaration import kernels, knob_values as declaration, versioning
 print(json.dumps({"knobs.py": [knobs.BOOL_ON, knobs.BOOL_OFF],
-                  "declaration.py": [declaration.BOOL_ON, declaration.BOOL_OFF, declaration.BOOL_WORDS_TEXT],
+                  "declaration/knob_values.py": [declaration.BOOL_ON, declaration.BOOL_OFF, declaration.BOOL_WORDS_TEXT],
                   "kernels.py": [kernels.FA2_HEAD_DIM_BUCKETS, kernels.FA3_HEAD_DIM_BUCKETS],
                   "versioning.py": versioning.want_local({"VFA_VERSION_LOCAL": sys.argv[2]}, False),
                   "knobs.py value check": knobs.value_problem(knobs.load().knobs["VFA_FA2_PTX"], sys.argv[2])}))
@@ -183,7 +183,7 @@ def test_every_reader_takes_the_bool_words_and_head_dims_from_the_declaration(tm
     assert cmake["ON"].split(";") == on and cmake["OFF"].split(";") == off
     assert cmake["FA2"].split(";") == [str(h) for h in fa2] and cmake["FA3"].split(";") == [str(h) for h in fa3]
     assert python["knobs.py"] == [on, off]
-    assert python["declaration.py"] == [[w.lower() for w in on], [w.lower() for w in off], cmake["TEXT"]]
+    assert python["declaration/knob_values.py"] == [[w.lower() for w in on], [w.lower() for w in off], cmake["TEXT"]]
     assert python["kernels.py"] == [fa2, fa3]
 
 
@@ -192,9 +192,11 @@ def test_a_change_of_the_declaration_reaches_every_reader(tmp_path):
     cmake/knobs.py and the package all take them, with no other edit."""
     project = tmp_path / "project"
     for folder in ("cmake", "python/vendored_flash_attn"):
-        for source in (PROJECT / folder).glob("*.*"):
-            (project / folder).mkdir(parents=True, exist_ok=True)
-            (project / folder / source.name).write_bytes(source.read_bytes())
+        for source in (PROJECT / folder).rglob("*.*"):
+            if "__pycache__" not in source.parts:
+                copy = project / folder / source.relative_to(PROJECT / folder)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes(source.read_bytes())
     declaration = project / "cmake/knobs.json"
     data = json.loads(declaration.read_text())
     data["bool_words"]["on"].append("JA")
@@ -207,5 +209,5 @@ def test_a_change_of_the_declaration_reaches_every_reader(tmp_path):
     assert cmake["TEXT"].endswith("JA/NEIN (any case)")
     assert cmake["FA3"].endswith(";256;512")
     assert python["knobs.py"][1][-1] == "NEIN" and python["knobs.py value check"] is None
-    assert python["declaration.py"][1][-1] == "nein" and python["versioning.py"] is False
+    assert python["declaration/knob_values.py"][1][-1] == "nein" and python["versioning.py"] is False
     assert python["kernels.py"][1][-1] == 512

@@ -1,5 +1,5 @@
 """cmake/knobs.schema.json, the declaration's JSON Schema, is made from the typed model its
-validators parse into (cmake/knobs_schema.py, python/vendored_flash_attn/json_types.py): the
+validators parse into (cmake/knobs_schema.py, python/vendored_flash_attn/declaration/json_types.py): the
 committed file must be what the model makes, the declaration must pass it, and the schema and the
 validators (cmake/knobs.py's typed parse, families.problems) must refuse the same broken
 declarations: every field of the model set to a value of another type, and a corpus of
@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from vendored_flash_attn import cuda_archs, families, family_build
+from vendored_flash_attn.declaration import cuda_archs, families, family_build
 
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "cmake"))

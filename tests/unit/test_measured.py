@@ -12,7 +12,9 @@ import pytest
 
 from runtime_fakes import AMPERE, HOPPER
 from test_benchmarks_cpu import load
-from vendored_flash_attn import cli, declaration, families, measured
+from vendored_flash_attn import cli
+from vendored_flash_attn.declaration import knob_values as declaration, families
+from vendored_flash_attn.selection import measured
 
 serving = load("serving")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from support.synthetic_upstream import flash_attention_files
-from vendored_flash_attn import op_schemas
+from vendored_flash_attn.declaration import op_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("cmake_op_schemas", ROOT / "cmake/op_schemas.py")
@@ -124,7 +124,7 @@ def test_the_check_names_what_upstream_changed(tmp_path, old, new, message):
 def test_the_namespaces_are_the_declared_ones():
     """op_schemas.py writes the op namespaces out (cmake/op_schemas.py loads it by path): they
     must be the compiled families' declared ``op_namespace``s, each with its ``forward_op``."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     declared = {f.op_namespace: f.forward_op for f in registry() if f.op_namespace}
     assert set(op_schemas.REGISTRATION_SOURCES) == set(declared)

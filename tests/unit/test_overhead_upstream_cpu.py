@@ -98,7 +98,7 @@ def test_the_file_loads_over_this_wheels_ops_and_imports_no_flash_attn(fake_ops)
 
 @pytest.fixture
 def cute(monkeypatch):
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     module = types.ModuleType("fake_cute_interface")
     exec(CUTE, module.__dict__)  # noqa: S102
@@ -150,7 +150,7 @@ def test_cpu_mode_times_every_family_with_fake_ops(tmp_path, monkeypatch):
     file that is not the pinned one is not run, and the package's rows are timed regardless."""
     import json
 
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     monkeypatch.setattr(fa4, "_loaded", None)
     wrong = tmp_path / "flash_attn_interface.py"

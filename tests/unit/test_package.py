@@ -53,8 +53,8 @@ def test_the_package_reads_its_files_as_utf8_under_any_locale():
     """Under a C locale with UTF-8 mode off (PYTHONUTF8=0 LC_ALL=C: the locale's encoding is
     ASCII), the interface still imports and answers: every project file (knobs.json, the
     measured table, build records) is read as UTF-8, not in the locale's encoding."""
-    code = ("import locale, sys, vendored_flash_attn.interface as i, vendored_flash_attn.measured as m; "
-            "from vendored_flash_attn.families import registry; "
+    code = ("import locale, sys, vendored_flash_attn.interface as i, vendored_flash_attn.selection.measured as m; "
+            "from vendored_flash_attn.declaration.families import registry; "
             "print(locale.getpreferredencoding(False), sys.flags.utf8_mode, len(registry().versions))")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("LC_", "LANG", "PYTHONUTF8"))}
     env.update(PYTHONPATH=str(ROOT / "python"), PYTHONUTF8="0", LC_ALL="C", PYTHONIOENCODING="utf-8")
@@ -97,7 +97,7 @@ def _text_io_without_encoding(path: Path) -> list[int]:
 def test_every_project_file_is_read_and_written_as_utf8():
     """The package's and the build's Python name the encoding of every text file they open
     (UTF-8), so that nothing depends on the machine's locale."""
-    files = sorted((ROOT / "python" / "vendored_flash_attn").glob("*.py")) + sorted((ROOT / "cmake").glob("*.py"))
+    files = sorted((ROOT / "python" / "vendored_flash_attn").rglob("*.py")) + sorted((ROOT / "cmake").glob("*.py"))
     assert len(files) > 20
     found = {str(p.relative_to(ROOT)): lines for p in files if (lines := _text_io_without_encoding(p))}
     assert found == {}, f"text I/O in the locale's encoding: {found}; pass encoding=\"utf-8\""
@@ -106,7 +106,165 @@ def test_every_project_file_is_read_and_written_as_utf8():
 def test_the_packages_first_words_name_every_family():
     """The module docstring's first paragraph (what `help()` and a reader meet first) names
     each declared family."""
-    from vendored_flash_attn.families import registry
+    from vendored_flash_attn.declaration.families import registry
 
     first = vendored_flash_attn.__doc__.split("\n\n")[0]
     assert [f.title for f in registry() if f.title not in first] == [], first
+
+
+# --- the package's layout: folders by concern, imports one way ------------------------------
+
+PACKAGE_DIR = ROOT / "python" / "vendored_flash_attn"
+# Top to bottom; a module imports only from its own layer or one below it. A layer is a folder
+# of the package or a module of its root. The release checks sit on top: they call the public
+# flash_attn_varlen_func of the installed package. errors.py is the leaf everybody may import;
+# fp8.py imports only errors.py.
+LAYERS = (("release",), ("__init__", "__main__", "cli", "interface", "sparse"), ("families",), ("call",),
+          ("selection",), ("declaration",), ("fp8",), ("errors",))
+ROOT_MODULES_AT_MOST = 10
+
+
+def _module_names(sources: dict[str, str]) -> dict[str, str]:
+    """Dotted name (below the package) of each source path (relative to the package)."""
+    names = {}
+    for path in sources:
+        parts = path[:-len(".py")].split("/")
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        names[path] = ".".join(parts)
+    return names
+
+
+def _import_edges(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(importer, imported) dotted names below the package, for every import of a module of the
+    package anywhere in a file (lazy ones in functions too) and the root's lazy exports. The
+    package root itself is "__init__"."""
+    import ast
+
+    names = _module_names(sources)
+    known = set(names.values())
+    edges = set()
+
+    def target(dotted: list[str]) -> str:
+        name = ".".join(dotted) or "__init__"
+        return name if name in known or name == "__init__" else ".".join(dotted[:-1]) or "__init__"
+
+    for path, text in sources.items():
+        me = names[path]
+        package = me.split(".") if path.endswith("__init__.py") and me != "__init__" else me.split(".")[:-1]
+        if me == "__init__":
+            package = []
+        tree = ast.parse(text, path)
+        for node in ast.walk(tree):
+            found = []
+            if isinstance(node, ast.Import):
+                found = [a.name.split(".")[1:] for a in node.names if a.name.split(".")[0] == "vendored_flash_attn"]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                    module = base + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == "vendored_flash_attn":
+                    module = node.module.split(".")[1:]
+                else:
+                    continue
+                found = [module + [a.name] for a in node.names]
+            if me == "__init__" and isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+                found = [v.value.split(".") + ["?"] for v in node.value.values]
+            edges |= {(me, t) for t in map(target, found) if t != me}
+    return edges
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _layer(module: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if _unit(module) in layer)
+
+
+def _cycle(edges: set[tuple[str, str]]) -> list[str]:
+    """One circle of the graph, [] when there is none."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def layout_problems(sources: dict[str, str]) -> list[str]:
+    """What breaks the package's layout: too many modules at the root, a module in no layer, a
+    folder's __init__.py holding more than its docstring, an import up the layers, a circle of
+    files or of folders (a module of the root counts as a folder of its own)."""
+    import ast
+
+    found = []
+    names = _module_names(sources)
+    root = sorted(p for p in sources if "/" not in p)
+    if len(root) > ROOT_MODULES_AT_MOST:
+        found.append(f"the package root holds {len(root)} modules (at most {ROOT_MODULES_AT_MOST}): {root}")
+    for path, module in names.items():
+        if not any(_unit(module) in layer for layer in LAYERS):
+            found.append(f"{path}: in no layer of LAYERS")
+        if path.endswith("/__init__.py"):
+            body = ast.parse(sources[path]).body
+            if len(body) != 1 or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
+                found.append(f"{path}: a folder's __init__.py holds only its docstring")
+    if found:
+        return found
+    edges = _import_edges(sources)
+    found += [f"{a} imports {b}, a layer above it" for a, b in sorted(edges) if _layer(a) > _layer(b)]
+    if cycle := _cycle(edges):
+        found.append("a circle of files: " + " -> ".join(cycle))
+    folder = {name: path.rsplit("/", 1)[0].replace("/", ".") if "/" in path else name for path, name in names.items()}
+    folder["__init__"] = "__init__"
+    if cycle := _cycle({(folder[a], folder[b]) for a, b in edges if folder[a] != folder[b]}):
+        found.append("a circle of folders: " + " -> ".join(cycle))
+    return found
+
+
+def _package_sources() -> dict[str, str]:
+    return {p.relative_to(PACKAGE_DIR).as_posix(): p.read_text(encoding="utf-8")
+            for p in sorted(PACKAGE_DIR.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def test_the_package_is_in_folders_by_concern_with_imports_one_way():
+    sources = _package_sources()
+    assert layout_problems(sources) == []
+    assert {p.split("/")[0] for p in sources if "/" in p} == {"call", "selection", "declaration", "families", "release"}
+
+
+def test_the_layout_check_sees_an_import_up_a_circle_and_a_crowded_root():
+    sources = _package_sources()
+    up = dict(sources)
+    up["declaration/kernels.py"] += "\n\ndef _late():\n    from ..call.arguments import VARLEN\n"
+    assert "declaration.kernels imports call.arguments, a layer above it" in layout_problems(up)
+    circle = dict(sources)
+    circle["declaration/knob_values.py"] += "\nfrom . import families\n"
+    assert [p for p in layout_problems(circle) if p.startswith("a circle of files: ")]
+    folders = {**sources, "selection/extra.py": "from ..declaration import extra\n",
+               "declaration/extra.py": "def f():\n    from ..selection import selector\n"}
+    problems = layout_problems(folders)
+    assert "declaration.extra imports selection.selector, a layer above it" in problems
+    assert [p for p in problems if p.startswith("a circle of folders: ")], problems
+    crowded = {**sources, **{f"extra{i}.py": "" for i in range(ROOT_MODULES_AT_MOST)}}
+    assert layout_problems(crowded)[0].startswith(f"the package root holds {ROOT_MODULES_AT_MOST + 7} modules")
+    code = {**sources, "call/__init__.py": '"""The call path."""\nfrom .arguments import VARLEN\n'}
+    assert layout_problems(code) == ["call/__init__.py: a folder's __init__.py holds only its docstring"]

@@ -12,11 +12,12 @@ import torch
 
 from calls import descales, paged_call, varlen_call
 from runtime_fakes import FA4_RECORD, HOPPER, make_build
-from vendored_flash_attn import fa4, flash_attn_varlen_func, interface
-from vendored_flash_attn.call import VarlenCall
+from vendored_flash_attn.families.fa4 import adapter as fa4
+from vendored_flash_attn import flash_attn_varlen_func, interface
+from vendored_flash_attn.call.arguments import VarlenCall
 from vendored_flash_attn.errors import FlashAttnInputError, FlashAttnUnavailableError
-from vendored_flash_attn.families import registry
-from vendored_flash_attn.validation import check_varlen_call, window_tuple
+from vendored_flash_attn.declaration.families import registry
+from vendored_flash_attn.call.validation import check_varlen_call, window_tuple
 
 
 def _mutations():

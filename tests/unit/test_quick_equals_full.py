@@ -190,7 +190,7 @@ def fa4_kernels(monkeypatch):
     """FA4's kernels as a stand-in that returns an output (its own rules still run)."""
     import types
 
-    from vendored_flash_attn import fa4
+    from vendored_flash_attn.families.fa4 import adapter as fa4
 
     reached = []
 
@@ -221,8 +221,8 @@ def test_the_quick_path_takes_only_what_the_full_path_takes(describe, fake_ops, 
     the full path must have taken it too, with the same op call; the quick path never refuses
     (it takes or declines)."""
     from runtime_fakes import FA4_RECORD, make_build
-    from vendored_flash_attn import fa4
-    from vendored_flash_attn.call import VarlenCall
+    from vendored_flash_attn.families.fa4 import adapter as fa4
+    from vendored_flash_attn.call.arguments import VarlenCall
 
     describe(caps=(HOPPER, HOPPER), build=make_build("full", fa4=FA4_RECORD), device_type="cuda")
     monkeypatch.setattr(interface, "_Tensor", Placed)  # the stand-in is what q is here

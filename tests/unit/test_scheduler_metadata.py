@@ -13,7 +13,7 @@ import torch
 from calls import paged_call, varlen_call
 from runtime_fakes import HOPPER, make_build
 from vendored_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
-from vendored_flash_attn import scheduler_metadata as sm
+from vendored_flash_attn.call import scheduler_metadata as sm
 from vendored_flash_attn.errors import FlashAttnInputError
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn

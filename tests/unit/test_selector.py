@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from runtime_fakes import ADA, AMPERE, BLACKWELL, BLACKWELL_12, HOPPER, TURING, make_build
-from vendored_flash_attn import selector
-from vendored_flash_attn.environment import SystemEnvironment, set_environment
+from vendored_flash_attn.selection import selector
+from vendored_flash_attn.selection.environment import SystemEnvironment, set_environment
 from vendored_flash_attn.errors import FlashAttnFallbackWarning
 
 NO_FP16_FA3 = make_build("full", fa3={"dtypes": ["bf16", "e4m3"]})
@@ -216,7 +216,7 @@ def test_system_environment_probes_once(monkeypatch):
         return "ImportError: nope"
 
     machine = SystemEnvironment()
-    monkeypatch.setattr("vendored_flash_attn.environment._import_module", fake_import)
+    monkeypatch.setattr("vendored_flash_attn.selection.environment._import_module", fake_import)
     assert machine.load_module(3) == "ImportError: nope"
     assert machine.load_module(3) == "ImportError: nope"
     assert len(calls) == 1
@@ -228,7 +228,7 @@ def test_system_environment_probes_once(monkeypatch):
 
 
 def test_missing_module_is_reported_not_raised():
-    from vendored_flash_attn.environment import _import_module
+    from vendored_flash_attn.selection.environment import _import_module
 
     error = _import_module(3, "_no_such_module")
     assert error.startswith("ModuleNotFoundError") and "_no_such_module" in error
@@ -264,7 +264,7 @@ def test_a_damaged_build_info_file_is_a_reason_not_an_exception(tmp_path, damage
     from pathlib import Path
 
     site = tmp_path / "site"
-    package = Path(selector.__file__).parent
+    package = Path(selector.__file__).parents[1]  # the package root
     shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     # The wheel installs the project's declaration beside the package (cmake/BuildInfo.cmake).
     shutil.copy(package.parents[1] / "cmake" / "knobs.json", site / package.name / "knobs.json")
@@ -303,7 +303,7 @@ def _fa4_build():
 @pytest.fixture
 def declared(describe):
     """Swap in a copy of the family declaration edited by the test; the real one after."""
-    from vendored_flash_attn import declaration, families
+    from vendored_flash_attn.declaration import knob_values as declaration, families
 
     previous = []
 

@@ -11,7 +11,7 @@ from runtime_fakes import AMPERE, HOPPER, TURING, _arg_names, make_build
 from vendored_flash_attn import sparse_attn_func, sparse_attn_varlen_func
 from vendored_flash_attn.errors import (
     FlashAttnInputError, FlashAttnTypeError, FlashAttnUnavailableError)
-from vendored_flash_attn.op_schemas import FA2_FWD_SPARSE, FA2_VARLEN_FWD_SPARSE
+from vendored_flash_attn.declaration.op_schemas import FA2_FWD_SPARSE, FA2_VARLEN_FWD_SPARSE
 
 BF16, FP16 = torch.bfloat16, torch.float16
 I32 = torch.int32

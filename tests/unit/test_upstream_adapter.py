@@ -22,8 +22,9 @@ sys.path[:0] = [str(UPSTREAM), str(UPSTREAM / "shim")]
 import run_upstream_tests as runner  # noqa: E402
 import upstream_summary  # noqa: E402
 from runtime_fakes import AMPERE, HOPPER, make_build  # noqa: E402
-from vendored_flash_attn import kernels, selector  # noqa: E402
-from vendored_flash_attn.families import registry  # noqa: E402
+from vendored_flash_attn.declaration import kernels
+from vendored_flash_attn.selection import selector  # noqa: E402
+from vendored_flash_attn.declaration.families import registry  # noqa: E402
 
 # The wheel the NOT_BUILT refusal below came from: FA2 without float16.
 MINIMAL_BUILD = make_build("minimal").raw
@@ -327,7 +328,7 @@ def test_kvcache_refuses_what_the_wheel_cannot_do(describe, fake_ops):
 
 def test_kvcache_passes_the_rest_of_the_declared_parameters_through(describe, fake_ops):
     """Its keyword-only arguments are those of flash_attn_varlen_func's declaration
-    (vendored_flash_attn.call) it does not set itself: passed as given, on FA3 here; anything
+    (vendored_flash_attn.call.arguments) it does not set itself: passed as given, on FA3 here; anything
     else is a TypeError, as for a Python function."""
     from vllm_flash_attn import flash_attn_with_kvcache
 

@@ -267,13 +267,13 @@ def test_debug_checks(describe, fake_ops, call, change, pattern):
 
 @pytest.mark.parametrize("value, on", [("ON", True), ("yes", True), ("0", False), ("", False)])
 def test_debug_checks_take_the_bool_words(describe, value, on):
-    from vendored_flash_attn.debug_checks import debug_checks_enabled
+    from vendored_flash_attn.call.debug_checks import debug_checks_enabled
     describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": value})
     assert debug_checks_enabled() is on
 
 
 def test_debug_checks_warn_about_any_other_word(describe):
-    from vendored_flash_attn.debug_checks import debug_checks_enabled
+    from vendored_flash_attn.call.debug_checks import debug_checks_enabled
     describe(caps=(HOPPER,), env={"VFA_DEBUG_CHECKS": "enable"})
     with pytest.warns(UserWarning, match=r"VFA_DEBUG_CHECKS='enable' is not a valid value; the debug checks stay off"):
         assert debug_checks_enabled() is False

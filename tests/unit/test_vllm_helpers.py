@@ -13,7 +13,7 @@ import torch
 from calls import paged_call, varlen_call
 from runtime_fakes import AMPERE, BLACKWELL, HOPPER, TURING, make_build
 import vendored_flash_attn
-from vendored_flash_attn import selector
+from vendored_flash_attn.selection import selector
 from vendored_flash_attn.errors import FlashAttnFallbackWarning, FlashAttnInputError
 
 LOAD_ERROR = "ImportError: undefined symbol: _ZN5flash12run_mha_fwd"

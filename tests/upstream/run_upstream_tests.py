@@ -109,7 +109,7 @@ def preflight(python: str, env: dict, cwd: Path) -> dict:
     """What the run needs, checked first so a missing piece reads as such, not as 1000
     collection errors: einops (upstream's file imports it) and the installed wheel."""
     code = ("import json, einops, torch, vendored_flash_attn as v\n"
-            "from vendored_flash_attn.build_info import load_build_info\n"
+            "from vendored_flash_attn.declaration.build_info import load_build_info\n"
             "b = load_build_info()\n"
             "print(json.dumps({'package': v.__file__, 'torch': torch.__version__, "
             "'cuda_available': torch.cuda.is_available(), "

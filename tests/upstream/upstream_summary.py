@@ -58,7 +58,7 @@ KNOWN_UPSTREAM_DEFECTS = [
 def _built_dtype(torch_name: str) -> Optional[str]:
     """The build-info name ("fp16") of a dtype as a refusal shows it ("float16")."""
     import torch
-    from vendored_flash_attn.kernels import dtype_name
+    from vendored_flash_attn.declaration.kernels import dtype_name
 
     dtype = getattr(torch, torch_name, None)
     return dtype_name(dtype) if isinstance(dtype, torch.dtype) else None

@@ -30,7 +30,7 @@ from typing import Optional, Union
 import torch
 
 import vendored_flash_attn as _vfa
-from vendored_flash_attn.call import VARLEN
+from vendored_flash_attn.call.arguments import VARLEN
 
 _calls = 0
 
@@ -98,7 +98,7 @@ def flash_attn_with_kvcache(
 ):
     """``passed``: the keyword-only arguments of upstream's wrapper that go to
     ``flash_attn_varlen_func`` as they are (scheduler_metadata, the descales, fa_version,
-    s_aux, context parallelism): any parameter of its declaration (vendored_flash_attn.call)
+    s_aux, context parallelism): any parameter of its declaration (vendored_flash_attn.call.arguments)
     that this function does not set itself, so a parameter upstream adds there reaches it."""
     unknown = set(passed) - _PASSED
     if unknown:
