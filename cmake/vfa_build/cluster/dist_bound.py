@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from progress_estimate import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
-from url_secrets import without_env_secrets  # the one URL scrubber: sccache's words are shown and recorded
+from vfa_build.progress.progress_estimate import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
+from vfa_build.url_secrets import without_env_secrets  # the one URL scrubber: sccache's words are shown and recorded
 
 BOUNDS_FILE = "vfa-dist-bounds.json"  # written at configure (cmake/DistBounds.cmake)
 DIST_LOG = "vfa-sccache-dist.log"     # the cluster's sccache server's log (warnings)

@@ -52,8 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
-from compile_env import sccache_server_answers  # noqa: E402  (whether the build's sccache server listens)
+from vfa_build.cluster.compile_env import sccache_server_answers  # (whether the build's sccache server listens)
 
 # Every cache backend's read-only switch in sccache 0.16 (its config.rs); the one of the
 # backend in use applies, the others are ignored.
@@ -206,16 +205,22 @@ def why_verify(build_dir: str, key: bytes, unit: str, every: int, servers: list[
     return None
 
 
-def record_verified(build_dir: str, unit: str, servers: list[str], result: str, seconds: float, why: str) -> None:
-    line = f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\n"
+def _append_line(path: Path, line: str) -> None:
+    """<line> appended to one of the build dir's records (VERIFIED, ORIGIN) in one write, so lines of
+    parallel units never interleave; a record that cannot be written is left as it is."""
     try:
-        fd = os.open(Path(build_dir) / VERIFIED, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode("utf-8", "surrogateescape"))  # one write: parallel units never interleave
+            os.write(fd, line.encode("utf-8", "surrogateescape"))
         finally:
             os.close(fd)
     except OSError:
         pass
+
+
+def record_verified(build_dir: str, unit: str, servers: list[str], result: str, seconds: float, why: str) -> None:
+    _append_line(Path(build_dir) / VERIFIED,
+                 f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\n")
 
 
 def comparable(data: bytes) -> bytes:
@@ -306,15 +311,8 @@ def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None =
 def record_origin(build_dir: str, unit: str, where: str, servers: list[str] = (), verified: bool = False) -> None:
     """One ORIGIN line: <unit>'s object in the build dir now comes from <where> ("cluster",
     built by <servers>, checked here or not; "here"; "removed")."""
-    line = f"{time.time():.3f}\t{unit}\t{where}\t{','.join(servers)}\t{int(verified)}\n"
-    try:
-        fd = os.open(Path(build_dir) / ORIGIN, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode("utf-8", "surrogateescape"))  # one write: parallel units never interleave
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    _append_line(Path(build_dir) / ORIGIN,
+                 f"{time.time():.3f}\t{unit}\t{where}\t{','.join(servers)}\t{int(verified)}\n")
 
 
 def cluster_objects(build_dir: str) -> dict[str, tuple[str, bool]]:

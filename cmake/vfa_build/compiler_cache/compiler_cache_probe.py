@@ -59,20 +59,20 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from url_secrets import without_env_secrets, without_secrets  # noqa: E402  the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.url_secrets import without_env_secrets, without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dist-compile"))
-from dist_trust import read_only_conf, read_only_server_env  # noqa: E402  (cmake/dist_trust.py)
-from dist_bound import DIST_LOG  # noqa: E402  (cmake/dist_bound.py: the cluster server's log the launcher reads)
-from sccache_build_report import DIST_OFF, FALLBACKS, stats, stop  # noqa: E402  (the end of the build)
-from sccache_config import (read_conf, sccache_conf_path, scheduler_credentials, scheduler_hang,  # noqa: E402
+from vfa_build.cluster.dist_trust import read_only_conf, read_only_server_env  # (cmake/dist_trust.py)
+from vfa_build.cluster.dist_bound import DIST_LOG  # (cmake/dist_bound.py: the cluster server's log the launcher reads)
+from vfa_build.compiler_cache.sccache_build_report import DIST_OFF, FALLBACKS, stats, stop  # (the end of the build)
+from vfa_build.compiler_cache.sccache_config import (read_conf, sccache_conf_path, scheduler_credentials, scheduler_hang,
                             start_failure, without_dist)  # step 0
-from sccache_private_server import on_private_server  # noqa: E402  (steps 1 and 2)
-from sccache_stats import (COUNTS, ProbeFailure, backend_of, dist_status, public_location, run,  # noqa: E402
+from vfa_build.compiler_cache.sccache_private_server import on_private_server  # (steps 1 and 2)
+from vfa_build.compiler_cache.sccache_stats import (COUNTS, ProbeFailure, backend_of, dist_status, public_location, run,
                            show_stats)
 
-COMPILE_ENV_SCRIPT = Path(__file__).resolve().parent.parent / "dist-compile" / "compile_env.py"
+# The build package's entry point, and the module it runs in front of sccache with a scheduler.
+ENTRY = str(Path(__file__).resolve().parents[1])
+COMPILE_ENV_MODULE = "cluster.compile_env"
 
 # Written into the build dir by `probe`, read by cmake/sccache_launcher.py and `stats`.
 SETTINGS = "vfa-sccache.json"
@@ -235,7 +235,7 @@ def probe(args) -> dict:
         return result
     # With a scheduler, compiles leave this machine: sccache runs through compile_env.py, which
     # hands it only what a compile needs (the server it starts keeps the full environment).
-    client = ([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV_SCRIPT), args.sccache] if dist_mode == "on"
+    client = ([sys.executable, "-E", "-s", "-S", ENTRY, COMPILE_ENV_MODULE, args.sccache] if dist_mode == "on"
               else [args.sccache])
     if dist_mode == "on":
         # What this build's compiles meet: a read-only cache (dist_trust.py), whatever the probe's own

@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from dist_off import DIST_OFF  # exists once the launcher turned the cluster off in this build (cmake/dist_off.py)
-from dist_trust import VERIFIED  # this build's checked units (cmake/dist_trust.py)
-from sccache_stats import (COUNTS, UNIT_LANGUAGES, ProbeFailure, counters, dist_status, run, show_stats,
+from vfa_build.cluster.dist_off import DIST_OFF  # exists once the launcher turned the cluster off in this build (cmake/dist_off.py)
+from vfa_build.cluster.dist_trust import VERIFIED  # this build's checked units (cmake/dist_trust.py)
+from vfa_build.compiler_cache.sccache_stats import (COUNTS, UNIT_LANGUAGES, ProbeFailure, counters, dist_status, run, show_stats,
                            unit_counts, with_saved)
 
 # Written by cmake/sccache_launcher.py (which keeps its own copy of this name, to stay small).
@@ -78,7 +78,7 @@ def record_build(settings: dict, report: dict) -> None:
 def verification_report(settings: dict) -> dict:
     """What dist_trust.py checked in this build (VERIFIED) and where the build dir's objects came
     from (ORIGIN): the objects the cluster built, how many of them were checked here, by server."""
-    from dist_trust import cluster_objects, verified_lines, verify_every
+    from vfa_build.cluster.dist_trust import cluster_objects, verified_lines, verify_every
     build_dir = settings["build_dir"]
     lines = verified_lines(build_dir)
     objects = cluster_objects(build_dir)
@@ -145,8 +145,7 @@ def log_stats(settings: dict | None, text: str) -> str | None:
     it returns; None without a build dir or when the log cannot be written."""
     if settings is None:
         return None
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
+    from vfa_build.progress.compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
     log = str(Path(settings["build_dir"]) / COMPILE_LOG)
     return log if append_log(log, f"==> sccache --show-stats (the build's compiler cache)\n{text}") else None
 
@@ -156,8 +155,8 @@ def stats(args) -> int:
     if settings is not None:
         # A server this asks for is started like the compiles' (no idle timeout) and stopped
         # when the build ends, as theirs are (cmake/sccache_launcher.py).
-        from sccache_servers import claim_servers, server_env
-        from compile_unit import this_build
+        from vfa_build.compiler_cache.sccache_servers import claim_servers, server_env
+        from vfa_build.progress.compile_unit import this_build
         build = this_build()
         claim_servers(settings, args.settings, build)
         env = server_env(settings, settings["server"], build)
@@ -176,7 +175,7 @@ def stats(args) -> int:
         print(f"vendored-flash-attn: compiler cache: {summary}; sccache's statistics are in {log}")
     if settings is not None:
         # dist_output.py: the cluster's answers that came after their unit stopped waiting.
-        from dist_output import discard_late
+        from vfa_build.cluster.dist_output import discard_late
         late = discard_late(settings["build_dir"])
         for unit in late:
             print(f"vendored-flash-attn: discarded the sccache-dist cluster's answer for {unit}: it came after the "

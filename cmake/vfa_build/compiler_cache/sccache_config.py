@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sccache_stats import START_NOTE, ProbeFailure, output_of
-from url_secrets import secrets_in, without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.compiler_cache.sccache_stats import START_NOTE, ProbeFailure, output_of
+from vfa_build.url_secrets import secrets_in, without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
 
 try:
     import tomllib

@@ -50,20 +50,19 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
-from compile_unit import output_of, say_now, this_build  # noqa: E402
+from vfa_build.progress.compile_unit import output_of, say_now, this_build
 # Objects from the cluster: a sample compiled here again, each object's origin recorded.
-from dist_trust import dist_counts, record_origin, servers_of, verify_unit  # noqa: E402
-from dist_output import abandon, claim, drop, private_output, with_output  # noqa: E402  (where the cluster writes)
-from dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # noqa: E402  (the cluster's
+from vfa_build.cluster.dist_trust import dist_counts, record_origin, servers_of, verify_unit
+from vfa_build.cluster.dist_output import abandon, claim, drop, private_output, with_output  # (where the cluster writes)
+from vfa_build.cluster.dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # (the cluster's
                         STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
-from sccache_servers import claim_servers, compile_through_server, keep_servers, server_env  # noqa: E402
+from vfa_build.compiler_cache.sccache_servers import claim_servers, compile_through_server, keep_servers, server_env
 # What this launcher shows and records of sccache's words goes without URL passwords (the one scrubber).
-from url_secrets import without_env_secrets  # noqa: E402
+from vfa_build.url_secrets import without_env_secrets
 
 # The cluster off after max_cluster_failures, and tried again after a back-off (dist_off.py).
-from dist_off import RETRY_MAX_S, route, turn_off, turn_on  # noqa: E402
+from vfa_build.cluster.dist_off import RETRY_MAX_S, route, turn_off, turn_on
 
 # sccache_build_report.py's FALLBACKS (that module is not imported here: this one runs once per
 # unit and stays small).
@@ -144,7 +143,7 @@ def fix_for(kind: str) -> str:
     if kind in BOUND_FIXES:  # dist_bound.py's kinds: the cluster did not answer in time
         return BOUND_FIXES[kind]
     if kind == "refused":
-        from sccache_config import refused_fix  # not at the top: this module runs once per unit
+        from vfa_build.compiler_cache.sccache_config import refused_fix  # not at the top: this module runs once per unit
         # The probe passed with this token (dist "on"): a refusal now is most likely a rotation.
         return f"The cluster refused this client (a 401/403): {refused_fix('SCCACHE_CONF', accepted_before=True)}"
     return ("A build server could not run the compile (its sandbox or toolchain: see that server's log; "
@@ -241,7 +240,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
 
     def waiting(waited: float) -> tuple[str, str] | None:
         """Every minute a unit waits on the cluster: a line, and is the scheduler still answering?"""
-        from sccache_config import scheduler_hang  # not at the top: this module runs once per unit
+        from vfa_build.compiler_cache.sccache_config import scheduler_hang  # not at the top: this module runs once per unit
         hang = scheduler_hang(settings["scheduler"], STATUS_TIMEOUT_S)
         hung = f"the scheduler does not answer ({hang})" if hang else None
         say_now(settings["build_dir"], f"{unit} has waited {waited:.0f} s on the sccache-dist cluster "

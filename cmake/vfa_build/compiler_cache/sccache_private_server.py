@@ -16,9 +16,9 @@ import time
 import uuid
 from pathlib import Path
 
-from compile_env import client_env  # (dist-compile/compile_env.py: what a compile sent to build servers may carry)
-from sccache_config import refused_fix  # what to do about a refused token (also the launcher's)
-from sccache_stats import ProbeFailure, counters, delta, dist_status, output_of, run, show_stats
+from vfa_build.cluster.compile_env import client_env  # (dist-compile/compile_env.py: what a compile sent to build servers may carry)
+from vfa_build.compiler_cache.sccache_config import refused_fix  # what to do about a refused token (also the launcher's)
+from vfa_build.compiler_cache.sccache_stats import ProbeFailure, counters, delta, dist_status, output_of, run, show_stats
 
 
 def free_port() -> int:

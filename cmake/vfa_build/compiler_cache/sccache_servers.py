@@ -28,10 +28,12 @@ import time
 from pathlib import Path
 
 # What marks the processes of one compile, the unit's name, and how a line reaches the console at once.
-from compile_unit import COMPILE_ID, marked_processes, output_of, say_now
+from vfa_build.progress.compile_unit import COMPILE_ID, marked_processes, output_of, say_now
 
-# The keeper runs as the launcher's `--keep` (compile_unit.py knows the launcher's processes by its name).
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sccache_launcher.py")
+# The keeper runs as the launcher's `--keep`, through the build package's entry point (compile_unit.py
+# knows the launcher's processes by its name).
+ENTRY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = "compiler_cache.sccache_launcher"
 
 OWNER = "vfa-sccache-owner"  # the build (this_build()) whose keeper stops the build's servers
 STARTED = "vfa-sccache-started.json"  # servers named by SCCACHE_SERVER_PORT/UDS this build restarted
@@ -95,7 +97,7 @@ def stop_servers(settings: dict) -> None:
     """Stops the build dir's own servers and those the build restarted, their counts kept for
     the end-of-build report (sccache_stats.py's COUNTS); quietly: `--stop-server`
     prints the statistics."""
-    import sccache_stats  # not at the top: this module runs once per unit and stays small
+    from vfa_build.compiler_cache import sccache_stats  # not at the top: this module runs once per unit and stays small
     for overrides in own_servers(settings) + started_servers(settings):
         role = "local" if overrides == settings.get("local") else "server"
         try:
@@ -152,7 +154,7 @@ def claim_servers(settings: dict, settings_path: str, build: str | None, restart
             # Detached (a session of its own, no inherited output: pip waits for its pipes to
             # close), without the compile's mark (an interrupt stops what carries it).
             env = {k: v for k, v in os.environ.items() if k != COMPILE_ID}
-            subprocess.Popen([sys.executable, "-E", "-s", "-S", LAUNCHER, "--keep",
+            subprocess.Popen([sys.executable, "-E", "-s", "-S", ENTRY, LAUNCHER, "--keep",
                               os.path.abspath(settings_path), build], env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                              close_fds=True)

@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from url_secrets import without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.url_secrets import without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
 
 START_NOTE = "sccache could not start (check the SCCACHE_* settings)"
 TIMEOUT_S = 300  # one sccache call; a first distributed compile packages the toolchain

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from fa4_stage import VENDORED_PACKAGE
+from vfa_build.fa4.stage import VENDORED_PACKAGE
 from vendored_flash_attn import fa4_cache
 from vendored_flash_attn.fa4_plan import KernelCall, generation, make_call
 

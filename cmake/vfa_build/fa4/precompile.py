@@ -53,17 +53,16 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+PROJECT = Path(__file__).resolve().parents[3]
 # The build uses this checkout's package (fa4_deps, fa4_cache, fa4_plan, the adapter);
 # `check-installed` tests the installed wheel, so it must not put the checkout first.
 if sys.argv[1:2] != ["check-installed"]:
-    sys.path.insert(0, str(HERE.parent / "python"))
-sys.path.insert(0, str(HERE))  # the concern modules beside this file (not on the path under python -I)
-import fa4_compile  # noqa: E402
-import fa4_probe  # noqa: E402
-import fa4_share  # noqa: E402
-import fa4_stage  # noqa: E402
-import fa4_workers  # noqa: E402
+    sys.path.insert(0, str(PROJECT / "python"))
+from vfa_build.fa4 import compile as fa4_compile  # noqa: E402
+from vfa_build.fa4 import probe as fa4_probe  # noqa: E402
+from vfa_build.fa4 import share as fa4_share  # noqa: E402
+from vfa_build.fa4 import stage as fa4_stage  # noqa: E402
+from vfa_build.fa4 import workers as fa4_workers  # noqa: E402
 from vendored_flash_attn import fa4_cache, fa4_plan  # noqa: E402  (standard library only)
 
 

@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-import fa4_workers
+from vfa_build.fa4 import workers as fa4_workers
 from vendored_flash_attn import fa4_cache
 from vendored_flash_attn.fa4_plan import KernelCall
 

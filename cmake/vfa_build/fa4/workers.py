@@ -27,11 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-import fa4_compile
+from vfa_build.fa4 import compile as fa4_compile
 from vendored_flash_attn.fa4_plan import KernelCall
 
-# The build step's entry: each worker runs its `compile-worker` subcommand.
-ENTRY = Path(__file__).resolve().with_name("fa4_precompile.py")
+# The build step's entry (fa4.precompile through the build package's entry point): each worker
+# runs its `compile-worker` subcommand.
+ENTRY = [str(Path(__file__).resolve().parents[1]), "fa4.precompile"]
 
 # How long a worker asked to stop (SIGTERM) may take before it is killed: the DSL's compile
 # of one kernel does not look at signals, so a stop can wait for the kernel in hand.
@@ -278,7 +279,7 @@ def compile_in_workers(stage_root: Path, out: Path, arch: str, calls: list[Kerne
                 todo, report = Path(tmp, f"{index}.calls.json"), Path(tmp, f"{index}.report.json")
                 progress = Path(tmp, f"{index}.progress")
                 todo.write_text(json.dumps([dataclasses.asdict(c) for c in shard]), encoding="utf-8")
-                command = [sys.executable, *_interpreter_flags(), str(ENTRY), "compile-worker",
+                command = [sys.executable, *_interpreter_flags(), *ENTRY, "compile-worker",
                            "--stage", str(stage_root), "--out", str(out), "--arch", arch,
                            "--calls", str(todo), "--report", str(report), "--progress", str(progress)]
                 stderr = open(Path(tmp, f"{index}.stderr"), "w+b")  # noqa: SIM115 - closed below

@@ -33,7 +33,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 DECLARATION = PROJECT / "cmake" / "knobs.json"
 
 TYPES = ("bool", "tristate", "int", "choice", "list", "path", "string")
@@ -342,12 +342,9 @@ def generated(project: Path = PROJECT, decl: Optional[Declaration] = None) -> di
 
 
 def _schema_text() -> str:
-    """cmake/knobs.schema.json as the typed model makes it (cmake/knobs_schema.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        import knobs_schema
-    finally:
-        sys.path.pop(0)
+    """cmake/knobs.schema.json as the typed model makes it (knobs/schema.py)."""
+    from vfa_build.knobs import schema as knobs_schema
+
     return knobs_schema.text(sys.modules[__name__])
 
 

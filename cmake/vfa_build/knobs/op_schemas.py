@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-OP_SCHEMAS_FILE = Path(__file__).resolve().parents[1] / "python/vendored_flash_attn/op_schemas.py"
+OP_SCHEMAS_FILE = Path(__file__).resolve().parents[3] / "python/vendored_flash_attn/op_schemas.py"
 
 # A C/C++ string or character literal, or a comment (which may hold quotes of its own).
 _LITERAL_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 SCHEMA_FILE = PROJECT / "cmake" / "knobs.schema.json"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -46,11 +46,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _stat,  # noqa: E402
+from vfa_build.progress.compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _stat,
                           append_line, closed_relay_text, start_build_logs, this_build)
-from ninja_processes import children, ninja_ancestor, ninja_job_limit, planned_units, started_at  # noqa: E402
-from progress_estimate import (ESTIMATE, HIT_MIN_S, LOAD_EVERY_S, RECORD_EVERY_S, BuildState,  # noqa: E402
+from vfa_build.progress.ninja_processes import children, ninja_ancestor, ninja_job_limit, planned_units, started_at
+from vfa_build.progress.progress_estimate import (ESTIMATE, HIT_MIN_S, LOAD_EVERY_S, RECORD_EVERY_S, BuildState,
                                EstimateRecord, about, add_unit_kind, clock, replay, unit_kind, unit_name)
 
 
@@ -70,7 +69,7 @@ def cache_counts(settings_path: str) -> dict[str, tuple[int, int]] | None:
     try:
         with open(settings_path, encoding="utf-8") as f:
             settings = json.load(f)
-        from sccache_servers import claim_servers, server_env  # the server as the compiles reach it
+        from vfa_build.compiler_cache.sccache_servers import claim_servers, server_env  # the server as the compiles reach it
         build = this_build()
         claim_servers(settings, settings_path, build)
         out = subprocess.run([settings["sccache"], "--show-stats", "--stats-format=json"],

@@ -45,11 +45,11 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compiler_output import sort_output  # noqa: E402
+from vfa_build.progress.compiler_output import sort_output
+from vfa_build.progress.proc import _comm, _stat  # (/proc/<pid>/stat and comm)
 # The project's one URL scrubber: what the build writes into its logs and shows (a compiler's or
 # sccache's error may quote a cache or scheduler URL with its password) goes through it.
-from url_secrets import without_env_secrets  # noqa: E402
+from vfa_build.url_secrets import without_env_secrets
 
 EVENTS = "vfa-progress.tsv"
 COMPILE_LOG = "vfa-compile.log"
@@ -72,7 +72,7 @@ COMPILE_ID = "VFA_COMPILE_ID"
 # (cmake/sccache_launcher.py, `python -E -s -S sccache_launcher.py SETTINGS -- COMPILER ...`,
 # which execs sccache or waits for it).
 SERVER_CLIENTS = ("sccache",)
-SERVER_CLIENT_LAUNCHERS = ("sccache_launcher.py",)
+SERVER_CLIENT_LAUNCHERS = ("compiler_cache.sccache_launcher",)
 
 
 def is_server_client(command: list[str]) -> bool:
@@ -80,7 +80,8 @@ def is_server_client(command: list[str]) -> bool:
 
     >>> is_server_client(["/venv/bin/sccache", "nvcc", "-c", "a.cu"])
     True
-    >>> is_server_client(["/usr/bin/python3", "-E", "-s", "-S", "/p/cmake/sccache_launcher.py", "s.json", "--", "nvcc"])
+    >>> is_server_client(["/usr/bin/python3", "-E", "-s", "-S", "/p/cmake/vfa_build",
+    ...                   "compiler_cache.sccache_launcher", "s.json", "--", "nvcc"])
     True
     >>> is_server_client(["nvcc", "-c", "sccache.cu"])
     False
@@ -147,24 +148,6 @@ def output_of(command: list[str]) -> str:
 
 
 # --- processes (Linux /proc) -------------------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            text = f.read()
-        return text[text.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
@@ -405,7 +388,7 @@ def relay(build_dir: str, kind: str, unit: str, text: str) -> bool:
 # had ninja keep its warnings until the monitor ended, after the build's last line. So while a
 # monitor of this build runs and has neither opened nor closed RELAY, a unit waits for it
 # (at most MONITOR_START_WAIT_S, then it prints itself).
-MONITOR_SCRIPT = "build_monitor.py"
+MONITOR_SCRIPT = "progress.build_monitor"  # its module, as the build runs it (vfa_build's entry point)
 MONITOR_START_WAIT_S = 120.0
 
 
@@ -416,7 +399,7 @@ def closed_relay_text(build: str | None) -> str:
 
 def _monitor_starting(build_dir: str) -> bool:
     """A progress monitor runs under this unit's ninja and has not closed RELAY for this build."""
-    from ninja_processes import children, ninja_ancestor  # it imports this module
+    from vfa_build.progress.ninja_processes import children, ninja_ancestor  # not at the top: runs once per unit
 
     try:
         with open(os.path.join(build_dir, RELAY), encoding="ascii", errors="replace") as f:

@@ -35,8 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import staged_tree  # noqa: E402
+from vfa_build.sources import staged_tree
 
 ANCHOR_NAME = "anchor.json"
 COMPONENTS = {"flash_attention": "FLASH_ATTN", "cutlass": "CUTLASS"}
@@ -274,7 +273,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("anchor", help="write anchor.json beside the pin from a fresh fetch of the pinned commits")
-    a.add_argument("--pin", type=Path, default=Path(__file__).resolve().parents[1] / "vendor/flash-attention/pin.json")
+    a.add_argument("--pin", type=Path, default=Path(__file__).resolve().parents[3] / "vendor/flash-attention/pin.json")
     s = sub.add_parser("stage", help="copy a source folder's anchored files into the staged store, verified")
     c = sub.add_parser("compare", help="exit 2 and say how a source folder differs from the anchor")
     for p in (s, c):

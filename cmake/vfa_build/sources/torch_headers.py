@@ -27,8 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import staged_tree  # noqa: E402  (a script of this folder, run by CMake)
+from vfa_build.sources import staged_tree  # (a module of this package, run by CMake)
 
 # What is staged: torch's include tree, which holds both of its include dirs
 # (include/ and include/torch/csrc/api/include).
