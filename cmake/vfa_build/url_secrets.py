@@ -1,5 +1,5 @@
 """The one rule for what of a URL may be shown: no user, no password, no query, no
-fragment. Used by the compiler-cache probe (cmake/compiler_cache_probe.py imports it)
+fragment. Used by the compiler-cache probe (cmake/vfa_build/compiler_cache/compiler_cache_probe.py imports it)
 and by the upstream-source code in CMake (cmake/UpstreamGit.cmake runs it), so logs,
 the source cache's marker and the wheel's build info all scrub alike.
 
@@ -54,7 +54,7 @@ MIN_SECRET_ALONE = 6
 # form), userinfo (what precedes the host's '@', None when there is no '@'), rest (host and path;
 # "host:path" for the scp-like form), query and fragment (None when absent), ssh (the user name is
 # a login: ssh, scp-like; not a credential). collections' namedtuple, not typing's: this module is
-# imported by the launcher of every compile (cmake/compile_unit.py), and typing costs it ~3 ms.
+# imported by the launcher of every compile (cmake/vfa_build/progress/compile_unit.py), and typing costs it ~3 ms.
 Parts = namedtuple("Parts", "scheme userinfo rest query fragment ssh")
 
 

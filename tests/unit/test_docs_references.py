@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import importlib.util
 import re
 import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -131,10 +129,8 @@ def test_every_repository_path_the_docs_name_exists():
 
 @lru_cache(maxsize=1)
 def knob_names() -> frozenset[str]:
-    spec = importlib.util.spec_from_file_location("vfa_knobs_for_docs", PROJECT / "cmake" / "knobs.py")
-    knobs = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = knobs  # its dataclasses look their module up there
-    spec.loader.exec_module(knobs)
+    from vfa_build.knobs import knobs
+
     declaration = knobs.load()
     return frozenset(declaration.known_names()) | frozenset(declaration.cache_variables)
 
@@ -233,15 +229,19 @@ def test_the_runtime_doc_lists_every_file_of_the_package():
 
 def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
     """`fa4.run`, `fa4_cache.install`, `sccache_stats.save_counts`: in code, a module of the
-    package or a script of cmake/ followed by a name must define that name. `call.<field>` may
+    package or of the build's (cmake/vfa_build) followed by a name must define that name; a
+    module of the build named as the entry point takes it (`knobs.knobs`, `fa4.precompile`) is one. `call.<field>` may
     also be a field of a family's declared `call` (families.CallRules)."""
     import dataclasses
 
     from vendored_flash_attn.families import CallRules
 
     modules: dict[str, list[Path]] = {}
-    for path in (*PACKAGE.glob("*.py"), *(PROJECT / "cmake").glob("*.py")):
-        modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and cmake/'s
+    build = PROJECT / "cmake" / "vfa_build"
+    # The build's modules by name, but for fa4/'s, whose names (compile, stage, precompile, ...) are
+    # words a record's fields use too (`precompile.archs`): the docs name those by their path.
+    for path in (*PACKAGE.glob("*.py"), *(p for p in build.rglob("*.py") if p.parent.name != "fa4")):
+        modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and the build's
     call_fields = {f.name for f in dataclasses.fields(CallRules)}
     wrong = []
     for doc in DOCS:
@@ -253,6 +253,8 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
                     for module, name in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)", word):
                         if module not in modules or any(name in defined_names(m) for m in modules[module]):
                             continue
+                        if (build / module / f"{name}.py").is_file():
+                            continue  # a module of the build as its entry point names it
                         if module == "call" and name in call_fields:
                             continue
                         where = " or ".join(str(m.relative_to(PROJECT)) for m in modules[module])

@@ -14,7 +14,7 @@ A build server that hangs is another case: sccache gives up on it by itself (abo
 and compiles the unit here, successfully and silently, unit after unit. Its server logs
 "[<object>]: Could not perform distributed compile, falling back to local" (a warning) into
 the build dir's log of the cluster's sccache server (DIST_LOG, 0600, written by the
-configure: cmake/compiler_cache_probe.py), naming the unit or one of nvcc's steps of it;
+configure: cmake/vfa_build/compiler_cache/compiler_cache_probe.py), naming the unit or one of nvcc's steps of it;
 silent_fallback() finds that line while the unit compiles, and the launcher stops waiting
 (sccache would wait again for each step: about 2 minutes for an nvcc unit) and compiles it
 here: a failure of the cluster too.
@@ -45,7 +45,7 @@ WAIT_LINE_S = 60.0
 STATUS_TIMEOUT_S = 10.0
 BOUND_FACTOR = 4.0
 BOUND_FLOOR_S = 120.0
-# Kinds every build has (cmake/build_monitor.py's REFERENCE_SECONDS): C++ units, CUDA of no kind.
+# Kinds every build has (cmake/vfa_build/progress/build_monitor.py's REFERENCE_SECONDS): C++ units, CUDA of no kind.
 DEFAULT_SECONDS = {"C++": 5.0, "CUDA": 153.0}
 FELL_BACK = "Could not perform distributed compile, falling back to local"
 # A cluster whose every slot is busy: sccache compiles here, and nothing is wrong.

@@ -1,6 +1,6 @@
 """The build's off-switch for the sccache-dist cluster, and when it is tried again.
 
-After `max_cluster_failures` units of a build failed on the cluster (cmake/sccache_launcher.py
+After `max_cluster_failures` units of a build failed on the cluster (cmake/vfa_build/compiler_cache/sccache_launcher.py
 counts them), the next units compile here without asking it. Not for the rest of the build:
 a short outage (a scheduler restarted, a network blip of seconds) would otherwise cost a long
 build its cluster for good. The switch holds a time: once it has passed, the first unit that
@@ -14,7 +14,7 @@ BUILD_DIR/vfa-dist-off, 0600, written whole (a temporary renamed onto it) under 
 
 `off_until` null: the cluster is on again after a successful try (the back-off is kept, so a
 cluster that keeps coming and going is tried less and less often). The file exists once the
-cluster was turned off in this build (the build's report says so, cmake/sccache_build_report.py,
+cluster was turned off in this build (the build's report says so, cmake/vfa_build/compiler_cache/sccache_build_report.py,
 and removes it at the build's end; the configure removes a stale one).
 
 Standard library only (the launcher runs once per unit, as `python -E -s -S`).
@@ -32,7 +32,7 @@ DIST_OFF = "vfa-dist-off"
 LOCK = "vfa-dist-off.lock"
 # The back-off: the cluster is first tried again RETRY_FIRST_S after it was turned off, long
 # enough for a scheduler to restart and short beside a build of many minutes (one failed try
-# costs one unit's wait on the cluster, bounded by cmake/dist_bound.py); each failed try doubles
+# costs one unit's wait on the cluster, bounded by cmake/vfa_build/cluster/dist_bound.py); each failed try doubles
 # it, up to RETRY_MAX_S, so a cluster that stays down costs about one unit every 16 minutes.
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 960.0

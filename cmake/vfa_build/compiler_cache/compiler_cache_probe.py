@@ -29,17 +29,17 @@ in as the compiler launcher (see the comment at the top of CompilerCache.cmake):
    build on this machine may be using, is never stopped, restarted or zeroed. With
    one set, that server is the build's: it is restarted when it runs with other
    settings (a server keeps the configuration it started with) and its statistics are
-   zeroed. What the build's launcher needs (cmake/sccache_launcher.py) goes into
+   zeroed. What the build's launcher needs (cmake/vfa_build/compiler_cache/sccache_launcher.py) goes into
    B/vfa-sccache.json.
 
-Step 0 is cmake/sccache_config.py, steps 1 and 2 cmake/sccache_private_server.py, step 3
-here; what an sccache server says is read through cmake/sccache_stats.py.
+Step 0 is cmake/vfa_build/compiler_cache/sccache_config.py, steps 1 and 2 cmake/vfa_build/compiler_cache/sccache_private_server.py, step 3
+here; what an sccache server says is read through cmake/vfa_build/compiler_cache/sccache_stats.py.
 
 The answer is one JSON object (`--out`): `ok`, `failure` (a class name) and `message`
 when not ok, and what was found: `backend`, `location`, `rw_mode`, `checks`,
 `restarted`, `dist`, `conf_problem`. Secrets (URL credentials) never get into it.
 
-`stats` (the end of the build; cmake/sccache_build_report.py) writes sccache's statistics
+`stats` (the end of the build; cmake/vfa_build/compiler_cache/sccache_build_report.py) writes sccache's statistics
 (the text that `sccache --show-stats` prints) into the build's compile log, and prints one
 line saying how many units the cache answered and, with a scheduler, one saying how many compiles ran on
 build servers and how many here. With --settings it reads the build's own servers and the
@@ -59,10 +59,10 @@ import os
 import sys
 from pathlib import Path
 
-from vfa_build.url_secrets import without_env_secrets, without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.url_secrets import without_env_secrets, without_secrets  # the project's one URL scrubber (cmake/vfa_build/url_secrets.py)
 
-from vfa_build.cluster.dist_trust import read_only_conf, read_only_server_env  # (cmake/dist_trust.py)
-from vfa_build.cluster.dist_bound import DIST_LOG  # (cmake/dist_bound.py: the cluster server's log the launcher reads)
+from vfa_build.cluster.dist_trust import read_only_conf, read_only_server_env  # (cmake/vfa_build/cluster/dist_trust.py)
+from vfa_build.cluster.dist_bound import DIST_LOG  # (cmake/vfa_build/cluster/dist_bound.py: the cluster server's log the launcher reads)
 from vfa_build.compiler_cache.sccache_build_report import DIST_OFF, FALLBACKS, stats, stop  # (the end of the build)
 from vfa_build.compiler_cache.sccache_config import (read_conf, sccache_conf_path, scheduler_credentials, scheduler_hang,
                             start_failure, without_dist)  # step 0
@@ -74,7 +74,7 @@ from vfa_build.compiler_cache.sccache_stats import (COUNTS, ProbeFailure, backen
 ENTRY = str(Path(__file__).resolve().parents[1])
 COMPILE_ENV_MODULE = "cluster.compile_env"
 
-# Written into the build dir by `probe`, read by cmake/sccache_launcher.py and `stats`.
+# Written into the build dir by `probe`, read by cmake/vfa_build/compiler_cache/sccache_launcher.py and `stats`.
 SETTINGS = "vfa-sccache.json"
 LOCAL_CONF = "vfa-sccache-local.toml"
 DIST_CONF = "vfa-sccache-dist.toml"  # SCCACHE_CONF with its caches read-only (cluster_server_settings)

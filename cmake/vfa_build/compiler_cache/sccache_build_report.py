@@ -17,12 +17,12 @@ import os
 import sys
 from pathlib import Path
 
-from vfa_build.cluster.dist_off import DIST_OFF  # exists once the launcher turned the cluster off in this build (cmake/dist_off.py)
-from vfa_build.cluster.dist_trust import VERIFIED  # this build's checked units (cmake/dist_trust.py)
+from vfa_build.cluster.dist_off import DIST_OFF  # exists once the launcher turned the cluster off in this build (cmake/vfa_build/cluster/dist_off.py)
+from vfa_build.cluster.dist_trust import VERIFIED  # this build's checked units (cmake/vfa_build/cluster/dist_trust.py)
 from vfa_build.compiler_cache.sccache_stats import (COUNTS, UNIT_LANGUAGES, ProbeFailure, counters, dist_status, run, show_stats,
                            unit_counts, with_saved)
 
-# Written by cmake/sccache_launcher.py (which keeps its own copy of this name, to stay small).
+# Written by cmake/vfa_build/compiler_cache/sccache_launcher.py (which keeps its own copy of this name, to stay small).
 FALLBACKS = "vfa-dist-fallbacks.tsv"  # one line per unit the launcher compiled here after a cluster failure
 
 
@@ -141,7 +141,7 @@ def hits_line(counts: dict[str, int]) -> str:
 
 
 def log_stats(settings: dict | None, text: str) -> str | None:
-    """sccache's statistics table into the build's compile log (cmake/compile_unit.py's), which
+    """sccache's statistics table into the build's compile log (cmake/vfa_build/progress/compile_unit.py's), which
     it returns; None without a build dir or when the log cannot be written."""
     if settings is None:
         return None
@@ -154,7 +154,7 @@ def stats(args) -> int:
     settings = launcher_settings(Path(args.settings)) if args.settings else None
     if settings is not None:
         # A server this asks for is started like the compiles' (no idle timeout) and stopped
-        # when the build ends, as theirs are (cmake/sccache_launcher.py).
+        # when the build ends, as theirs are (cmake/vfa_build/compiler_cache/sccache_launcher.py).
         from vfa_build.compiler_cache.sccache_servers import claim_servers, server_env
         from vfa_build.progress.compile_unit import this_build
         build = this_build()

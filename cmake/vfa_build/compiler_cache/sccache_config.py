@@ -4,7 +4,7 @@ The config file sccache reads and whether SCCACHE_CONF named it; the file parsed
 text without [dist] (the same cache, no scheduler: what the build falls back to); a
 scheduler URL that carries credentials (refused); a scheduler that accepts connections but
 never answers (asked one bounded HTTP question); and, when a server cannot start, the
-settings that picked its backend, for the message. Used by cmake/compiler_cache_probe.py.
+settings that picked its backend, for the message. Used by cmake/vfa_build/compiler_cache/compiler_cache_probe.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from vfa_build.compiler_cache.sccache_stats import START_NOTE, ProbeFailure, output_of
-from vfa_build.url_secrets import secrets_in, without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.url_secrets import secrets_in, without_secrets  # the project's one URL scrubber (cmake/vfa_build/url_secrets.py)
 
 try:
     import tomllib

@@ -7,7 +7,7 @@ wired in by cmake/CompilerCache.cmake (CMAKE_<LANG>_COMPILER_LAUNCHER; compile_u
 build progress is on, runs in front of it), run as `python -E -s -S`. The settings file is
 written at configure by compiler_cache_probe.py: the sccache executable, the server the
 build's compiles go to (this build dir's own unless SCCACHE_SERVER_PORT/UDS is set), and
-whether a [dist] scheduler is used ("on": sccache runs through dist-compile/compile_env.py),
+whether a [dist] scheduler is used ("on": sccache runs through cmake/vfa_build/cluster/compile_env.py),
 was found not answering or refusing at configure ("off": the server runs with SCCACHE_CONF
 minus [dist]) or is not configured ("none").
 
@@ -20,7 +20,7 @@ reached, but not in two cases, where the compile fails and so would the build:
   * a compile that ran on a build server failed ("sccache: Job failed on server ..."):
     a broken sandbox or toolchain there -- or an error in the source.
 
-Two more are the cluster's too (cmake/dist_bound.py): a unit the cluster did not finish within
+Two more are the cluster's too (cmake/vfa_build/cluster/dist_bound.py): a unit the cluster did not finish within
 its bound (from the unit's expected time: a hung scheduler held units for minutes, silently)
 is stopped and compiled here; a unit sccache itself compiled here after giving up on a build
 server (a hung server: about 30 s each, without a word) is counted.
@@ -37,7 +37,7 @@ twice as long (dist_off.py). The build's end (compiler_cache_probe.py stats) rep
 counts and clears both files.
 
 The build's own servers live as long as the build, and one that stops during a compile is
-replaced (cmake/sccache_servers.py says how); `--keep` runs their keeper.
+replaced (cmake/vfa_build/compiler_cache/sccache_servers.py says how); `--keep` runs their keeper.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     build = this_build()
     claim_servers(settings, settings_path, build)
     env = server_env(settings, settings["server"], build)
-    # With a scheduler: dist-compile/compile_env.py in front of sccache (what a compile shipped
+    # With a scheduler: cmake/vfa_build/cluster/compile_env.py in front of sccache (what a compile shipped
     # to build servers may carry). The local server below has no [dist]: plain sccache.
     mode = settings["dist"]
     unit = output_of(command)

@@ -5,7 +5,7 @@ environment asks for; a tiny C++ file with a unique string is compiled through i
 (both must succeed, the second must be a cache hit; a read-only cache passes when nothing
 failed to read); with a scheduler, the first compile runs on a build server and a tiny CUDA
 file is compiled too. A failure is classified (ProbeFailure: start, read, write, compile,
-dist-auth, dist-toolchain) with sccache's own words. Used by cmake/compiler_cache_probe.py.
+dist-auth, dist-toolchain) with sccache's own words. Used by cmake/vfa_build/compiler_cache/compiler_cache_probe.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from vfa_build.cluster.compile_env import client_env  # (dist-compile/compile_env.py: what a compile sent to build servers may carry)
+from vfa_build.cluster.compile_env import client_env  # (cmake/vfa_build/cluster/compile_env.py: what a compile sent to build servers may carry)
 from vfa_build.compiler_cache.sccache_config import refused_fix  # what to do about a refused token (also the launcher's)
 from vfa_build.compiler_cache.sccache_stats import ProbeFailure, counters, delta, dist_status, output_of, run, show_stats
 

@@ -10,7 +10,7 @@ own) is noticed when sccache reports it; the launcher says so in one line (throu
 progress monitor at once), and compiles the unit again through a new server, so that its
 result reaches the cache (compile_through_server).
 
-Used by cmake/sccache_launcher.py (each compile), whose ``--keep`` runs the keeper
+Used by cmake/vfa_build/compiler_cache/sccache_launcher.py (each compile), whose ``--keep`` runs the keeper
 (keep_servers), and by whatever reads a build's server (build_monitor.py, the end-of-build
 report): they reach it as the compiles do (claim_servers, server_env).
 """

@@ -5,7 +5,7 @@ One sccache call, bounded (``run``; ProbeFailure when it does not answer); its s
 (per unit: ``unit_counts``), and the counts a build's own servers had when they were stopped
 (``COUNTS`` in the build dir, added to the live ones by ``with_saved``). Where the cache is
 (``backend_of``, ``public_location``: no local path, no credential). Used by
-cmake/compiler_cache_probe.py (and its modules) and cmake/sccache_launcher.py.
+cmake/vfa_build/compiler_cache/compiler_cache_probe.py (and its modules) and cmake/vfa_build/compiler_cache/sccache_launcher.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from vfa_build.url_secrets import without_secrets  # the project's one URL scrubber (cmake/url_secrets.py)
+from vfa_build.url_secrets import without_secrets  # the project's one URL scrubber (cmake/vfa_build/url_secrets.py)
 
 START_NOTE = "sccache could not start (check the SCCACHE_* settings)"
 TIMEOUT_S = 300  # one sccache call; a first distributed compile packages the toolchain

@@ -5,10 +5,10 @@ The build steps cmake/FA4Package.cmake runs, and the checks around them (docs/fa
 why each choice was made and what was measured). This file is their command line; each
 concern is a module of its own beside it:
 
-``probe`` (fa4_probe.py)
+``probe`` (fa4/probe.py)
     What the build's Python can do: stage FA4? precompile its kernels? (JSON, for CMake.)
 
-``stage`` (fa4_stage.py)
+``stage`` (fa4/stage.py)
     Copies the pinned ``flash_attn/cute`` sources into ``<dest>/<package path>`` and rewrites
     their absolute ``flash_attn.cute`` imports to our subpackage
     (``vendored_flash_attn._fa4.cute``), so the copy never shadows, and is never shadowed
@@ -19,7 +19,7 @@ concern is a module of its own beside it:
     Prints the kernels of FA4's selection (its knobs' head dims, dtypes, features and GQA
     ratios, LSE) that vLLM's calls reach through the adapter on an arch, one per compile key.
 
-``compile`` (fa4_compile.py; ``--jobs N``: fa4_workers.py; ``--share FILE``: fa4_share.py)
+``compile`` (fa4/compile.py; ``--jobs N``: fa4/workers.py; ``--share FILE``: fa4/share.py)
     Makes those calls through FA4's adapter (``vendored_flash_attn.fa4.run``) on fake CUDA
     tensors (torch ``FakeTensorMode``), so each call compiles one real kernel (SASS for
     ``--arch``) with the compile key a run-time call gets, and launches nothing: no GPU is
@@ -31,7 +31,7 @@ concern is a module of its own beside it:
     version string), so the flavour directory above it keeps kernels of one flavour from
     ever loading in the other. ``--jobs N`` compiles in N supervised worker processes;
     ``--share FILE`` ships one kernel set for every Python whose kernels are the same bytes
-    (fa4_share.py says how); ``--best-effort`` (VFA_FA4_PRECOMPILE=auto) turns any failure
+    (fa4/share.py says how); ``--best-effort`` (VFA_FA4_PRECOMPILE=auto) turns any failure
     into one warning and ships none of the run's kernels.
 
 ``verify``
@@ -255,5 +255,5 @@ if __name__ == "__main__":
             code = main()
         sys.exit(code)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: stop the build
-        print("fa4_precompile.py: interrupted; every FA4 compile worker it started has stopped", file=sys.stderr)
+        print("fa4/precompile.py: interrupted; every FA4 compile worker it started has stopped", file=sys.stderr)
         sys.exit(130)

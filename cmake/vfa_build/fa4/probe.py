@@ -1,6 +1,6 @@
 """FA4's probe: what the build's Python can do for FA4 (stage it? precompile its kernels?).
 
-``cmake/fa4_precompile.py probe`` prints it as JSON for cmake/FA4Package.cmake: ``stage`` and
+``cmake/vfa_build/fa4/precompile.py probe`` prints it as JSON for cmake/FA4Package.cmake: ``stage`` and
 ``precompile`` are "" when this Python can, else why not (a reason that ships in FA4's build
 record, so it names Python by version, never by path). Standard library only: the fa4 extra
 is read from installed metadata, cutlass is never imported here.

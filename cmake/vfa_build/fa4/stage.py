@@ -6,7 +6,7 @@ rewrites their absolute ``flash_attn.cute`` imports to our subpackage
 real ``flash_attn`` install; it refuses a pin whose dependencies differ from the ``fa4`` extra.
 The build record (``_fa4/build_info.json`` in the stage) holds what CMake knew at configure
 time and what the stage made; each ``compile`` run (an arch, a Python) is added to it. Needs
-nothing but the standard library (+ packaging, through fa4_deps). Used by cmake/fa4_precompile.py.
+nothing but the standard library (+ packaging, through fa4_deps). Used by cmake/vfa_build/fa4/precompile.py.
 """
 
 from __future__ import annotations

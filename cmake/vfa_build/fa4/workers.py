@@ -1,6 +1,6 @@
 """FA4's worker pool: ``compile --jobs N`` over N supervised processes of this interpreter.
 
-Each worker is ``fa4_precompile.py compile-worker`` on its share of the calls (fa4_compile in
+Each worker is ``fa4/precompile.py compile-worker`` on its share of the calls (fa4_compile in
 a process of its own: each imports the DSL, about 1.4 GB), in a process group of its own.
 Supervised to the end: the first worker to fail stops the others, and so does anything that
 ends the wait (Ctrl-C, SIGTERM from the build tool); a worker that compiles no kernel within

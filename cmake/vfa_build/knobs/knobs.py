@@ -9,14 +9,14 @@ its settings' docs from their declaration:
 * pyproject.toml's ``[tool.cibuildwheel.linux] environment-pass`` (between
   ``# knobs:environment-pass begin`` and ``# knobs:environment-pass end``).
 
-    python cmake/knobs.py write           rewrite both, and cmake/knobs.schema.json (the
+    python cmake/vfa_build knobs.knobs write           rewrite both, and cmake/knobs.schema.json (the
                                           JSON Schema of the declaration, made from the
-                                          typed model: cmake/knobs_schema.py)
-    python cmake/knobs.py check           exit 1 (with a diff) when they or the
+                                          typed model: cmake/vfa_build/knobs/schema.py)
+    python cmake/vfa_build knobs.knobs check           exit 1 (with a diff) when they or the
                                           declaration itself are out of order
-    python cmake/knobs.py validate [FILE] the first mistake of the knobs' entries, with its
+    python cmake/vfa_build knobs.knobs validate [FILE] the first mistake of the knobs' entries, with its
                                           JSON path and fix (exit 1; the configure runs it)
-    python cmake/knobs.py suggest NAME..  "NAME=CLOSEST" for each name that is close
+    python cmake/vfa_build knobs.knobs suggest NAME..  "NAME=CLOSEST" for each name that is close
                                           to a declared one (CMake's did-you-mean)
 
 Standard library only: CMake runs ``suggest`` with whatever Python it found.
@@ -55,7 +55,7 @@ def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, .
 
 BOOL_ON, BOOL_OFF = _bool_words()
 
-GENERATED_NOTE = "generated from cmake/knobs.json by `python cmake/knobs.py write`; edit the declaration, not this"
+GENERATED_NOTE = "generated from cmake/knobs.json by `python cmake/vfa_build knobs.knobs write`; edit the declaration, not this"
 # README table name -> the scopes it lists.
 README_TABLES = {"build": ("build", "version"), "runtime": ("runtime",)}
 
@@ -64,7 +64,7 @@ README_TABLES = {"build": ("build", "version"), "runtime": ("runtime",)}
 class Knob:
     """One entry of the declaration's "knobs" (its key is ``name``): the typed model the
     validator (_knob) parses into, and what cmake/knobs.schema.json is made from
-    (cmake/knobs_schema.py): a field here is a field of the JSON, no other list of them."""
+    (cmake/vfa_build/knobs/schema.py): a field here is a field of the JSON, no other list of them."""
 
     name: str
     type: str
@@ -207,7 +207,7 @@ def _knob(name: str, entry: dict) -> Knob:
 
 
 # The declaration's sections: {name: (its fields, those required)}; None: read by its own
-# validator (knobs: _knob; families: families.py). cmake/knobs_schema.py says the same of them.
+# validator (knobs: _knob; families: families.py). cmake/vfa_build/knobs/schema.py says the same of them.
 SECTIONS = {"$schema": None, "about": None, "knobs": None, "families": None,
             "bool_words": ({"about", "on", "off"}, {"on", "off"}),
             "cache_variables": ({"about", "names"}, {"names"}),
@@ -370,7 +370,7 @@ def suggestions(names: list[str], decl: Declaration) -> dict[str, str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python cmake/knobs.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python cmake/vfa_build knobs.knobs", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("write", help="rewrite the README tables and environment-pass from the declaration")
     sub.add_parser("check", help="exit 1 when they differ from what the declaration makes")
@@ -396,7 +396,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             diff = drift()
             if diff:
                 sys.stdout.write(diff)
-                print("\nout of date: run `python cmake/knobs.py write`", file=sys.stderr)
+                print("\nout of date: run `python cmake/vfa_build knobs.knobs write`", file=sys.stderr)
                 return 1
         else:
             for name, close in suggestions(args.names, load()).items():

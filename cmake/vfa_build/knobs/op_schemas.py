@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The op schemas the pinned upstream registers, checked against the ones this package calls.
 
-    python cmake/op_schemas.py check FLASH_ATTENTION_DIR [--commit COMMIT]
+    python cmake/vfa_build knobs.op_schemas check FLASH_ATTENTION_DIR [--commit COMMIT]
 
 ``python/vendored_flash_attn/op_schemas.py`` holds the schema of every op ``interface.py``
 and ``sparse.py`` call (positionally). This reads upstream's own registrations, the

@@ -1,13 +1,13 @@
 """cmake/knobs.schema.json, the JSON Schema of cmake/knobs.json, made from the typed model its
 readers parse into, as scikit-build-core makes its settings' schema from their declaration:
 
-* a knob: ``Knob`` (cmake/knobs.py);
+* a knob: ``Knob`` (cmake/vfa_build/knobs/knobs.py);
 * a kernel family: ``Family`` with its ``CallRules`` (python/vendored_flash_attn/families.py) and
   ``Archs`` (family_build.py), the JSON fields the validator knows (families._FIELDS: a field
   no model types stops the generation);
 * a row of the arch table: ``Row`` (cuda_archs.py).
 
-``python cmake/knobs.py write`` writes it (beside the README tables) and ``check`` fails when the
+``python cmake/vfa_build knobs.knobs write`` writes it (beside the README tables) and ``check`` fails when the
 committed file is not what the model makes; tests/unit/test_knob_schema.py validates the
 declaration against it with jsonschema and holds the model and the schema together on a corpus
 of broken declarations. Editors read it through the declaration's ``"$schema"``. The configure
@@ -95,7 +95,7 @@ def _family(cuda_archs: ModuleType, families: ModuleType, family_build: ModuleTy
             props[name] = schema(hints[name])
         else:
             raise TypeError(f"families._FIELDS declares {name!r}, which no model types: add it to Family, or "
-                            "spell it in cmake/knobs_schema.py")
+                            "spell it in cmake/vfa_build/knobs/schema.py")
     return {"type": "object", "properties": props, "additionalProperties": False,
             "required": sorted(families._REQUIRED),
             "allOf": [{"if": {"properties": {"made": {"const": made}}, "required": ["made"]},
@@ -112,7 +112,7 @@ def _section(knobs: ModuleType, name: str, **fields: dict) -> dict:
 
 
 def schema(knobs: ModuleType) -> dict:
-    """The schema of the whole declaration (``knobs``: cmake/knobs.py, the Knob model's module)."""
+    """The schema of the whole declaration (``knobs``: cmake/vfa_build/knobs/knobs.py, the Knob model's module)."""
     cuda_archs, families, family_build, json_types = _package()
     capability = f"^{cuda_archs.CAPABILITY.pattern}$"
     sections = {
@@ -143,8 +143,8 @@ def schema(knobs: ModuleType) -> dict:
     return {
         "$schema": DRAFT,
         "title": "vendored-flash-attn's declaration (cmake/knobs.json)",
-        "description": "Generated from the typed model of its readers by `python cmake/knobs.py write` "
-                       "(cmake/knobs_schema.py); edit the model, not this.",
+        "description": "Generated from the typed model of its readers by `python cmake/vfa_build knobs.knobs write` "
+                       "(cmake/vfa_build/knobs/schema.py); edit the model, not this.",
         "type": "object",
         "properties": sections,
         "required": list(knobs.REQUIRED_SECTIONS),

@@ -24,8 +24,8 @@ one line what the compile launchers stopped and exits 128 + the signal. Linux on
 ends. At the end it writes BUILD_DIR/vfa-estimate.json: what it estimated at 10, 25, 50, 75
 and 90 % of the build against what was actually left then.
 
-The estimate is cmake/progress_estimate.py's, what ninja is doing is read through
-cmake/ninja_processes.py; this file follows the events and prints.
+The estimate is cmake/vfa_build/progress/progress_estimate.py's, what ninja is doing is read through
+cmake/vfa_build/progress/ninja_processes.py; this file follows the events and prints.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
 

@@ -3,10 +3,10 @@ repository (``anchor.json`` beside the pin), never asked of the source cache.
 
 The anchor lists, for each pinned repository, the commit and paths it was made from and every
 file under those paths: path, mode ("644"/"755") and sha256 of its bytes (the manifest of
-cmake/staged_tree.py). It is written by one command from a fresh fetch, and reviewed with the
+cmake/vfa_build/sources/staged_tree.py). It is written by one command from a fresh fetch, and reviewed with the
 pin bump that changes it (vendor/flash-attention/README.md):
 
-    python cmake/source_anchor.py anchor        # FLASH_ATTN_MIRROR / CUTLASS_MIRROR honoured
+    python cmake/vfa_build sources.source_anchor anchor        # FLASH_ATTN_MIRROR / CUTLASS_MIRROR honoured
 
 That command fetches each pinned commit into a throwaway repository (git checks the hash of
 every object it receives; the commit names its tree, the tree its blobs), reads each blob under
@@ -14,7 +14,7 @@ the pin's paths, checks it hashes to its git object id, and records its sha256. 
 submodule under the paths is refused: the staged copy holds regular files only.
 
 The build never believes the cache's git: ``stage`` (configure) copies the anchored files from
-a source folder into the user's staged store (cmake/staged_tree.py), hashing what it writes,
+a source folder into the user's staged store (cmake/vfa_build/sources/staged_tree.py), hashing what it writes,
 and refuses a folder whose files differ from the anchor; ``verify`` (the build-time target
 vfa_verified_sources, before any compile) hashes the staged copies again, checks the spec it
 reads and the generated files against the digests the configure wrote, and records a snapshot
@@ -39,7 +39,7 @@ from vfa_build.sources import staged_tree
 
 ANCHOR_NAME = "anchor.json"
 COMPONENTS = {"flash_attention": "FLASH_ATTN", "cutlass": "CUTLASS"}
-HOW = "python cmake/source_anchor.py anchor (vendor/flash-attention/README.md, Bumping the pin)"
+HOW = "python cmake/vfa_build sources.source_anchor anchor (vendor/flash-attention/README.md, Bumping the pin)"
 
 
 class AnchorError(Exception):

@@ -9,7 +9,7 @@ cache). Compiled from a staged copy at ``<store>/torch-<version>-<digest>`` inst
 compile lines depend only on torch's headers: two isolated builds, and an isolated build
 after a non-isolated one with the same torch, issue the same compile lines.
 
-The copy is made and checked by cmake/staged_tree.py: hashed as it is written, renamed into
+The copy is made and checked by cmake/vfa_build/sources/staged_tree.py: hashed as it is written, renamed into
 place whole, and a copy that is there already is used only when its files are these, owned
 by this user and writable by nobody else. The store must be this user's alone.
 
