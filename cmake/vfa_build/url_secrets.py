@@ -1,12 +1,12 @@
 """The one rule for what of a URL may be shown: no user, no password, no query, no
-fragment. Used by the compiler-cache probe (cmake/vfa_build/compiler_cache/compiler_cache_probe.py imports it)
-and by the upstream-source code in CMake (cmake/UpstreamGit.cmake runs it), so logs,
+fragment. Used by the compiler-cache probe (compiler_cache/compiler_cache_probe.py imports
+it) and by the upstream-source code in CMake (cmake/UpstreamGit.cmake runs it), so logs,
 the source cache's marker and the wheel's build info all scrub alike.
 
-    python url_secrets.py url       # $VFA_URL_TEXT, one URL, scrubbed
-    python url_secrets.py text      # $VFA_URL_TEXT with every URL in it scrubbed, and the
+    python cmake/vfa_build url_secrets url       # $VFA_URL_TEXT, one URL, scrubbed
+    python cmake/vfa_build url_secrets text      # $VFA_URL_TEXT with every URL in it scrubbed, and the
                                     # secret pieces of the URLs in $VFA_URL_KNOWN (one a line)
-    python url_secrets.py secrets   # what $VFA_URL_TEXT (one URL) carries: one kind a line
+    python cmake/vfa_build url_secrets secrets   # what $VFA_URL_TEXT (one URL) carries: one kind a line
 
 The text comes through the environment, never the command line (`ps` shows that).
 

@@ -1,8 +1,8 @@
 """Does the compiler cache work, not only start? Called by cmake/CompilerCache.cmake.
 
-    python compiler_cache_probe.py probe --sccache S --cxx CXX [--cuda NVCC] --work DIR --build-dir B --out RESULT.json
-    python compiler_cache_probe.py stats --sccache S [--settings B/vfa-sccache.json]
-    python compiler_cache_probe.py stop --settings B/vfa-sccache.json
+    python cmake/vfa_build compiler_cache.compiler_cache_probe probe --sccache S --cxx CXX [--cuda NVCC] --work DIR --build-dir B --out RESULT.json
+    python cmake/vfa_build compiler_cache.compiler_cache_probe stats --sccache S [--settings B/vfa-sccache.json]
+    python cmake/vfa_build compiler_cache.compiler_cache_probe stop --settings B/vfa-sccache.json
 
 `probe` answers, with sccache's own words, four questions before sccache is wired
 in as the compiler launcher (see the comment at the top of CompilerCache.cmake):

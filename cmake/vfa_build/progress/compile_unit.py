@@ -69,7 +69,8 @@ COMPILE_ID = "VFA_COMPILE_ID"
 # the client dies. An interrupt stops the compile first and lets the client end with the
 # server's answer, after which the server starts nothing more of it. The client is the
 # command's first word, or comes after the launcher this project puts in front of it
-# (cmake/vfa_build/compiler_cache/sccache_launcher.py, `python -E -s -S sccache_launcher.py SETTINGS -- COMPILER ...`,
+# (compiler_cache/sccache_launcher.py,
+# `python -E -s -S cmake/vfa_build compiler_cache.sccache_launcher SETTINGS -- COMPILER ...`,
 # which execs sccache or waits for it).
 SERVER_CLIENTS = ("sccache",)
 SERVER_CLIENT_LAUNCHERS = ("compiler_cache.sccache_launcher",)

@@ -4,7 +4,7 @@ interrupted. Used for every git call of a fetch (cmake/UpstreamGit.cmake): CMake
 execute_process TIMEOUT ends only the process it started, and a git whose helpers (a remote
 helper, a partial clone's lazy fetch) start git again would leave them running.
 
-    python -E -s -S bounded_run.py --timeout 600 -- git fetch ...
+    python -E -s -S cmake/vfa_build sources.bounded_run --timeout 600 -- git fetch ...
 
 Exit status: the command's; 124 when the timeout ended it (a line on stderr says so); on
 SIGINT/SIGTERM the group is ended and this process dies of the same signal, so the caller sees

@@ -33,9 +33,9 @@ The API (standard library only; Python >= 3.9):
       each entry's inode and ctime (which no user can set back): proves a tree unchanged
       between two moments without hashing, an edit undone in between included.
 
-CLI (for other build steps): ``python staged_tree.py stage --source DIR --store DIR --name N
+CLI (for other build steps): ``python cmake/vfa_build sources.staged_tree stage --source DIR --store DIR --name N
 [--expect MANIFEST.json] PATH...`` prints ``{"path", "digest", "reused"}``;
-``python staged_tree.py verify --tree DIR --expect MANIFEST.json``. A manifest file is
+``python cmake/vfa_build sources.staged_tree verify --tree DIR --expect MANIFEST.json``. A manifest file is
 ``{"files": [[path, mode, sha256], ...]}``.
 """
 

@@ -13,7 +13,7 @@ The copy is made and checked by cmake/vfa_build/sources/staged_tree.py: hashed a
 place whole, and a copy that is there already is used only when its files are these, owned
 by this user and writable by nobody else. The store must be this user's alone.
 
-    python torch_headers.py --torch-root <site-packages/torch> --version 2.14.1+cu130 --store <dir>
+    python cmake/vfa_build sources.torch_headers --torch-root <site-packages/torch> --version 2.14.1+cu130 --store <dir>
 
 Exit 0: prints the staged torch root (its ``include/`` is torch's) and, on a second line,
 "reused" or "staged" and the file count. Exit 2: the headers cannot be staged (a link or
