@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How far the build's time-left estimate (`about N min left`, cmake/build_monitor.py) was from
+"""How far the build's time-left estimate (`about N min left`, cmake/vfa_build/progress/build_monitor.py) was from
 what was actually left, at 10, 25, 50, 75 and 90 % of each build.
 
 Each source is one build, LABEL=WHAT:
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 sys.path.insert(0, str(common.ROOT / "cmake"))
-import progress_estimate  # noqa: E402  (the estimate build_monitor.py prints)
-from compile_unit import EVENTS  # noqa: E402  (the units' events the monitor follows)
+from vfa_build.progress import progress_estimate  # noqa: E402  (the estimate build_monitor.py prints)
+from vfa_build.progress.compile_unit import EVENTS  # noqa: E402  (the units' events the monitor follows)
 
 LINE = re.compile(r"\[vfa (?P<clock>\d+(?::\d\d){1,2})\] (?P<text>.*)")
 ABOUT = re.compile(r"about (\d+) (min|s)\b")
@@ -73,10 +73,10 @@ def monitor_args(build_dir: Path) -> list[str]:
     """The monitor's arguments as build.ninja runs it (its build_progress target)."""
     text = (build_dir / "build.ninja").read_text()
     for line in text.splitlines():
-        if "build_monitor.py" in line and "--jobs" in line:
-            words = shlex.split(line.split("build_monitor.py", 1)[1].split("&&")[0])
+        if "progress.build_monitor" in line and "--jobs" in line:
+            words = shlex.split(line.split("progress.build_monitor", 1)[1].split("&&")[0])
             return words
-    raise SystemExit(f"{build_dir}/build.ninja: no build_monitor.py command (VFA_BUILD_PROGRESS=off?)")
+    raise SystemExit(f"{build_dir}/build.ninja: no progress.build_monitor command (VFA_BUILD_PROGRESS=off?)")
 
 
 KINDS_FROM: list[Path] = []  # --kinds-from: another build dir's unit kinds (today's declarations)

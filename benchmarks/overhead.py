@@ -708,7 +708,7 @@ CPU_SETUP = ("fake ops with upstream's schemas (tests/unit/runtime_fakes.py) on 
 
 def _cpu_cute(stage: Optional[Path]):
     """FA4's upstream interface for --cpu: the staged copy of upstream's flash_attn/cute
-    (``cmake/fa4_precompile.py stage --dest STAGE``) when given and importable, else a stand-in
+    (``cmake/vfa_build/fa4/precompile.py stage --dest STAGE``) when given and importable, else a stand-in
     without upstream's flash_attn_varlen_func (no (u4) row); (module, what it is)."""
     import importlib
     import types
@@ -923,7 +923,7 @@ def parse_args(argv=None):
     p.add_argument("--cpu", action="store_true",
                    help="no GPU: the isolated side-by-side with fake ops on this CPU (overhead-cpu.json)")
     p.add_argument("--fa4-stage", type=Path, default=None,
-                   help="--cpu: a staged copy of upstream's flash_attn/cute (cmake/fa4_precompile.py stage --dest), "
+                   help="--cpu: a staged copy of upstream's flash_attn/cute (cmake/vfa_build/fa4/precompile.py stage --dest), "
                         "for the (u4) row")
     p.add_argument("--plain", action="store_true")
     p.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",

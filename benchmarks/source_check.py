@@ -2,7 +2,7 @@
 """What staging and verifying the pinned sources cost a configure and a no-op rebuild.
 
 A configure copies the anchored files of each repository into the user's staged store
-(cmake/source_anchor.py stage: hashed while written, compared with the pin's anchor, renamed
+(cmake/vfa_build/sources/source_anchor.py stage: hashed while written, compared with the pin's anchor, renamed
 into place), or, when the copy is there, hashes it again before reusing it. Every build then
 runs the target vfa_verified_sources (the staged copies hashed again, a snapshot taken), and
 each module's link and the install prove the snapshot unchanged (source_anchor.py unchanged).
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 SPEC = "vfa_verified_sources.json"
-ANCHOR = [sys.executable, "-E", "-s", "-S", str(common.ROOT / "cmake" / "source_anchor.py")]
+ANCHOR = [sys.executable, "-E", "-s", "-S", str(common.ROOT / "cmake" / "vfa_build"), "sources.source_anchor"]
 NAMES = {"flash_attention": "flash-attention", "cutlass": "cutlass"}
 
 

@@ -31,7 +31,7 @@ covers the same slices: those slices are measured, the others stay scaled, and t
 prints the object ratio's prediction beside each such measurement (a check of the ratio).
 
 Release wheels also hold FA4's precompiled kernels (VFA_FA4_PRECOMPILE): --record-fa4-kernels
-DIR stores the size of a precompile's output folder (cmake/fa4_precompile.py compile --out DIR,
+DIR stores the size of a precompile's output folder (cmake/vfa_build/fa4/precompile.py compile --out DIR,
 with `full`'s selection), each file deflated as a wheel stores it; the command adds it to the
 default wheel's figure as the release wheel.
 """
@@ -110,7 +110,7 @@ def deflated_size(folder: Path) -> dict:
     """Every file under ``folder`` as a wheel stores it (zip, deflate): count, stored and zipped bytes."""
     files = sorted(f for f in folder.rglob("*") if f.is_file())
     if not files:
-        raise ValueError(f"{folder}: no file (the --out folder of cmake/fa4_precompile.py compile)")
+        raise ValueError(f"{folder}: no file (the --out folder of cmake/vfa_build/fa4/precompile.py compile)")
     with tempfile.TemporaryFile() as handle:
         with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
             for f in files:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a build's per-object sizes (slice_h200.sh's objects.txt, or `find BUILD -name '*.o' "
                         "-printf '%%s %%P\\n'`): record its FA2 units under --arch")
     p.add_argument("--record-fa4-kernels", type=Path, metavar="DIR",
-                   help="FA4's precompiled kernels for `full`'s selection (fa4_precompile.py compile --out DIR): "
+                   help="FA4's precompiled kernels for `full`'s selection (fa4/precompile.py compile --out DIR): "
                         "record their size as the wheel would store them")
     p.add_argument("--arch", choices=(HOPPER_FA2, DEFAULT_FA2), help="(--record-objects) FA2's gencode in that build")
     p.add_argument("--sizes", type=Path, default=SIZES_FILE, help="the measured sizes (default %(default)s)")

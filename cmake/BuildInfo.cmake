@@ -15,7 +15,7 @@
 #   upstream/cutlass origin "fetched" (wheel: "cache")   whether the cache was warm
 #   upstream/cutlass url (wheel: the pin's URL)          the mirror, or whoever filled
 #                                                        a shared cache (scrubbed:
-#                                                        cmake/url_secrets.py); `info`
+#                                                        cmake/vfa_build/url_secrets.py); `info`
 #                                                        shows it from here (cli.py)
 
 include_guard(GLOBAL)

@@ -3,10 +3,10 @@
 # A cold build runs for half an hour on a small machine, and ninja prints a unit only
 # when it ends (minutes without a line), under ~100 warnings about upstream code that no
 # user can act on. So every compile of the given targets goes through
-# cmake/compile_unit.py, in front of the launcher the targets already have (sccache or
+# cmake/vfa_build/progress/compile_unit.py, in front of the launcher the targets already have (sccache or
 # none): it records when each unit starts and ends and keeps the warnings located in
 # the pinned upstream and CUTLASS off the console. And a `build_progress` target in
-# ninja's console pool (cmake/build_monitor.py) prints, while the units compile, a line
+# ninja's console pool (cmake/vfa_build/progress/build_monitor.py) prints, while the units compile, a line
 # per finished unit and every VFA_BUILD_PROGRESS_INTERVAL seconds the units running, how
 # many are done, the elapsed time and an estimate of what is left. Errors, and warnings
 # located anywhere else, are shown as the compiler printed them.
@@ -49,11 +49,9 @@ include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 # `unzip -l`).
 set(CMAKE_INSTALL_MESSAGE NEVER)
 
-set(_VFA_COMPILE_UNIT_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compile_unit.py")
-set(_VFA_BUILD_MONITOR_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/build_monitor.py")
 
 # A kind of CUDA unit of <target> for the progress estimate, with its reference seconds
-# compiled and, optionally, answered by the compiler cache (cmake/build_monitor.py): the units
+# compiled and, optionally, answered by the compiler cache (cmake/vfa_build/progress/build_monitor.py): the units
 # whose path holds <path text> ("" for any; the first kind declared that matches wins). Each
 # family's target file declares its module's kinds, so the monitor names no family.
 #   vfa_unit_kind(_vendored_fa3_C "FA3 CUDA" 153 "/instantiations/" 11.5)
@@ -82,7 +80,7 @@ function(vfa_setup_build_progress)
 
   # -E -s -S: the interpreter's standard library only, whatever the environment says.
   set(python "${Python_EXECUTABLE}" -E -s -S)
-  set(wrapper ${python} "${_VFA_COMPILE_UNIT_SCRIPT}" "${CMAKE_BINARY_DIR}"
+  set(wrapper ${python} "${VFA_BUILD_PY}" progress.compile_unit "${CMAKE_BINARY_DIR}"
       --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
   set(targets "")
   set(unit_kinds "")
@@ -113,7 +111,7 @@ function(vfa_setup_build_progress)
     # The console pool is the one way to print while other commands run (ninja buffers
     # their output); the monitor ends itself and always exits 0 (build_monitor.py).
     add_custom_target(build_progress ALL
-      COMMAND ${python} "${_VFA_BUILD_MONITOR_SCRIPT}" --dir "${CMAKE_BINARY_DIR}" --targets ${targets}
+      COMMAND ${python} "${VFA_BUILD_PY}" progress.build_monitor --dir "${CMAKE_BINARY_DIR}" --targets ${targets}
               --jobs ${VFA_JOBS} --interval ${VFA_BUILD_PROGRESS_INTERVAL} ${unit_kinds} ${cache_stats}
       COMMENT "vendored-flash-attn: compile progress"
       USES_TERMINAL VERBATIM)

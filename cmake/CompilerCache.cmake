@@ -9,7 +9,7 @@
 #                              configure (a CI that must hit its cache says so).
 #   VFA_COMPILER_CACHE=off     never.
 #
-# "Works" is checked, not assumed (cmake/compiler_cache_probe.py): a tiny C++ file
+# "Works" is checked, not assumed (cmake/vfa_build/compiler_cache/compiler_cache_probe.py): a tiny C++ file
 # is compiled twice through a private sccache server started with this
 # environment; both compiles must succeed and the second must be a cache hit (a
 # read-only cache, SCCACHE_*_RW_MODE=READ_ONLY, passes when nothing fails to
@@ -37,7 +37,7 @@
 # ninja ends, also after a failure or a Ctrl-C. A server that stops anyway is said in one line
 # and replaced by one with no idle timeout, and the units it held compile again through it.
 #
-# The launcher is cmake/sccache_launcher.py in front of sccache: with a scheduler,
+# The launcher is cmake/vfa_build/compiler_cache/sccache_launcher.py in front of sccache: with a scheduler,
 # a unit the cluster fails (a refused token, a broken build server; sccache itself
 # falls back only when a server dies or cannot be reached) is compiled here and
 # counted, and after 3 such units the rest of the build skips the cluster, each
@@ -59,8 +59,7 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Options.cmake)
 
-set(_VFA_CACHE_PROBE_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/compiler_cache_probe.py")
-set(_VFA_SCCACHE_LAUNCHER_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/sccache_launcher.py")
+set(_VFA_CACHE_PROBE "${VFA_BUILD_PY}" compiler_cache.compiler_cache_probe)
 
 # Stops (VFA_COMPILER_CACHE=sccache) or goes on uncached with a warning (auto).
 # why: for the console; note: for the build info (no paths of this machine).
@@ -109,7 +108,7 @@ function(vfa_setup_compiler_cache)
     list(APPEND cuda_flags "--cuda-flag=--compiler-bindir=${CMAKE_CUDA_HOST_COMPILER}")
   endif()
   execute_process(
-    COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" probe
+    COMMAND "${Python_EXECUTABLE}" ${_VFA_CACHE_PROBE} probe
             --sccache "${VFA_SCCACHE_EXECUTABLE}" --cxx "${CMAKE_CXX_COMPILER}"
             --cuda "${CMAKE_CUDA_COMPILER}" ${cuda_flags} --work "${work}" --build-dir "${CMAKE_BINARY_DIR}"
             --out "${work}/result.json"
@@ -193,8 +192,8 @@ function(vfa_setup_compiler_cache)
   # -E -s -S: the interpreter's standard library only, whatever the environment says.
   set(settings "${CMAKE_BINARY_DIR}/vfa-sccache.json")  # compiler_cache_probe.py's SETTINGS
   foreach(lang C CXX CUDA)
-    set(CMAKE_${lang}_COMPILER_LAUNCHER "${Python_EXECUTABLE}" -E -s -S "${_VFA_SCCACHE_LAUNCHER_SCRIPT}"
-        "${settings}" -- PARENT_SCOPE)
+    set(CMAKE_${lang}_COMPILER_LAUNCHER "${Python_EXECUTABLE}" -E -s -S "${VFA_BUILD_PY}"
+        compiler_cache.sccache_launcher "${settings}" -- PARENT_SCOPE)
   endforeach()
   set(VFA_SCCACHE_SETTINGS "${settings}" PARENT_SCOPE)
   set(VFA_COMPILER_CACHE_ENABLED TRUE PARENT_SCOPE)
@@ -221,7 +220,7 @@ function(vfa_add_compiler_cache_stats_target)
     return()
   endif()
   add_custom_target(compiler_cache_stats ALL
-    COMMAND "${Python_EXECUTABLE}" "${_VFA_CACHE_PROBE_SCRIPT}" stats --sccache "${VFA_SCCACHE_EXECUTABLE}"
+    COMMAND "${Python_EXECUTABLE}" ${_VFA_CACHE_PROBE} stats --sccache "${VFA_SCCACHE_EXECUTABLE}"
             --settings "${VFA_SCCACHE_SETTINGS}"
     COMMENT "Compiler cache statistics for this build (sccache --show-stats, into vfa-compile.log)"
     VERBATIM)

@@ -1,9 +1,9 @@
 # How long a unit may take on an sccache-dist cluster before the build compiles it here
-# (cmake/dist_bound.py): VFA_DIST_UNIT_TIMEOUT seconds, or (0, the default) 4 times the
+# (cmake/vfa_build/cluster/dist_bound.py): VFA_DIST_UNIT_TIMEOUT seconds, or (0, the default) 4 times the
 # unit's expected time and at least 120 s. The expected times are the kinds of units each
 # module declares (vfa_unit_kind, cmake/BuildProgress.cmake), the table the progress
 # monitor reads. Written into <build>/vfa-dist-bounds.json, which the compiler launcher
-# reads per unit (cmake/sccache_launcher.py).
+# reads per unit (cmake/vfa_build/compiler_cache/sccache_launcher.py).
 
 include_guard(GLOBAL)
 

@@ -1,12 +1,13 @@
-# What the build trusts of objects from an sccache-dist cluster (cmake/dist_trust.py,
+# What the build trusts of objects from an sccache-dist cluster (cmake/vfa_build/cluster/dist_trust.py,
 # dist-compile/README.md "Trust model"): VFA_DIST_VERIFY=N compiles one unit in N of those
 # the cluster builds again here (drawn with a secret of each build; at least one per build and
 # per build server) and stops the build when an object differs. The number
 # goes into <build>/vfa-dist-verify.json, which the compiler launcher reads per unit
-# (cmake/sccache_launcher.py -> dist_trust.verify_unit). The shared cache's read-only mode
-# for such builds is set where the build's sccache servers are (cmake/compiler_cache_probe.py).
+# (cmake/vfa_build/compiler_cache/sccache_launcher.py -> dist_trust.verify_unit). The shared cache's read-only mode
+# for such builds is set where the build's sccache servers are (cmake/vfa_build/compiler_cache/compiler_cache_probe.py).
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
 #   vfa_write_dist_trust()  ->  <build>/vfa-dist-verify.json = {"every": 10} with VFA_DIST_VERIFY=10
 function(vfa_write_dist_trust)
@@ -27,11 +28,11 @@ function(vfa_write_dist_trust)
   else()
     set(enabled 0)
   endif()
-  execute_process(COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/dist_trust.py" reconcile
+  execute_process(COMMAND "${Python_EXECUTABLE}" "${VFA_BUILD_PY}" cluster.dist_trust reconcile
                           "${CMAKE_BINARY_DIR}" ${enabled}
                   OUTPUT_VARIABLE removed RESULT_VARIABLE failed)
   if(failed)
-    message(FATAL_ERROR "vendored-flash-attn: cmake/dist_trust.py reconcile failed (${failed}): the objects an "
+    message(FATAL_ERROR "vendored-flash-attn: cluster.dist_trust reconcile failed (${failed}): the objects an "
       "sccache-dist cluster built in ${CMAKE_BINARY_DIR} could not be checked; remove that build dir")
   elseif(removed)
     message(STATUS "vendored-flash-attn: ${removed}")

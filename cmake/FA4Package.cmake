@@ -2,7 +2,7 @@
 # shipped as the subpackage vendored_flash_attn._fa4.cute, and optionally its kernels
 # compiled ahead of time. docs/fa4.md says why each step is done this way.
 #
-# Build time, not configure time: cmake/fa4_precompile.py `stage` copies the pinned
+# Build time, not configure time: cmake/vfa_build/fa4/precompile.py `stage` copies the pinned
 # sources (fetched and content-checked with the rest: vendor/flash-attention/pin.json
 # lists flash_attn/cute) into <build>/fa4, absolute `flash_attn.cute` imports rewritten,
 # refusing a pin whose FA4 dependencies differ from the [fa4] extra; it writes FA4's part
@@ -20,7 +20,7 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/CudaArchs.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/KernelSelection.cmake)
 
-set(_VFA_FA4_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/fa4_precompile.py")
+set(_VFA_FA4 "${VFA_BUILD_PY}" fa4.precompile)  # FA4's build steps (cmake/vfa_build/fa4/precompile.py)
 
 # The DSL target of each arch of the list that FA4 runs on: the fa4 family declares its
 # generations (cmake/knobs.json: capabilities; sm120 being declared `excluded` at the pin) and
@@ -79,11 +79,11 @@ function(vfa_add_fa4_package)
   endif()
 
   vfa_fa4_build_python(build_python)
-  execute_process(COMMAND ${build_python} "${_VFA_FA4_SCRIPT}" probe
+  execute_process(COMMAND ${build_python} ${_VFA_FA4} probe
     OUTPUT_VARIABLE probe ERROR_VARIABLE probe_err RESULT_VARIABLE rc TIMEOUT 120)
   set(build_minor "")
   if(NOT rc EQUAL 0)
-    set(stage_reason "cmake/fa4_precompile.py probe failed with ${Python_EXECUTABLE}: ${probe_err}")
+    set(stage_reason "cmake/vfa_build/fa4/precompile.py probe failed with ${Python_EXECUTABLE}: ${probe_err}")
     set(precompile_reason "${stage_reason}")
   else()
     string(JSON stage_reason GET "${probe}" stage)
@@ -120,11 +120,11 @@ function(vfa_add_fa4_package)
   endif()
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
     foreach(interpreter IN LISTS VFA_FA4_PRECOMPILE_PYTHONS)
-      execute_process(COMMAND "${interpreter}" -E -s "${_VFA_FA4_SCRIPT}" probe
+      execute_process(COMMAND "${interpreter}" -E -s ${_VFA_FA4} probe
         OUTPUT_VARIABLE extra_probe ERROR_VARIABLE extra_err RESULT_VARIABLE extra_rc TIMEOUT 120)
       if(NOT extra_rc EQUAL 0)
         message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: '${interpreter}' cannot run "
-          "cmake/fa4_precompile.py (${extra_rc}): ${extra_err}. Name Python interpreters (3.10 or newer) "
+          "cmake/vfa_build/fa4/precompile.py (${extra_rc}): ${extra_err}. Name Python interpreters (3.10 or newer) "
           "with torch and the [fa4] extra installed, or leave the knob empty.")
       endif()
       string(JSON extra_reason GET "${extra_probe}" precompile)
@@ -197,20 +197,21 @@ function(vfa_add_fa4_package)
   set(stage "${CMAKE_CURRENT_BINARY_DIR}/fa4")
   set(package "${stage}/vendored_flash_attn/_fa4")
   # No CONFIGURE_DEPENDS: it makes every `ninja -n` (the progress monitor's dry run,
-  # cmake/build_monitor.py) stop at "Re-running CMake" and plan no unit. The files are
+  # cmake/vfa_build/progress/build_monitor.py) stop at "Re-running CMake" and plan no unit. The files are
   # those of the verified source tree, re-listed and content-checked on every configure;
   # an edit to one of them re-stages through DEPENDS.
   file(GLOB_RECURSE inputs "${cute}/*.py" "${cute}/pyproject.toml" "${cute}/LICENSE"
        "${cute}/AUTHORS" "${cute}/README.md")
-  set(deps "${_VFA_FA4_SCRIPT}" "${VFA_PROJECT_DIR}/python/vendored_flash_attn/families/fa4/deps.py"
+  set(deps "${VFA_BUILD_PY}/fa4/precompile.py" "${VFA_BUILD_PY}/fa4/stage.py"
+      "${VFA_PROJECT_DIR}/python/vendored_flash_attn/families/fa4/deps.py"
       "${VFA_PROJECT_DIR}/python/vendored_flash_attn/families/fa4/cache.py" "${VFA_PROJECT_DIR}/pyproject.toml")
   # From scratch each time: no kernel of an earlier source or selection may stay behind.
   set(commands
     COMMAND "${CMAKE_COMMAND}" -E rm -rf "${package}" "${stage}/share"
-    COMMAND ${build_python} "${_VFA_FA4_SCRIPT}" stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
+    COMMAND ${build_python} ${_VFA_FA4} stage --cute-src "${cute}" --dest "${stage}" --record "${facts_file}")
   # The kernels of FA4's own selection (cmake/knobs.json: VFA_FA4_PRECOMPILE_HEAD_DIMS, _DTYPES,
   # _FEATURES, _GQA_RATIOS; a preset's values where not set), for each arch and each Python
-  # (cmake/fa4_precompile.py plan lists them). No FA3 knob chooses any of it.
+  # (cmake/vfa_build/fa4/precompile.py plan lists them). No FA3 knob chooses any of it.
   # Upstream keys kernels on the Python minor, but their bytes do not depend on it: the first
   # Python compiles and leaves its keys in the arch's --share file; each other one compiles
   # every kernel too, compares each byte for byte and ships an index of the first one's files
@@ -226,7 +227,7 @@ function(vfa_add_fa4_package)
     list(APPEND selection "--${flag}=${values}")
   endforeach()
   # Each worker is held to a per-kernel bound, and the step says how far it is at least once a
-  # minute (cmake/fa4_workers.py); a step that precompiles runs in ninja's console pool, so those
+  # minute (cmake/vfa_build/fa4/workers.py); a step that precompiles runs in ninja's console pool, so those
   # lines reach the console as they come (ninja holds back a command's output until it ends
   # otherwise). It waits for the compiled modules (below), so the build's progress monitor,
   # also in that pool, has ended by then.
@@ -247,7 +248,7 @@ function(vfa_add_fa4_package)
     endif()
     foreach(arch IN LISTS archs)
       # The CUDA flavour directory is created below kernels/ by the compile itself.
-      list(APPEND commands COMMAND ${run} "${_VFA_FA4_SCRIPT}" compile --stage "${stage}"
+      list(APPEND commands COMMAND ${run} ${_VFA_FA4} compile --stage "${stage}"
         --out "${package}/kernels" --arch ${arch} ${selection} --jobs ${VFA_JOBS}
         --record "${package}/build_info.json" --share "${stage}/share/${arch}.json" ${flags})
     endforeach()

@@ -1,4 +1,4 @@
-# The declaration (cmake/knobs.json) checked at configure: its knobs by cmake/knobs.py's typed
+# The declaration (cmake/knobs.json) checked at configure: its knobs by cmake/vfa_build/knobs/knobs.py's typed
 # parse (`validate`), the kernel families ("families") by the package's own validator:
 # python/vendored_flash_attn/declaration/families.py's problems(), which the installed package runs at
 # first use. One set of rules, so a mistake (a version
@@ -11,6 +11,7 @@
 
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamGit.cmake)  # vfa_script_python
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
 # Stops the configure, listing every mistake, when the declaration has any. The validator
 # runs as `python -E -s -S -m vendored_flash_attn.declaration.families check FILE` from the project's
@@ -26,10 +27,9 @@ function(vfa_check_families_declaration)
     message(FATAL_ERROR "No Python to check the kernel families declared in ${file} (the build needs one "
       "anyway: torch's): set Python_EXECUTABLE, or put python3 on PATH.")
   endif()
-  # The knobs first: the typed parse of each entry (cmake/knobs.py's Knob, whose fields the JSON
+  # The knobs first: the typed parse of each entry (cmake/vfa_build/knobs/knobs.py's Knob, whose fields the JSON
   # Schema cmake/knobs.schema.json is made from) names the first mistake by its JSON path.
-  get_property(knobs_script GLOBAL PROPERTY VFA_KNOBS_SCRIPT)
-  execute_process(COMMAND "${python}" -E -s -S "${knobs_script}" validate "${file}"
+  execute_process(COMMAND "${python}" -E -s -S "${VFA_BUILD_PY}" knobs.knobs validate "${file}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
     OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
   if(rc EQUAL 1 AND NOT out STREQUAL "")

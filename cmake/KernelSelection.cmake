@@ -281,7 +281,7 @@ function(vfa_family_selection family head_dims dtypes features)
 endfunction()
 
 # Stages <text> as <filename> in the user's staged store (VFA_STAGED_SOURCES, the one the
-# upstream sources and torch's headers are staged in: cmake/staged_tree.py) and returns its path,
+# upstream sources and torch's headers are staged in: cmake/vfa_build/sources/staged_tree.py) and returns its path,
 # <store>/<name>-<digest>/<filename>: a path that depends only on the text, the same in every
 # checkout and build dir of the user. The compiler cache keys on it (sccache hashes the
 # preprocessed text, whose line markers name the file by its absolute path), so a generated file
@@ -303,7 +303,7 @@ function(vfa_stage_generated_file out_var name filename text)
   file(WRITE "${tmp}.json" "{\"files\": [[\"${filename}\", \"644\", \"${sha}\"]]}\n")
   vfa_script_python(python)
   execute_process(
-    COMMAND "${python}" -E -s -S "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/staged_tree.py" stage --source "${tmp}"
+    COMMAND "${python}" -E -s -S "${VFA_BUILD_PY}" sources.staged_tree stage --source "${tmp}"
             --store "${VFA_STAGED_SOURCES}" --name "${name}" --expect "${tmp}.json" "${filename}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
     OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE)

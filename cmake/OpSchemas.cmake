@@ -1,13 +1,14 @@
 # The ops python/vendored_flash_attn calls with positional arguments must have the schemas
-# the flash-attention being built registers: cmake/op_schemas.py reads upstream's
+# the flash-attention being built registers: cmake/vfa_build/knobs/op_schemas.py reads upstream's
 # registration sources (their ops.def strings) and compares them with
 # python/vendored_flash_attn/declaration/op_schemas.py. A pin bump (or a FLASH_ATTN_SRC_DIR) whose ops
 # take other arguments stops here, not in a wheel whose calls shift the arguments.
 # Included once, after the sources are resolved and Python is found.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
-set(_vfa_schema_command "${Python_EXECUTABLE}" -E -s -S "${CMAKE_CURRENT_LIST_DIR}/op_schemas.py" check
+set(_vfa_schema_command "${Python_EXECUTABLE}" -E -s -S "${VFA_BUILD_PY}" knobs.op_schemas check
     "${VFA_flash_attention_SOURCE_DIR}")
 if(VFA_flash_attention_MATCHES_PIN)
   # Only a source verified to be its commit may be recorded as checked at that commit.

@@ -1,6 +1,6 @@
 # Build knobs, declared once in cmake/knobs.json (type, default, allowed values,
 # environment names, one line of doc; how to add one: the "about" lines there).
-# This file reads that declaration; cmake/knobs.py makes the README tables and
+# This file reads that declaration; cmake/vfa_build/knobs/knobs.py makes the README tables and
 # cibuildwheel's environment-pass from the same file.
 #
 # A knob's value is the first of
@@ -36,11 +36,11 @@
 # origins) whose parts all work on the same declaration.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
 get_filename_component(_vfa_project_dir "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
 set_property(GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR "${_vfa_project_dir}")
 set_property(GLOBAL PROPERTY VFA_KNOBS_FILE "${CMAKE_CURRENT_LIST_DIR}/knobs.json")
-set_property(GLOBAL PROPERTY VFA_KNOBS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/knobs.py")
 file(READ "${CMAKE_CURRENT_LIST_DIR}/knobs.json" _vfa_knobs_json)
 # A declaration that does not parse stops here, as what it is: every lookup below would
 # otherwise fail as "not declared" and name the wrong fix.
@@ -71,7 +71,7 @@ function(vfa_knob_declaration out_var name)
     message(FATAL_ERROR
       "vfa_option(${name}): ${name} is not declared in ${file}. Add one entry for it "
       "there (type, default, scope, cibuildwheel, doc: see the file's \"about\" lines) "
-      "and run `python cmake/knobs.py write`.")
+      "and run `python cmake/vfa_build knobs.knobs write`.")
   endif()
   set(${out_var} "${decl}" PARENT_SCOPE)
 endfunction()
@@ -401,7 +401,7 @@ endfunction()
 # VFA_* settings no knob declares: environment variables, and -D variables of any
 # type (-DVFA_FA2_PTXX:BOOL=OFF too; the project's own cache entries are INTERNAL,
 # or declared under "cache_variables" in cmake/knobs.json). Each is named with the
-# closest declared name (Python's difflib, through cmake/knobs.py), is recorded for
+# closest declared name (Python's difflib, through cmake/vfa_build/knobs/knobs.py), is recorded for
 # the build info, and a -D one is taken out of the cache like a knob. They stop the
 # configure: a typo changes what gets built (VFA_PRESTE=minimal builds the full
 # preset, hours instead of minutes), and pip shows a build's output only when it
@@ -496,7 +496,7 @@ function(vfa_check_unknown_settings)
 endfunction()
 
 # "NAME=SUGGESTION" for each name that has a close declared knob. Asks Python's
-# difflib (cmake/knobs.py suggest); without a Python there are no suggestions.
+# difflib (cmake/vfa_build/knobs/knobs.py suggest); without a Python there are no suggestions.
 #   vfa_knob_suggestions(pairs VFA_PRESTE VFA_XYZZY)  ->  VFA_PRESTE=VFA_PRESET
 function(vfa_knob_suggestions out_var)
   set(python "")
@@ -510,8 +510,7 @@ function(vfa_knob_suggestions out_var)
   endif()
   set(pairs "")
   if(python)
-    get_property(script GLOBAL PROPERTY VFA_KNOBS_SCRIPT)
-    execute_process(COMMAND "${python}" "${script}" suggest ${ARGN}
+    execute_process(COMMAND "${python}" "${VFA_BUILD_PY}" knobs.knobs suggest ${ARGN}
       OUTPUT_VARIABLE out RESULT_VARIABLE rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 60)
     if(rc EQUAL 0 AND NOT out STREQUAL "")
       string(REPLACE "\n" ";" pairs "${out}")

@@ -8,15 +8,13 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/UpstreamSources.cmake)  # vfa_default_source_cache
 
 set(VFA_MIN_TORCH_VERSION "2.10")
-set(_VFA_TORCH_METADATA_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/torch_metadata.py")
-set(_VFA_TORCH_HEADERS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/torch_headers.py")
 
 # Every compile includes torch's headers, and the compiler cache keys on the path they were
 # read from (their line markers in the preprocessed text: C++ units and CUDA device compiles
 # alike). Under pip's default build isolation torch lies in a fresh /tmp/pip-build-env-*
 # folder each time, so each isolated build missed the cache for every unit that includes
 # torch. So the compiles read a copy staged at a path that depends only on the headers'
-# content: <store>/torch-<version>-<digest>/include (torch_headers.py, cmake/staged_tree.py:
+# content: <store>/torch-<version>-<digest>/include (torch_headers.py, cmake/vfa_build/sources/staged_tree.py:
 # verified when reused, this user's alone). torch's imported targets are pointed there;
 # their libraries stay where they are (linking is not cached). Where the headers cannot be
 # staged the build says why and compiles from torch's own folder, as before.
@@ -41,7 +39,7 @@ function(vfa_stage_torch_headers torch_root version)
     return()
   endif()
   execute_process(
-    COMMAND "${Python_EXECUTABLE}" "${_VFA_TORCH_HEADERS_SCRIPT}" --torch-root "${torch_root}"
+    COMMAND "${Python_EXECUTABLE}" "${VFA_BUILD_PY}" sources.torch_headers --torch-root "${torch_root}"
             --version "${version}" --store "${store}"
     OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE
     ERROR_STRIP_TRAILING_WHITESPACE)
@@ -85,7 +83,7 @@ macro(vfa_find_python_and_torch)
   find_package(Python REQUIRED COMPONENTS Interpreter Development.Module Development.SABIModule)
 
   execute_process(
-    COMMAND "${Python_EXECUTABLE}" "${_VFA_TORCH_METADATA_SCRIPT}"
+    COMMAND "${Python_EXECUTABLE}" "${VFA_BUILD_PY}" sources.torch_metadata
     OUTPUT_VARIABLE _vfa_torch_out ERROR_VARIABLE _vfa_torch_err RESULT_VARIABLE _vfa_torch_rc
     OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT _vfa_torch_rc EQUAL 0)

@@ -2,7 +2,7 @@
 # staged every repository that matches the pin (a copy of the anchored files in the user's own
 # staged store, cmake/UpstreamVerify.cmake: vfa_stage_sources), but a build dir is rebuilt by
 # `ninja` / `cmake --build` without a configure, and a file may change while the units compile.
-# So (cmake/source_anchor.py, each step standard-library Python):
+# So (cmake/vfa_build/sources/source_anchor.py, each step standard-library Python):
 #
 #   * before anything reads the sources, the target vfa_verified_sources (every compiled module
 #     and FA4's staging depend on it) hashes each staged copy against the pin's anchor again, a

@@ -2,10 +2,11 @@
 # of a fetch goes through vfa_git (bounded in time, the content settings
 # pinned, an interrupt stops the configure); the verification uses a git that
 # reads no configuration at all (vfa_begin_isolated_git); every URL shown or recorded
-# goes through the project's one scrubber, cmake/url_secrets.py.
+# goes through the project's one scrubber, cmake/vfa_build/url_secrets.py.
 # Part of cmake/UpstreamSources.cmake, which includes it.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
 # The Python that runs the project's helper scripts at configure: the build's
 # (Python_EXECUTABLE: scikit-build-core and the tests pass it), else python3 or
@@ -20,7 +21,7 @@ function(vfa_script_python out_var)
   set(${out_var} "${_vfa_script_python}" PARENT_SCOPE)
 endfunction()
 
-# Asks cmake/url_secrets.py, the project's one URL scrubber (the compiler-cache
+# Asks cmake/vfa_build/url_secrets.py, the project's one URL scrubber (the compiler-cache
 # probe imports it too), about <text>, passed through the environment, never on
 # a command line. <mode>: url (one URL, scrubbed), text (every URL in it
 # scrubbed) or secrets (what one URL carries that is secret, as a list).
@@ -57,7 +58,7 @@ function(vfa_url_secrets out_var mode text)
   if(python)
     set(ENV{VFA_URL_TEXT} "${text}")
     set(ENV{VFA_URL_KNOWN} "${known}")
-    execute_process(COMMAND "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/url_secrets.py" ${mode}
+    execute_process(COMMAND "${python}" -E -s -S "${VFA_BUILD_PY}" url_secrets ${mode}
       OUTPUT_VARIABLE answer RESULT_VARIABLE rc ERROR_VARIABLE err TIMEOUT 60)
     unset(ENV{VFA_URL_TEXT})
     unset(ENV{VFA_URL_KNOWN})
@@ -98,17 +99,17 @@ set(VFA_GIT_CONTENT_SETTINGS
 
 # The command that runs <command...> in a process group of its own, ended whole after
 # <seconds> (exit status 124), when it ends (whatever it left running) or on an interrupt
-# (cmake/bounded_run.py): CMake's execute_process TIMEOUT ends only the process it started,
+# (cmake/vfa_build/sources/bounded_run.py): CMake's execute_process TIMEOUT ends only the process it started,
 # and a git whose helpers start git again (a partial clone's lazy fetch) would leave them
 # running. CMake's own TIMEOUT stays as a backstop, a little later.
-#   vfa_bounded(cmd 600)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/bounded_run.py;--timeout;600;--
+#   vfa_bounded(cmd 600)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/vfa_build;sources.bounded_run;--timeout;600;--
 function(vfa_bounded out_var seconds)
   vfa_script_python(python)
   if(NOT python)
     message(FATAL_ERROR "vendored-flash-attn: no Python found to run git within its time limit "
-      "(cmake/bounded_run.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
+      "(cmake/vfa_build/sources/bounded_run.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
   endif()
-  set(${out_var} "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/bounded_run.py" --timeout ${seconds} --
+  set(${out_var} "${python}" -E -s -S "${VFA_BUILD_PY}" sources.bounded_run --timeout ${seconds} --
       PARENT_SCOPE)
 endfunction()
 

@@ -32,7 +32,7 @@
 # the build generates lives in the build dir, never in the shared cache.
 #
 # Credentials: a mirror URL's user, password and query are scrubbed from every
-# message, the cache's marker and the build info (cmake/url_secrets.py, the
+# message, the cache's marker and the build info (cmake/vfa_build/url_secrets.py, the
 # project's one scrubber); in a -D they are refused (printed on pip's RUN: line).
 #
 # A failure of one repository does not hide the other: both are resolved,

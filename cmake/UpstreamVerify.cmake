@@ -5,6 +5,7 @@
 # Part of cmake/UpstreamSources.cmake, which includes it.
 
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/BuildPython.cmake)  # VFA_BUILD_PY
 
 # The first VFA_SHOWN_PATHS items of a list, and how many more.
 #   vfa_few(text a b c d e f g)  ->  "a, b, c, d, e and 2 more"
@@ -176,16 +177,16 @@ function(vfa_compare_with_commit out_var err_var dir commit component)
   set(${err_var} "" PARENT_SCOPE)
 endfunction()
 
-# The command that runs cmake/source_anchor.py (the pin's anchor: what every pinned file is,
+# The command that runs cmake/vfa_build/sources/source_anchor.py (the pin's anchor: what every pinned file is,
 # vendor/flash-attention/anchor.json beside the pin), with the interpreter's standard library only.
-#   vfa_anchor_command(cmd)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/source_anchor.py
+#   vfa_anchor_command(cmd)  ->  /venv/bin/python;-E;-s;-S;<project>/cmake/vfa_build;sources.source_anchor
 function(vfa_anchor_command out_var)
   vfa_script_python(python)
   if(NOT python)
     message(FATAL_ERROR "vendored-flash-attn: no Python found to verify the upstream sources against the "
-      "pin's anchor (cmake/source_anchor.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
+      "pin's anchor (cmake/vfa_build/sources/source_anchor.py). Put python3 on PATH, or pass -DPython_EXECUTABLE=<python>.")
   endif()
-  set(${out_var} "${python}" -E -s -S "${VFA_PROJECT_DIR}/cmake/source_anchor.py" PARENT_SCOPE)
+  set(${out_var} "${python}" -E -s -S "${VFA_BUILD_PY}" sources.source_anchor PARENT_SCOPE)
 endfunction()
 
 # Compares the files under the pin's paths in <dir> with the anchor of <component> (hashed

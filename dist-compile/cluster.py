@@ -46,10 +46,9 @@ from pathlib import Path
 from string import Template
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from compile_env import server_names  # noqa: E402
-sys.path.insert(0, str(HERE.parent / "cmake"))
-from url_secrets import secrets_in, shown_url  # noqa: E402  (the project's one URL scrubber)
+sys.path.insert(0, str(HERE.parent / "cmake"))  # the build's package, vfa_build
+from vfa_build.cluster.compile_env import server_names  # noqa: E402
+from vfa_build.url_secrets import secrets_in, shown_url  # noqa: E402  (the project's one URL scrubber)
 
 TOOLCHAIN_CACHE_BYTES = 10 * 1024**3
 # Days a server key (and so every build server token signed with it) may be used.

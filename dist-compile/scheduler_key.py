@@ -23,20 +23,14 @@ import sys
 import threading
 import time
 
-from server_health import die_with_parent, say  # the build servers' supervisor: the same child and lines
+from server_health import die_with_parent, say, start_log  # the build servers' supervisor: the same child, log and lines
 
 CHECK_S = 60.0
 
 
 def supervise(cmd: list[str], env: dict[str, str], log: str | None, expires: float) -> int:
     """Runs <cmd> with <env>, output to the 0600 <log>, until time.time() reaches <expires>."""
-    if log:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.fchmod(fd, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    print("+ " + " ".join(cmd), flush=True)
+    start_log(log, cmd)
     stop = threading.Event()
     child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
 

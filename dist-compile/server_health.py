@@ -46,6 +46,18 @@ def say(text: str) -> None:
     print(f"vfa-dist: {text}", flush=True)
 
 
+def start_log(log: str | None, cmd: list[str]) -> None:
+    """This supervisor's output (and so the child's, which inherits it) into the 0600 <log> when one
+    is given, then the command it runs, as its first line."""
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    print("+ " + " ".join(cmd), flush=True)
+
+
 def free_mb(folder: Path) -> int:
     return shutil.disk_usage(folder).free // 2**20
 
@@ -69,13 +81,7 @@ def supervise(cmd: list[str], env: dict[str, str], log: str | None, folder: Path
               public_addr: str, check_s: float = CHECK_S) -> int:
     """Runs <cmd> (sccache-dist server) with <env>, output to the 0600 <log>, while <folder>
     has at least <min_free> MB free; see the module's doc. Returns its exit status."""
-    if log:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.fchmod(fd, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    print("+ " + " ".join(cmd), flush=True)
+    start_log(log, cmd)
     stop = threading.Event()
     child: subprocess.Popen | None = None
 

@@ -2,7 +2,7 @@
 """FA4's kernels in release wheels: which Pythons precompile them, and their dependencies.
 
 Upstream keys FA4's kernels on the Python minor, so a wheel serves a Python with no compile
-only where that Python took part in the build (cmake/fa4_precompile.py: the build's Python
+only where that Python took part in the build (cmake/vfa_build/fa4/precompile.py: the build's Python
 compiles, each other one ships an index of the same files). The Pythons are the fa4
 family's ``pythons`` (cmake/knobs.json); the dependency list is the ``fa4`` extra of
 pyproject.toml, read by fa4_deps. Nothing is installed when the knobs turn FA4 or its

@@ -80,6 +80,6 @@ dist_client_for_build() {
   # The URL as the project's one scrubber shows it (no user, password, query or fragment).
   # (The URL goes through stdin: on a command line `ps` would show it.)
   local shown
-  shown=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from url_secrets import shown_url; print(shown_url(sys.stdin.read().strip()))' "$ROOT/cmake" <<< "$url")
+  shown=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from vfa_build.url_secrets import shown_url; print(shown_url(sys.stdin.read().strip()))' "$ROOT/cmake" <<< "$url")
   echo "--- distributed compiles: scheduler $shown (client config $SCCACHE_CONF)"
 }

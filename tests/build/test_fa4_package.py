@@ -134,7 +134,7 @@ def test_an_edited_fa4_source_in_the_cache_is_refused(synthetic, sources, tmp_pa
 
 
 @pytest.mark.parametrize("interpreter, expected", [
-    ("/nonexistent/python3", "'/nonexistent/python3' cannot run cmake/fa4_precompile.py"),
+    ("/nonexistent/python3", "'/nonexistent/python3' cannot run cmake/vfa_build/fa4/precompile.py"),
     # a Python that runs but lacks the DSL (this venv's): named, with the install command
     (sys.executable, "lacks FA4's packages (nvidia-cutlass-dsl"),
 ])
@@ -180,7 +180,7 @@ sys.exit(plan.returncode)
 
 
 def test_the_build_precompiles_the_wheels_selection_with_each_named_python(sources, tmp_path):
-    # The build's command line reaches fa4_precompile.py's parser intact (the selection's
+    # The build's command line reaches fa4/precompile.py's parser intact (the selection's
     # lists as one argument each) and asks for the minimal preset's kernels: head dim 128,
     # bf16 (e4m3: FP8 KV where FA4 takes it), paged (TMA and cp.async pages), split, local, GQA 1/4/8, LSE.
     log = tmp_path / "precompile.jsonl"

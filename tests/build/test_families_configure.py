@@ -53,7 +53,7 @@ def test_the_build_follows_the_declared_families(project, tmp_path, sources):
     # with the kinds of units FA2's target file declares.
     ninja = (build / "build.ninja").read_text()
     assert ninja.count("pool = vfa_compile") == len(compile_commands(build))
-    monitor = next(line for line in ninja.splitlines() if "build_monitor.py" in line)
+    monitor = next(line for line in ninja.splitlines() if "progress.build_monitor" in line)
     assert re.search(rf"--targets {FA2_MODULE} _vendored_fa3_C ", monitor)
     assert f'--unit-kind "{FA2_MODULE}|FA2 CUDA|189||5.0"' in monitor
     # FA3's FP8 paged units are a slower kind of their own, declared before the kind they would

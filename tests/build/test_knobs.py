@@ -13,8 +13,7 @@ from pathlib import Path
 
 from support.cmake_runner import PROJECT, build_info, clean_env, configured, fetch_sources, run, tool, units
 
-sys.path.insert(0, str(PROJECT / "cmake"))
-import knobs as declaration  # noqa: E402  (cmake/knobs.py)
+from vfa_build.knobs import knobs as declaration
 
 
 def cache_entries(build: Path) -> dict[str, str]:

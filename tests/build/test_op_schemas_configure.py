@@ -1,5 +1,5 @@
 """The configure checks that the flash-attention it builds registers the op schemas the
-package calls (cmake/OpSchemas.cmake running cmake/op_schemas.py on the resolved sources)."""
+package calls (cmake/OpSchemas.cmake running cmake/vfa_build/knobs/op_schemas.py on the resolved sources)."""
 
 from __future__ import annotations
 

@@ -1244,7 +1244,7 @@ def test_the_generated_file_compiles_to_the_same_bytes_in_any_build_dir(filled, 
 @pytest.mark.parametrize("tamper", ["cut short", "writable by others"])
 def test_an_edited_generated_file_is_written_anew_by_the_next_configure(filled, pin, cache, tmp_path, tamper):
     """The staged copy is reused only when its bytes are what the configure computes and only
-    this user can write it (cmake/staged_tree.py), as the staged sources are."""
+    this user can write it (cmake/vfa_build/sources/staged_tree.py), as the staged sources are."""
     build = tmp_path / "build"
     knobs = defines(pin, cache, VFA_PRESET="minimal", VFA_COMPILER_CACHE="off")
     result = configure(build, knobs)

@@ -1,5 +1,5 @@
 """The configure points every compile at torch's headers staged by their content
-(cmake/Torch.cmake, cmake/torch_headers.py: issue 38), and compiles from torch's own folder,
+(cmake/Torch.cmake, cmake/vfa_build/sources/torch_headers.py: issue 38), and compiles from torch's own folder,
 with a warning that says why, where it cannot stage them."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ MINIMAL = {"VFA_PRESET": "minimal", "VFA_BUILD_FA4": "off"}
 
 
 def torch_root() -> Path:
-    """<site-packages>/torch as the build finds it (cmake/torch_metadata.py: <root>/share/cmake)."""
-    out = run([sys.executable, str(PROJECT / "cmake/torch_metadata.py")])
+    """<site-packages>/torch as the build finds it (cmake/vfa_build/sources/torch_metadata.py: <root>/share/cmake)."""
+    out = run([sys.executable, str(PROJECT / "cmake" / "vfa_build"), "sources.torch_metadata"])
     assert out.returncode == 0, out.output
     return Path(out.stdout.splitlines()[0]).parents[1]
 

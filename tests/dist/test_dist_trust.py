@@ -33,7 +33,7 @@ import pytest
 from support.cmake_runner import PROJECT, clean_env, configure, fetch_sources, free_port, run, tool
 from test_sccache_dist import CLUSTER, PROBE, client_env, start_cluster, stats, stop_client
 
-COMPILE_ENV = PROJECT / "dist-compile" / "compile_env.py"
+COMPILE_ENV = [str(PROJECT / "cmake" / "vfa_build"), "cluster.compile_env"]  # as the build runs it
 # 32 bytes whose base64url form starts with '-' (the first six bits are 62): 1 in 64 of
 # the keys `sccache-dist auth generate-jwt-hs256-key` makes look like this.
 DASH_KEY = base64.urlsafe_b64encode(b"\xf8" + hashlib.sha256(b"dash key").digest()[:31]).decode().rstrip("=")
@@ -196,7 +196,7 @@ def test_a_remote_compile_sees_no_secret_of_server_or_client(trusted, remote_env
 
 def test_compile_env_sends_only_what_a_compile_needs(trusted, dump_toolchain):
     seen = remote_environment(trusted, dump_toolchain, trusted.root / "filtered-client",
-                              [sys.executable, "-E", "-s", "-S", str(COMPILE_ENV)], CLIENT_ONLY)
+                              [sys.executable, "-E", "-s", "-S", *COMPILE_ENV], CLIENT_ONLY)
     assert "PATH" in seen and "TOP" not in seen, sorted(seen)
 
 
@@ -204,7 +204,7 @@ def test_the_configure_probe_sends_only_what_a_compile_needs(trusted, dump_toolc
     root = trusted.root / "probe-client"
     env = client_env(root, trusted.client_conf(root.name, extra=dump_toolchain))
     try:
-        probe = run([sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"), "--cxx", "/usr/bin/g++",
+        probe = run([sys.executable, *PROBE, "probe", "--sccache", tool("sccache"), "--cxx", "/usr/bin/g++",
                      "--work", str(root / "work"), "--out", str(root / "result.json")], env=dict(env, **CLIENT_ONLY))
     finally:
         stop_client(env)
@@ -332,7 +332,7 @@ def test_compile_env_passes_what_a_compile_needs_and_nothing_else(tmp_path):
         env = clean_env(SCCACHE_SERVER_PORT=str(server.getsockname()[1]), AWS_SECRET_ACCESS_KEY=CLIENT_SIDE_SECRET,
                         VFA_DIST_CLIENT_TOKEN="client-token-value", SCCACHE_REDIS_ENDPOINT="redis://:pw@cache:6379",
                         NVCC_APPEND_FLAGS="-lineinfo", LC_ALL="C", GITHUB_TOKEN="ghp_x")
-        out = subprocess.run([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV), "/usr/bin/env"], env=env,
+        out = subprocess.run([sys.executable, "-E", "-s", "-S", *COMPILE_ENV, "/usr/bin/env"], env=env,
                              capture_output=True, text=True, check=True).stdout
     passed = dict(line.split("=", 1) for line in out.splitlines())
     assert passed["PATH"] == env["PATH"] and passed["NVCC_APPEND_FLAGS"] == "-lineinfo" and passed["LC_ALL"] == "C"
@@ -348,7 +348,7 @@ def test_compile_env_starts_the_sccache_server_with_the_full_environment(tmp_pat
                     f"else env > {tmp_path}/compile.env; fi\n")
     fake.chmod(0o755)
     env = clean_env(SCCACHE_SERVER_PORT=str(free_port()), AWS_SECRET_ACCESS_KEY=CLIENT_SIDE_SECRET)
-    subprocess.run([sys.executable, "-E", "-s", "-S", str(COMPILE_ENV), str(fake), "g++", "-c", "x.cpp"], env=env,
+    subprocess.run([sys.executable, "-E", "-s", "-S", *COMPILE_ENV, str(fake), "g++", "-c", "x.cpp"], env=env,
                    check=True)
     assert CLIENT_SIDE_SECRET in (tmp_path / "server.env").read_text()
     assert CLIENT_SIDE_SECRET not in (tmp_path / "compile.env").read_text()
@@ -371,11 +371,11 @@ def test_a_build_with_a_scheduler_compiles_through_compile_env(trusted, sources,
     finally:
         stop_client(env)
     assert result.returncode == 0, result.output[-5000:]
-    # The launcher (cmake/sccache_launcher.py) runs sccache through compile_env.py when compiles go to the cluster.
+    # The launcher (cmake/vfa_build/compiler_cache/sccache_launcher.py) runs sccache through compile_env.py when compiles go to the cluster.
     ninja = (tmp_path / "build" / "build.ninja").read_text()
-    assert "sccache_launcher.py" in ninja
+    assert "compiler_cache.sccache_launcher" in ninja
     settings = json.loads((tmp_path / "build" / "vfa-sccache.json").read_text())
-    assert settings["dist"] == "on" and settings["client"][1:] == ["-E", "-s", "-S", str(COMPILE_ENV), tool("sccache")]
+    assert settings["dist"] == "on" and settings["client"][1:] == ["-E", "-s", "-S", *COMPILE_ENV, tool("sccache")]
 
 
 # --- the server filters by names, and no command line holds what a client sent -----------------
@@ -391,9 +391,7 @@ def test_the_server_passes_named_variables_only(trusted, dump_toolchain):
 
 
 def test_compile_envs_lists_are_names_not_patterns():
-    spec = importlib.util.spec_from_file_location("vfa_compile_env", COMPILE_ENV)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from vfa_build.cluster import compile_env as module
     names = module.SERVER_ENV | module.CLIENT_ENV
     assert not [n for n in names if any(c in n for c in "*?[")], sorted(names)
     assert "LC_ALL" in module.SERVER_ENV and "LC_TOKEN" not in module.SERVER_ENV
@@ -443,7 +441,7 @@ def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp
 
 
 # --- trust model: what a build server holding a valid token can and cannot do ----------------
-# (dist-compile/README.md, "Trust model"; cmake/dist_trust.py)
+# (dist-compile/README.md, "Trust model"; cmake/vfa_build/cluster/dist_trust.py)
 
 ROGUE_MARK = b"POISONED-BY-A-ROGUE-SERVER"
 
@@ -518,7 +516,7 @@ def build_one(build: Path, sources: dict, env: dict[str, str], suffix: str, **kn
 def stop_builds(env: dict[str, str], *builds: Path) -> None:
     for build in builds:
         if (build / "vfa-sccache.json").exists():
-            run([sys.executable, str(PROBE), "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
+            run([sys.executable, *PROBE, "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
 
 
 def test_a_rogue_servers_object_stays_out_of_the_shared_cache(rogue, sources, tmp_path):
@@ -568,7 +566,7 @@ def test_an_honest_clusters_objects_pass_verification(trusted, sources, tmp_path
         built = run([tool("cmake"), "--build", str(build), "--target", *units], env=env, cwd=build)
         remote = json.loads(run([tool("sccache"), "--show-stats", "--stats-format=json"], env=dict(
             env, **json.loads((build / "vfa-sccache.json").read_text())["server"])).stdout)["stats"]["dist_compiles"]
-        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+        end = run([sys.executable, *PROBE, "stats", "--sccache", tool("sccache"), "--settings",
                    str(build / "vfa-sccache.json")], env=env)
     finally:
         stop_builds(env, build)
@@ -739,8 +737,7 @@ def test_a_cache_configured_in_sccache_conf_is_made_read_only_for_the_cluster(tm
     SCCACHE_CONF's [cache.*] tables gets rw_mode in a copy of that file ([dist] kept)."""
     import tomllib
 
-    sys.path.insert(0, str(PROJECT / "cmake"))
-    from dist_trust import read_only_conf
+    from vfa_build.cluster.dist_trust import read_only_conf
 
     conf = tmp_path / "client.toml"
     conf.write_text('[dist]\nscheduler_url = "http://127.0.0.1:1"\n\n[cache.redis]\nendpoint = "redis://x:6379"\n'
@@ -755,7 +752,7 @@ def test_a_cache_configured_in_sccache_conf_is_made_read_only_for_the_cluster(tm
     assert read_only_conf(no_cache) is None
 
 
-# --- 1. no answer lands after its unit was decided (cmake/dist_output.py) ----------------------
+# --- 1. no answer lands after its unit was decided (cmake/vfa_build/cluster/dist_output.py) ----------------------
 
 LATE_S = 8  # the late server's delay; the bound below is 2 s
 
@@ -777,7 +774,8 @@ def test_an_answer_after_the_bound_never_lands(sources, tmp_path):
         unit = os.path.relpath(build / entry["output"], build)
         # One compile through the build's launcher, as ninja runs it (no ninja: no keeper stops the
         # build's sccache server when the compile returns, so the late answer can still come).
-        launched = run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+        launched = run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "vfa_build"),
+                        "compiler_cache.sccache_launcher",
                         str(build / "vfa-sccache.json"), "--", *shlex.split(entry["command"])],
                        env=env, cwd=entry["directory"])
         server = dict(env, **json.loads((build / "vfa-sccache.json").read_text())["server"])
@@ -785,7 +783,7 @@ def test_an_answer_after_the_bound_never_lands(sources, tmp_path):
         while not sum(stats(server)["dist_compiles"].values()) and time.monotonic() < deadline:
             time.sleep(0.5)
         answered = sum(stats(server)["dist_compiles"].values())
-        end = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+        end = run([sys.executable, *PROBE, "stats", "--sccache", tool("sccache"), "--settings",
                    str(build / "vfa-sccache.json")], env=env)
     finally:
         stop_builds(env, build)

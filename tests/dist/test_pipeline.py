@@ -165,7 +165,7 @@ def dist_client(tmp_path, **env) -> subprocess.CompletedProcess:
 
     from support.cmake_runner import clean_env
 
-    root = tmp_path / "checkout"  # what the function uses: the scripts, dist-compile/ and cmake/url_secrets.py
+    root = tmp_path / "checkout"  # what the function uses: the scripts, dist-compile/ and cmake/vfa_build/url_secrets.py
     for folder in (".buildkite", "dist-compile", "cmake"):
         shutil.copytree(PROJECT / folder, root / folder)
     # Every python3 the function runs, its command line logged (a shim first on PATH).

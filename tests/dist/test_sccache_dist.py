@@ -31,7 +31,9 @@ from support.cmake_runner import (PROJECT, build_info, checkout_copy, clean_env,
                                   run, tool)
 
 CLUSTER = PROJECT / "dist-compile" / "cluster.py"
-PROBE = PROJECT / "cmake" / "compiler_cache_probe.py"
+# The build's scripts as CMake runs them, through the build package's entry point.
+PROBE = [str(PROJECT / "cmake" / "vfa_build"), "compiler_cache.compiler_cache_probe"]
+LAUNCHER = [str(PROJECT / "cmake" / "vfa_build"), "compiler_cache.sccache_launcher"]
 
 
 def cluster_cmd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -330,7 +332,7 @@ def test_cluster_dead_mid_build_falls_back_here(dist_root, sources, tmp_path, di
         commands = json.loads((build / "compile_commands.json").read_text())
         (unit,) = [os.path.relpath(build / c["output"], build) for c in commands if c["file"].endswith(".cu")][:1]
         built = run([tool("cmake"), "--build", str(build), "--target", unit], env=env, cwd=build)
-        where = run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache")], env=env)
+        where = run([sys.executable, *PROBE, "stats", "--sccache", tool("sccache")], env=env)
     finally:
         stop_client(env)
         for proc in doomed.procs.values():
@@ -389,7 +391,7 @@ def test_toolchain_the_servers_cannot_run_is_refused(cluster, sources, tmp_path)
     assert info["enabled"] is True and info["dist"]["state"] == "refused"
 
 
-# Failures of the cluster during a build: the launcher (cmake/sccache_launcher.py) compiles
+# Failures of the cluster during a build: the launcher (cmake/vfa_build/compiler_cache/sccache_launcher.py) compiles
 # the unit here, says so once, and after 3 of them stops sending compiles to the cluster.
 # These builds use the build dir's own sccache servers (no SCCACHE_SERVER_PORT).
 
@@ -405,7 +407,7 @@ def cuda_units(build: Path) -> list[str]:
 
 def build_units(build: Path, units: list[str], env: dict[str, str]):
     """One at a time: the order of fallbacks is the order of the units. Once ninja has ended,
-    the build stops its own servers (cmake/sccache_launcher.py's keeper, which keeps their
+    the build stops its own servers (cmake/vfa_build/compiler_cache/sccache_launcher.py's keeper, which keeps their
     counts for the end-of-build report): returns when it has."""
     result = run([tool("cmake"), "--build", str(build), "--parallel", "1", "--target", *units], env=env, cwd=build)
     deadline = time.monotonic() + 120
@@ -416,18 +418,18 @@ def build_units(build: Path, units: list[str], env: dict[str, str]):
 
 def end_of_build(build: Path, env: dict[str, str]):
     """What the compiler_cache_stats target runs once the modules are built."""
-    return run([sys.executable, str(PROBE), "stats", "--sccache", tool("sccache"), "--settings",
+    return run([sys.executable, *PROBE, "stats", "--sccache", tool("sccache"), "--settings",
                 str(build / "vfa-sccache.json")], env=env)
 
 
 def stop_build_servers(build: Path, env: dict[str, str]) -> None:
     if (build / "vfa-sccache.json").exists():
-        run([sys.executable, str(PROBE), "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
+        run([sys.executable, *PROBE, "stop", "--settings", str(build / "vfa-sccache.json")], env=env)
 
 
 def launch(build: Path, env: dict[str, str], *compile_command: str):
     """One compile through the build's launcher, as ninja runs it."""
-    return run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+    return run([sys.executable, "-E", "-s", "-S", *LAUNCHER,
                 str(build / "vfa-sccache.json"), "--", *compile_command], env=env, cwd=build)
 
 
@@ -607,7 +609,7 @@ def test_scheduler_that_never_answers_at_configure_compiles_here_cached(sources,
     print(f"configure with a silent scheduler: {took:.1f} s")
 
 
-# The cluster cannot hang a build (cmake/dist_bound.py): each unit the cluster does not finish
+# The cluster cannot hang a build (cmake/vfa_build/cluster/dist_bound.py): each unit the cluster does not finish
 # within its bound, or that sccache itself compiles here after giving up on a build server,
 # is a failure of the cluster: one line, and after 3 the rest of the build skips it.
 
@@ -661,7 +663,7 @@ def test_a_scheduler_that_hangs_mid_build_cannot_hang_the_build(sources, tmp_pat
 def test_a_scheduler_that_hangs_is_named_within_a_minute_at_the_default_bound(sources, tmp_path):
     """The same hang with the default bounds (4 x the unit's declared time: 612 s for an FA3
     instantiation, 216 s for this one): a unit waited its whole bound without a word. Now a unit that has waited a minute says so and asks
-    the scheduler for its status (cmake/dist_bound.py, WAIT_LINE_S, STATUS_TIMEOUT_S): a scheduler
+    the scheduler for its status (cmake/vfa_build/cluster/dist_bound.py, WAIT_LINE_S, STATUS_TIMEOUT_S): a scheduler
     that does not answer is named, and the unit compiled here. The units run through the build's
     launcher directly, one at a time (launch): no ninja, so nothing else starts the build's sccache
     server beside the first compile (a progress monitor racing it timed out its start at load 7)."""
@@ -677,7 +679,7 @@ def test_a_scheduler_that_hangs_is_named_within_a_minute_at_the_default_bound(so
         first, second = cuda_units(build)[:2]
 
         def compile_unit(unit: str):
-            return run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "sccache_launcher.py"),
+            return run([sys.executable, "-E", "-s", "-S", *LAUNCHER,
                         str(build / "vfa-sccache.json"), "--", *shlex.split(commands[unit]["command"])],
                        env=env, cwd=commands[unit]["directory"])
 
@@ -802,10 +804,9 @@ def test_a_build_server_whose_disk_fills_leaves_the_cluster_and_comes_back(tmp_p
 
 
 def test_the_bound_and_the_log_reading_of_dist_bound(tmp_path):
-    """cmake/dist_bound.py without a cluster: the bound from the declared unit kinds, and which of
+    """cmake/vfa_build/cluster/dist_bound.py without a cluster: the bound from the declared unit kinds, and which of
     sccache's fallback lines count (a unit or one of nvcc's steps of it; a busy cluster does not)."""
-    sys.path.insert(0, str(PROJECT / "cmake"))
-    import dist_bound
+    from vfa_build.cluster import dist_bound
 
     (tmp_path / dist_bound.BOUNDS_FILE).write_text(json.dumps(
         # the specs cmake/BuildProgress.cmake writes (build_monitor.add_unit_kind's), the cached

@@ -59,8 +59,10 @@ def test_sdist_has_the_plain_version_and_the_sources(sdist):
     assert sdist.name == "vendored_flash_attn-0.1.0.tar.gz"
     names = members(sdist)
     for needed in ("pyproject.toml", "CMakeLists.txt", "cmake/UpstreamSources.cmake", "cmake/fetch_sources.cmake",
-                   "vendor/flash-attention/pin.json", "vendor/flash-attention/anchor.json", "cmake/source_anchor.py",
-                   "cmake/staged_tree.py", "cmake/bounded_run.py", "python/vendored_flash_attn/__init__.py",
+                   "cmake/BuildPython.cmake", "vendor/flash-attention/pin.json", "vendor/flash-attention/anchor.json",
+                   "cmake/vfa_build/__init__.py", "cmake/vfa_build/__main__.py", "cmake/vfa_build/sources/__init__.py",
+                   "cmake/vfa_build/sources/source_anchor.py", "cmake/vfa_build/sources/staged_tree.py",
+                   "cmake/vfa_build/sources/bounded_run.py", "python/vendored_flash_attn/__init__.py",
                    "python/vendored_flash_attn/declaration/versioning.py", "PKG-INFO"):
         assert needed in names, needed
 
@@ -139,7 +141,7 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
 # from one fresh venv (pip only: nothing of this test's venv), each with FA4 in one mode, share
 # a private sccache: the first compiles, the others hit, although each build's torch lies in a
 # new /tmp/pip-build-env-* folder (the compiles read torch's headers from a copy staged by
-# content: cmake/torch_headers.py). A fourth build, of the third's checkout without isolation,
+# content: cmake/vfa_build/sources/torch_headers.py). A fourth build, of the third's checkout without isolation,
 # issues the same compile lines. Wall time on the 2-core CPU machine
 # (`pytest tests/dist/test_sdist.py -k isolated --durations=5`, other builds running: load
 # 2-6): 8 min 3 s for the three, 98 s, 217 s and 157 s, most of it pip installing torch into
@@ -148,7 +150,7 @@ def test_installed_check_as_cibuildwheel_runs_it(offline_wheel, tmp_path):
 # sdist and the first isolated build, 135 s and 101 s for the warm ones, 17 s for the
 # non-isolated one (at load 7-13: 7.3-7.6 min for each isolated build, 76 s).
 
-# The build's closing line on its compiler cache (cmake/sccache_build_report.py).
+# The build's closing line on its compiler cache (cmake/vfa_build/compiler_cache/sccache_build_report.py).
 CACHE_LINE = re.compile(r"compiler cache: (\d+) of (\d+) units from the cache \(CUDA (\d+)/(\d+), C\+\+ (\d+)/(\d+)\)")
 
 
@@ -170,8 +172,8 @@ def cache_counts(log: str) -> dict[str, tuple[int, int]]:
 
 def torch_release() -> str:
     """This interpreter's torch, without its local label (2.14.1 of 2.14.1+cu130), read as the
-    build reads it (cmake/torch_metadata.py), not imported."""
-    out = run([sys.executable, str(PROJECT / "cmake/torch_metadata.py")])
+    build reads it (cmake/vfa_build/sources/torch_metadata.py), not imported."""
+    out = run([sys.executable, str(PROJECT / "cmake" / "vfa_build"), "sources.torch_metadata"])
     assert out.returncode == 0, out.output
     return out.stdout.splitlines()[1].split("+")[0]
 

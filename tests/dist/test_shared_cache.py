@@ -28,7 +28,7 @@ def through_the_cache(command: str) -> bool:
     '..._sccache_dir0') is in every command."""
     import os
     import shlex
-    return any(os.path.basename(word) in ("sccache", "sccache_launcher.py") for word in shlex.split(command))
+    return any(os.path.basename(word) in ("sccache", "compiler_cache.sccache_launcher") for word in shlex.split(command))
 
 def redis_ping(port: int) -> bool:
     try:
@@ -150,7 +150,7 @@ def test_dead_cache_continues_uncached_with_a_warning(sources, tmp_path):
 
 
 # The cache must work, not only start: one configure per failure class, each checked
-# for its message and for what the build info records (cmake/compiler_cache_probe.py).
+# for its message and for what the build info records (cmake/vfa_build/compiler_cache/compiler_cache_probe.py).
 
 def cache_env(tmp_path, **extra) -> dict[str, str]:
     return clean_env(SCCACHE_SERVER_PORT=str(free_port()), SCCACHE_IDLE_TIMEOUT="0", SCCACHE_LOG="",

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
+# The build's Python package and its one entry point: [python, -E, -s, -S, str(BUILD_PY), "<module>", args...]
+BUILD_PY = PROJECT / "cmake" / "vfa_build"
 
 
 def tool(name: str) -> str:

@@ -12,7 +12,7 @@ The op registrations use the torch stable ABI like upstream, so the modules
 load with `import torch` first on a machine without a GPU. Each registration source
 defines the ops this package calls with their schemas (op_schemas.py) in upstream's own
 layout (FA2: a few arguments per string literal; FA3: one padded argument per literal, a
-comment between two), which the configure's schema check (cmake/op_schemas.py) reads; the
+comment between two), which the configure's schema check (cmake/vfa_build/knobs/op_schemas.py) reads; the
 tiny kernels are reached through ops of their own (tiny_varlen_fwd, tiny_fwd).
 """
 
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from vendored_flash_attn.declaration import knob_values as declared
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cmake"))
-import source_anchor  # noqa: E402  (the pin's anchor: written for every synthetic pin)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cmake"))  # the build's package (also outside pytest)
+from vfa_build.sources import source_anchor  # noqa: E402  (the pin's anchor: written for every synthetic pin)
 
 # The head dims upstream instantiates, as the project declares them (cmake/knobs.json).
 FA2_HEAD_DIMS = declared.FA2_HEAD_DIMS
@@ -710,7 +710,7 @@ class SyntheticUpstream:
         return path
 
     def write_anchor(self, pin_path: Path) -> Path:
-        """The pin's anchor (cmake/source_anchor.py), beside it, made from the synthetic repositories
+        """The pin's anchor (cmake/vfa_build/sources/source_anchor.py), beside it, made from the synthetic repositories
         as `source_anchor.py anchor` makes the real one from a fetch: a commit they lack gets none."""
         pin = json.loads(pin_path.read_text())
         entries = {}

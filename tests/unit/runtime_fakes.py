@@ -91,7 +91,7 @@ def describe():
 
 # Schemas as the upstream modules register them (ops.def strings): the package's own
 # copy, checked against the pinned upstream's registration sources (test_op_schemas.py,
-# cmake/op_schemas.py at every configure) and against the compiled modules (a GPU test).
+# cmake/vfa_build/knobs/op_schemas.py at every configure) and against the compiled modules (a GPU test).
 FA2_VARLEN_FWD = op_schemas.FA2_VARLEN_FWD
 FA3_FWD = op_schemas.FA3_FWD
 FA3_SCHEDULER = op_schemas.FA3_GET_SCHEDULER_METADATA

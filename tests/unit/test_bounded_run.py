@@ -1,4 +1,4 @@
-"""cmake/bounded_run.py: a command and everything it started end together, at the timeout or when
+"""cmake/vfa_build/sources/bounded_run.py: a command and everything it started end together, at the timeout or when
 the command ends (every git call of a fetch runs through it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "cmake" / "bounded_run.py"
+SCRIPT = [str(Path(__file__).resolve().parents[2] / "cmake" / "vfa_build"), "sources.bounded_run"]
 
 
 def _alive(pid: int) -> bool:
@@ -22,7 +22,7 @@ def _alive(pid: int) -> bool:
 
 def _run(tmp_path, script: str, timeout: str) -> tuple[subprocess.CompletedProcess, list[int]]:
     pids = tmp_path / "pids"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--timeout", timeout, "--", "sh", "-c",
+    done = subprocess.run([sys.executable, *SCRIPT, "--timeout", timeout, "--", "sh", "-c",
                            script.replace("PIDS", str(pids))], capture_output=True, text=True, timeout=120)
     return done, [int(p) for p in pids.read_text().split()]
 

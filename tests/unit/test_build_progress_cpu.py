@@ -1,6 +1,6 @@
-"""CPU checks of the build-progress scripts (cmake/compiler_output.py, cmake/compile_unit.py,
-cmake/build_monitor.py, progress_estimate.py, ninja_processes.py): which compiler output is upstream noise, the launcher's events
-and exit status, and the estimate of what is left of a build.
+"""CPU checks of the build-progress scripts (cmake/vfa_build/progress/: compiler_output.py,
+compile_unit.py, build_monitor.py, progress_estimate.py, ninja_processes.py): which compiler output
+is upstream noise, the launcher's events and exit status, and the estimate of what is left of a build.
 The same scripts run end to end in tests/build/test_build_monitor.py."""
 
 from __future__ import annotations
@@ -8,30 +8,15 @@ from __future__ import annotations
 # One file over 500 lines, on purpose: one concern, the build-progress scripts, whose cases share
 # the loaders and fake events defined here.
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from vfa_build.progress import build_monitor, compile_unit, compiler_output, ninja_processes, progress_estimate
+
 CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
-
-
-def load(name: str):
-    if str(CMAKE_DIR) not in sys.path:
-        sys.path.insert(0, str(CMAKE_DIR))
-    spec = importlib.util.spec_from_file_location(name, CMAKE_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-compiler_output = load("compiler_output")
-compile_unit = load("compile_unit")
-progress_estimate = load("progress_estimate")
-ninja_processes = load("ninja_processes")
-build_monitor = load("build_monitor")
+BUILD_PY = str(CMAKE_DIR / "vfa_build")  # the build's entry point: BUILD_PY <module> [args]
 
 CUTLASS = "/cache/src/cutlass-62750a2b75c8"
 FA = "/cache/src/flash-attention-617264c1c795"
@@ -133,7 +118,7 @@ def test_the_launcher_counts_ptxas_notes_on_upstream_units_with_the_hidden_warni
     import subprocess
     note = PTXAS_C7514.replace("'", "'\\''")
     source = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
-    run = subprocess.run([sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(tmp_path),
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(tmp_path),
                           "--quiet-under", FA, "--", "sh", "-c", f"printf '%s' '{note}'", "-c", source,
                           "-o", "CMakeFiles/m.dir/x.cu.o"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout == ""
@@ -448,7 +433,7 @@ def launch(tmp_path, script: str, roots=(CUTLASS,)):
     """compile_unit.py in front of a `compiler` that is a shell script."""
     import subprocess
     args = [f for r in roots for f in ("--quiet-under", r)]
-    return subprocess.run([sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(tmp_path),
+    return subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(tmp_path),
                            *args, "--", "sh", "-c", script, "-o", "CMakeFiles/m.dir/x.cu.o"],
                           capture_output=True, text=True)
 
@@ -476,7 +461,7 @@ def test_the_launcher_shows_everything_when_it_cannot_keep_a_log(tmp_path):
 def test_the_build_logs_are_0600_and_hold_no_url_password(tmp_path):
     """Issue 34: sccache's error may quote a cache's URL with its password; the build's logs are
     0600 from their creation (one an older build left 0644 made so) and they and the console get
-    the text through the one URL scrubber (cmake/url_secrets.py)."""
+    the text through the one URL scrubber (cmake/vfa_build/url_secrets.py)."""
     (tmp_path / "vfa-progress.tsv").write_text("")
     (tmp_path / "vfa-progress.tsv").chmod(0o644)
     run = launch(tmp_path, "echo 'sccache: error: Server startup failed: cache storage failed to read: "
@@ -561,7 +546,7 @@ def build_launcher(slow_cache) -> list[str]:
     settings = c["dir"] / "vfa-sccache.json"
     settings.write_text(json.dumps({"sccache": c["sccache"], "dist": "none", "build_dir": str(c["dir"]),
                                     "server": {"SCCACHE_SERVER_PORT": c["env"]["SCCACHE_SERVER_PORT"]}}))
-    return [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "sccache_launcher.py"), str(settings), "--"]
+    return [sys.executable, "-E", "-s", "-S", BUILD_PY, "compiler_cache.sccache_launcher", str(settings), "--"]
 
 
 def interrupted_compile(slow_cache, step: str, prefix=None, **env):
@@ -575,7 +560,7 @@ def interrupted_compile(slow_cache, step: str, prefix=None, **env):
     c = slow_cache
     prefix = prefix or [c["sccache"]]
     launcher = subprocess.Popen(
-        [sys.executable, "-E", "-s", "-S", str(CMAKE_DIR / "compile_unit.py"), str(c["dir"]), "--",
+        [sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(c["dir"]), "--",
          *prefix, str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
         cwd=c["dir"], env={**c["env"], **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
@@ -636,7 +621,7 @@ def test_an_interrupt_while_the_compile_starts_is_not_lost(tmp_path):
             "subprocess.Popen = interrupted_start\n"
             "sys.argv = sys.argv[1:]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, str(CMAKE_DIR / "compile_unit.py"),
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, BUILD_PY, "progress.compile_unit",
                           str(tmp_path), "--", "sh", "-c", f"sleep 3; touch {done}", "-o", "x.o"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 130, run.stderr
@@ -741,7 +726,7 @@ def test_a_unit_that_ends_while_the_monitor_starts_hands_its_warnings_to_it(tmp_
     events = build_dir / compile_unit.EVENTS
     monitor = ("import os, sys, time\n"
                f"sys.path.insert(0, {str(CMAKE_DIR)!r})\n"
-               "import build_monitor, progress_estimate\n"
+               "from vfa_build.progress import build_monitor, progress_estimate\n"
                "build_dir, go = sys.argv[2], sys.argv[3]\n"
                "events = os.path.join(build_dir, build_monitor.EVENTS)\n"
                "deadline = time.monotonic() + 120\n"
@@ -753,9 +738,9 @@ def test_a_unit_that_ends_while_the_monitor_starts_hands_its_warnings_to_it(tmp_
                "    time.sleep(0.01)\n"
                "m.close_relay(progress_estimate.BuildState(t0=0.0, jobs=2))\n")
     python = [sys.executable, "-E", "-s", "-S"]
-    monitor_cmd = subprocess.list2cmdline([*python, "-c", monitor, str(CMAKE_DIR / "build_monitor.py"),
+    monitor_cmd = subprocess.list2cmdline([*python, "-c", monitor, "progress.build_monitor",
                                            str(build_dir), str(go)]) + f" > {tmp_path / 'monitor.out'}"
-    unit_cmd = subprocess.list2cmdline([*python, str(CMAKE_DIR / "compile_unit.py"), str(build_dir), "--", "sh",
+    unit_cmd = subprocess.list2cmdline([*python, BUILD_PY, "progress.compile_unit", str(build_dir), "--", "sh",
                                         "-c", "echo \"x.cu:1:1: warning: unused variable 'ours'\"", "-o", "x.o"])
     ninja = tmp_path / "bin" / "ninja"  # its name is what the launcher and the monitor look for
     ninja.parent.mkdir()

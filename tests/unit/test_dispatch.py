@@ -8,7 +8,7 @@ parameters of the same type share one: two swapped positional arguments fail the
 
 That copy is upstream's, not an assumption of the code under test: every configure reads
 the pinned upstream's registration sources and stops when they register another schema
-(cmake/op_schemas.py), test_op_schemas.py fails until the pinned commit is recorded as
+(cmake/vfa_build/knobs/op_schemas.py), test_op_schemas.py fails until the pinned commit is recorded as
 checked with these very schemas (so a pin bump fails on the CPU machine until the check ran
 on its sources), and a GPU test compares them with the compiled modules.
 """

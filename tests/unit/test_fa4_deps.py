@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,10 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_precompile():
-    spec = importlib.util.spec_from_file_location("fa4_precompile", ROOT / "cmake" / "fa4_precompile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    from vfa_build.fa4 import precompile as module
+
     return module
 
 
@@ -158,7 +155,7 @@ def test_importing_the_package_and_checking_never_import_cutlass(tmp_path):
     assert result.stdout.strip() == "[]"
 
 
-# --- cmake/fa4_stage.py and fa4_plan: staging and planning (standard library only) -------
+# --- cmake/vfa_build/fa4/stage.py and fa4_plan: staging and planning (standard library only) -------
 
 def _fake_cute(root: Path, dependencies: list[str]) -> Path:
     cute = root / "flash_attn" / "cute"

@@ -1,4 +1,4 @@
-"""The build steps of cmake/fa4_precompile.py that FA4Package.cmake runs (its command line and
+"""The build steps of cmake/vfa_build/fa4/precompile.py that FA4Package.cmake runs (its command line and
 the concern modules beside it: fa4_probe, fa4_stage, fa4_compile, fa4_workers, fa4_share), on a
 CPU with no cutlass: the probe, FA4's build record, a precompile that must not fail a build that
 did not ask for it (VFA_FA4_PRECOMPILE=auto), one kernel set for every Python, and the workers'
@@ -7,7 +7,6 @@ supervision."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -24,10 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def precompile():
-    spec = importlib.util.spec_from_file_location("fa4_precompile_steps", ROOT / "cmake" / "fa4_precompile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    from vfa_build.fa4 import precompile as module
+
     return module
 
 
@@ -537,7 +534,7 @@ def test_sigterm_stops_every_worker_and_the_step_exits_130(staged, fake_workers,
             "        time.sleep(0.01)\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "threading.Thread(target=term, daemon=True).start()\n") if running else (
-            "import fa4_stage\n"
+            "from vfa_build.fa4 import stage as fa4_stage\n"
             "write = fa4_stage.add_precompile_run\n"
             "def interrupted(*args):\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -545,7 +542,7 @@ def test_sigterm_stops_every_worker_and_the_step_exits_130(staged, fake_workers,
             "fa4_stage.add_precompile_run = interrupted\n")
     driver = ("import os, runpy, signal, sys, threading, time\n"
               f"sys.executable = {fake_workers.python!r}\n"
-              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              f"sys.argv = [{str(ROOT / 'cmake' / 'vfa_build')!r}, 'fa4.precompile', *{args!r}]\n"
               f"sys.path.insert(0, {str(ROOT / 'cmake')!r})\n"
               + when +
               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
@@ -553,7 +550,7 @@ def test_sigterm_stops_every_worker_and_the_step_exits_130(staged, fake_workers,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "fa4_precompile.py: interrupted; every FA4 compile worker it started has stopped"), proc.stderr[-3000:]
+        "fa4/precompile.py: interrupted; every FA4 compile worker it started has stopped"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert fake_workers.count("started") == 2
     assert not _running(fake_workers.program), "a worker outlived the step"
@@ -635,9 +632,9 @@ def test_the_step_says_how_far_it_is_while_workers_run(staged, fake_workers, tmp
     driver = ("import functools, runpy, sys\n"
               f"sys.executable = {fake_workers.python!r}\n"
               f"sys.path[:0] = [{str(ROOT / 'cmake')!r}]\n"
-              "import fa4_workers\n"
+              "from vfa_build.fa4 import workers as fa4_workers\n"
               "fa4_workers.Bounds = functools.partial(fa4_workers.Bounds, progress_seconds=0.2)\n"
-              f"sys.argv = [{str(ROOT / 'cmake/fa4_precompile.py')!r}, *{args!r}]\n"
+              f"sys.argv = [{str(ROOT / 'cmake' / 'vfa_build')!r}, 'fa4.precompile', *{args!r}]\n"
               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     proc = subprocess.Popen([fake_workers.real_python, "-u", "-c", driver], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "python")})

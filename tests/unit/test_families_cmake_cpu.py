@@ -69,6 +69,7 @@ def test_a_family_added_to_the_declaration_reaches_the_cmake_code(tmp_path):
     cmake_dir = tmp_path / "cmake"
     cmake_dir.mkdir()
     shutil.copy(CMAKE_DIR / "Options.cmake", cmake_dir)
+    shutil.copy(CMAKE_DIR / "BuildPython.cmake", cmake_dir)
     data = json.loads((CMAKE_DIR / "knobs.json").read_text())
     data["families"]["fa5"] = dict(data["families"]["fa2"], version=5, module="_vendored_fa5_C",
                                    op_namespace="_vendored_fa5_C", record="build_info.json:fa5")
@@ -109,8 +110,10 @@ def _configure_check(tmp_path: Path, text: str) -> str:
     in script mode, from a project copy whose python/ is the project's."""
     project = tmp_path / "project"
     (project / "cmake").mkdir(parents=True)
-    for name in ("Options.cmake", "Families.cmake", "UpstreamGit.cmake", "knobs.py"):
+    for name in ("Options.cmake", "Families.cmake", "UpstreamGit.cmake", "BuildPython.cmake"):
         shutil.copy(CMAKE_DIR / name, project / "cmake")
+    shutil.copytree(CMAKE_DIR / "vfa_build", project / "cmake" / "vfa_build",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (project / "python").symlink_to(CMAKE_DIR.parent / "python")
     (project / "cmake" / "knobs.json").write_text(text)
     script = tmp_path / "check.cmake"
@@ -165,7 +168,7 @@ def test_the_configures_check_stops_on_each_gap(tmp_path, edit, message):
 
 
 def test_the_configures_check_names_a_knobs_mistake_by_its_json_path(tmp_path):
-    """issue 37: the knobs' typed parse (cmake/knobs.py validate, the model cmake/knobs.schema.json is
+    """issue 37: the knobs' typed parse (cmake/vfa_build/knobs/knobs.py validate, the model cmake/knobs.schema.json is
     made from) runs at configure; before, a mistyped knob field reached vfa_option's use of it."""
     output = _configure_check(tmp_path, _edited(lambda d: d["knobs"]["VFA_DIST_JOBS"].update(max="999")))
     assert "declares a knob with a mistake" in output, output

@@ -1,5 +1,5 @@
 """The knob declaration (cmake/knobs.json) and what is made from it: the README's
-tables and cibuildwheel's environment-pass must be what `python cmake/knobs.py write`
+tables and cibuildwheel's environment-pass must be what `python cmake/vfa_build knobs.knobs write`
 makes, and every knob name the project reads must be declared."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from vfa_build.knobs import knobs
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT / "cmake"))
-import knobs  # noqa: E402  (cmake/knobs.py)
+BUILD_PY = str(PROJECT / "cmake" / "vfa_build")  # the build's entry point: BUILD_PY <module> [args]
 
 # VFA_ words in the project that are not settings.
 NOT_SETTINGS = {
@@ -34,7 +36,7 @@ def test_the_declaration_is_well_formed():
 
 def test_readme_and_environment_pass_are_generated_from_it():
     diff = knobs.drift()
-    assert diff == "", f"run `python cmake/knobs.py write`:\n{diff}"
+    assert diff == "", f"run `python cmake/vfa_build knobs.knobs write`:\n{diff}"
 
 
 def test_cibuildwheel_passes_every_knob_marked_for_it():
@@ -62,7 +64,7 @@ def test_check_fails_on_a_hand_edit(tmp_path):
     pyproject.write_text(re.sub(r'"VFA_BUILD_MEMORY_MB",\s*', "", pyproject.read_text()))
     added = [line for line in knobs.drift(tmp_path).splitlines() if line.startswith("+ ")]
     assert any('"VFA_BUILD_MEMORY_MB"' in line for line in added), added
-    out = subprocess.run([sys.executable, str(PROJECT / "cmake/knobs.py"), "check"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, BUILD_PY, "knobs.knobs", "check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr  # the real project is in order
 
 
@@ -129,7 +131,7 @@ def test_did_you_mean(typo, meant):
 
 
 def test_suggest_command_prints_pairs_for_cmake():
-    out = subprocess.run([sys.executable, str(PROJECT / "cmake/knobs.py"), "suggest", "VFA_PRESTE", "VFA_XYZZY"],
+    out = subprocess.run([sys.executable, BUILD_PY, "knobs.knobs", "suggest", "VFA_PRESTE", "VFA_XYZZY"],
                          capture_output=True, text=True, check=True)
     assert out.stdout == "VFA_PRESTE=VFA_PRESET\n"
 
@@ -148,8 +150,8 @@ message(NOTICE "PTX=${{VFA_FA2_PTX}}")
 
 PYTHON_READERS = """import json, sys
 sys.path.insert(0, sys.argv[1])
-import knobs
-from vendored_flash_attn.declaration import kernels, knob_values as declaration, versioning
+from vfa_build.knobs import knobs
+from vendored_flash_attn import declaration, kernels, versioning
 print(json.dumps({"knobs.py": [knobs.BOOL_ON, knobs.BOOL_OFF],
                   "declaration/knob_values.py": [declaration.BOOL_ON, declaration.BOOL_OFF, declaration.BOOL_WORDS_TEXT],
                   "kernels.py": [kernels.FA2_HEAD_DIM_BUCKETS, kernels.FA3_HEAD_DIM_BUCKETS],
@@ -189,14 +191,14 @@ def test_every_reader_takes_the_bool_words_and_head_dims_from_the_declaration(tm
 
 def test_a_change_of_the_declaration_reaches_every_reader(tmp_path):
     """A bool word and an FA3 head dim added to a copy of the project's declaration: CMake,
-    cmake/knobs.py and the package all take them, with no other edit."""
+    cmake/vfa_build/knobs/knobs.py and the package all take them, with no other edit."""
     project = tmp_path / "project"
     for folder in ("cmake", "python/vendored_flash_attn"):
-        for source in (PROJECT / folder).rglob("*.*"):
-            if "__pycache__" not in source.parts:
-                copy = project / folder / source.relative_to(PROJECT / folder)
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                copy.write_bytes(source.read_bytes())
+        for source in (PROJECT / folder).glob("*.*"):
+            (project / folder).mkdir(parents=True, exist_ok=True)
+            (project / folder / source.name).write_bytes(source.read_bytes())
+    shutil.copytree(PROJECT / "cmake" / "vfa_build", project / "cmake" / "vfa_build",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     declaration = project / "cmake/knobs.json"
     data = json.loads(declaration.read_text())
     data["bool_words"]["on"].append("JA")

@@ -1,7 +1,7 @@
 """cmake/knobs.schema.json, the declaration's JSON Schema, is made from the typed model its
-validators parse into (cmake/knobs_schema.py, python/vendored_flash_attn/declaration/json_types.py): the
+validators parse into (cmake/vfa_build/knobs/schema.py, python/vendored_flash_attn/declaration/json_types.py): the
 committed file must be what the model makes, the declaration must pass it, and the schema and the
-validators (cmake/knobs.py's typed parse, families.problems) must refuse the same broken
+validators (cmake/vfa_build/knobs/knobs.py's typed parse, families.problems) must refuse the same broken
 declarations: every field of the model set to a value of another type, and a corpus of
 structural mistakes."""
 
@@ -17,12 +17,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from vendored_flash_attn.declaration import cuda_archs, families, family_build
+from vendored_flash_attn import cuda_archs, families, family_build
+from vfa_build.knobs import knobs
+from vfa_build.knobs import schema as knobs_schema
 
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT / "cmake"))
-import knobs  # noqa: E402  (cmake/knobs.py)
-import knobs_schema  # noqa: E402  (cmake/knobs_schema.py)
 
 SCHEMA_FILE = PROJECT / "cmake" / "knobs.schema.json"
 DECLARATION = json.loads((PROJECT / "cmake" / "knobs.json").read_text())
@@ -36,7 +35,7 @@ def validator() -> jsonschema.Draft202012Validator:
 
 
 def test_the_committed_schema_is_what_the_model_makes():
-    assert SCHEMA_FILE.read_text() == knobs_schema.text(knobs), "run `python cmake/knobs.py write`"
+    assert SCHEMA_FILE.read_text() == knobs_schema.text(knobs), "run `python cmake/vfa_build knobs.knobs write`"
 
 
 def test_the_declaration_names_its_schema_and_passes_it(validator):
@@ -180,8 +179,8 @@ def test_the_configure_names_a_knobs_first_mistake_by_its_json_path(tmp_path):
     data["knobs"]["VFA_DIST_JOBS"]["max"] = "999"
     path = tmp_path / "knobs.json"
     path.write_text(json.dumps(data))
-    result = subprocess.run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "knobs.py"), "validate",
-                             str(path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "vfa_build"), "knobs.knobs",
+                             "validate", str(path)], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stdout.startswith("cmake/knobs.json: knobs.VFA_DIST_JOBS.max must be a whole number or null, "
                                     "got '999': fix it"), result.stdout + result.stderr

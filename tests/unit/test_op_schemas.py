@@ -1,10 +1,9 @@
 """The op schemas the package calls are upstream's: the reader of upstream's registration
-sources (cmake/op_schemas.py, run by every configure) on upstream's two layouts, its
+sources (cmake/vfa_build/knobs/op_schemas.py, run by every configure) on upstream's two layouts, its
 comparison with op_schemas.py, and the record of the pinned commit it was checked at."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,26 +13,24 @@ import pytest
 
 from support.synthetic_upstream import flash_attention_files
 from vendored_flash_attn.declaration import op_schemas
+from vfa_build.knobs import op_schemas as reader  # the build's reader of upstream's registrations
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("cmake_op_schemas", ROOT / "cmake/op_schemas.py")
-reader = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(reader)
 
 PINNED = json.loads((ROOT / "vendor/flash-attention/pin.json").read_text())["flash_attention"]["commit"]
 
 
 def test_the_schemas_were_checked_against_the_pinned_upstream():
-    """A pin bump fails here until `python cmake/op_schemas.py check <new sources> --commit C`
+    """A pin bump fails here until `python cmake/vfa_build knobs.op_schemas check <new sources> --commit C`
     passed (it fails when upstream changed an op's schema) and its entry was recorded; so does
     an edit of op_schemas.py that was not checked against upstream's sources."""
     recorded = op_schemas.CHECKED_AGAINST.get(PINNED)
     assert recorded is not None, (
         f"op_schemas.CHECKED_AGAINST has no entry for the pinned flash-attention {PINNED}: run "
-        f"python cmake/op_schemas.py check <its source folder> --commit {PINNED}")
+        f"python cmake/vfa_build knobs.op_schemas check <its source folder> --commit {PINNED}")
     assert recorded == reader.fingerprint(op_schemas.OP_SCHEMAS), (
         "op_schemas.py changed since it was checked against the pinned upstream's registrations: "
-        f"run python cmake/op_schemas.py check <its source folder> --commit {PINNED}")
+        f"run python cmake/vfa_build knobs.op_schemas check <its source folder> --commit {PINNED}")
 
 
 @pytest.mark.parametrize("namespace", sorted(op_schemas.REGISTRATION_SOURCES))
@@ -87,7 +84,7 @@ def _upstream_copy(tmp_path: Path, edit=None) -> Path:
 def test_the_check_passes_upstreams_schemas_and_prints_the_record(tmp_path):
     upstream = _upstream_copy(tmp_path)
     assert reader.differences(upstream) == []
-    result = subprocess.run([sys.executable, str(ROOT / "cmake/op_schemas.py"), "check", str(upstream),
+    result = subprocess.run([sys.executable, str(ROOT / "cmake" / "vfa_build"), "knobs.op_schemas", "check", str(upstream),
                              "--commit", "f" * 40], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     digest = reader.fingerprint(op_schemas.OP_SCHEMAS)
@@ -115,14 +112,14 @@ def test_the_check_names_what_upstream_changed(tmp_path, old, new, message):
     upstream = _upstream_copy(tmp_path, edit)
     problems = reader.differences(upstream)
     assert len(problems) >= 1 and any(p.startswith(message) for p in problems), problems
-    result = subprocess.run([sys.executable, str(ROOT / "cmake/op_schemas.py"), "check", str(upstream)],
+    result = subprocess.run([sys.executable, str(ROOT / "cmake/vfa_build/knobs/op_schemas.py"), "check", str(upstream)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert "Update op_schemas.py to upstream's schemas" in result.stderr
 
 
 def test_the_namespaces_are_the_declared_ones():
-    """op_schemas.py writes the op namespaces out (cmake/op_schemas.py loads it by path): they
+    """op_schemas.py writes the op namespaces out (cmake/vfa_build/knobs/op_schemas.py loads it by path): they
     must be the compiled families' declared ``op_namespace``s, each with its ``forward_op``."""
     from vendored_flash_attn.declaration.families import registry
 

@@ -1,4 +1,4 @@
-"""cmake/sccache_launcher.py, the build's compiler launcher, with a stand-in for sccache that
+"""cmake/vfa_build/compiler_cache/sccache_launcher.py, the build's compiler launcher, with a stand-in for sccache that
 fails the way sccache-dist does (a 401 from a scheduler restarted with new secrets; a job
 that fails on a build server) and a stand-in compiler: a cluster failure is compiled here
 and counted, once per unit; the first prints a line, the third turns the cluster off until
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "cmake" / "sccache_launcher.py"
+BUILD_PY = Path(__file__).resolve().parents[2] / "cmake" / "vfa_build"  # the build's entry point
+LAUNCHER = [str(BUILD_PY), "compiler_cache.sccache_launcher"]
 
 # Stands in for sccache: with the build's no-[dist] config it runs the compiler; with the
 # cluster's it fails as FAKE_CLUSTER says (or runs the compiler when the cluster is fine).
@@ -75,7 +76,7 @@ def compile_unit(root: Path, unit: str, cluster: str) -> subprocess.CompletedPro
     env = {"PATH": "/usr/bin:/bin", "FAKE_CALLS": str(root / "calls.log"), "FAKE_CLUSTER": cluster,
            "FAKE_BUILD": str(root / "build"),
            "SCCACHE_CONF": str(root / "client.toml")}
-    return subprocess.run([sys.executable, "-E", "-s", "-S", str(LAUNCHER), str(root / "build" / "vfa-sccache.json"),
+    return subprocess.run([sys.executable, "-E", "-s", "-S", *LAUNCHER, str(root / "build" / "vfa-sccache.json"),
                            "--", str(root / "cc"), "-c", "unit.cpp", "-o", str(root / unit)],
                           env=env, capture_output=True, text=True, timeout=60)
 
@@ -142,8 +143,7 @@ def test_the_cluster_is_tried_again_after_its_back_off_and_an_answer_turns_it_on
     """Issue 34: a short outage (3 refusals) must not turn the cluster off for the rest of the build.
     While the back-off lasts units compile here without asking it; once it has passed, one unit
     tries it, and its answer turns the cluster back on for the units after it."""
-    sys.path.insert(0, str(LAUNCHER.parent))
-    from dist_off import RETRY_FIRST_S
+    from vfa_build.cluster.dist_off import RETRY_FIRST_S
     for i in range(3):
         assert compile_unit(build, f"u{i}.o", "refused").returncode == 0
     assert off_switch(build)["backoff_s"] == RETRY_FIRST_S
@@ -159,8 +159,7 @@ def test_the_cluster_is_tried_again_after_its_back_off_and_an_answer_turns_it_on
 
 
 def test_a_failed_try_turns_the_cluster_off_twice_as_long_up_to_the_cap(build):
-    sys.path.insert(0, str(LAUNCHER.parent))
-    from dist_off import RETRY_FIRST_S, RETRY_MAX_S
+    from vfa_build.cluster.dist_off import RETRY_FIRST_S, RETRY_MAX_S
     said = "".join(compile_unit(build, f"u{i}.o", "refused").stderr for i in range(3))
     assert f"after {RETRY_FIRST_S:.0f} s one of them tries it again" in said, said
     back_off_passed(build)
@@ -236,8 +235,8 @@ def cached_build(tmp_path, request):
                     SCCACHE_ERROR_LOG=str(root / "sccache.log"))
     if explicit:
         env["SCCACHE_SERVER_UDS"] = f"\\x00vfa-test-{root.name}"
-    probe = subprocess.run([sys.executable, str(CMAKE / "compiler_cache_probe.py"), "probe", "--sccache", tool("sccache"),
-                            "--cxx", "g++", "--work", str(root / "probe"), "--build-dir", str(build),
+    probe = subprocess.run([sys.executable, str(BUILD_PY), "compiler_cache.compiler_cache_probe", "probe",
+                            "--sccache", tool("sccache"), "--cxx", "g++", "--work", str(root / "probe"), "--build-dir", str(build),
                             "--out", str(root / "probe.json")], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0 and json.loads((root / "probe.json").read_text())["ok"], probe.stderr
     settings = json.loads((build / "vfa-sccache.json").read_text())
@@ -248,15 +247,14 @@ def cached_build(tmp_path, request):
         (build / f"{unit}.c").write_text(f"int {unit}_{root.name.replace('-', '_')}(void) {{ return {i}; }}\n")
     (build / "build.ninja").write_text(
         "rule cc\n"
-        f"  command = {python} {CMAKE / 'compile_unit.py'} {build} -- {python} {LAUNCHER} {build / 'vfa-sccache.json'}"
+        f"  command = {python} {BUILD_PY} progress.compile_unit {build} -- {python} {' '.join(LAUNCHER)} "
+        f"{build / 'vfa-sccache.json'}"
         f" -- {gcc} -c $in -o $out\n"
         + "".join(f"build {u}.o: cc {u}.c\n" for u in units))
     yield {"root": root, "build": build, "env": env, "settings": settings, "units": units}
     subprocess.run([tool("sccache"), "--stop-server"], env={**env, "SCCACHE_SERVER_UDS": settings["uds"]},
                    capture_output=True, timeout=60)
 
-
-CMAKE = LAUNCHER.parent
 
 
 def ninja(build: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -406,9 +404,9 @@ def test_the_first_cluster_failure_is_said_when_a_parallel_one_lands_before_it_i
     import importlib.util
     import os
 
-    spec = importlib.util.spec_from_file_location("sccache_launcher_race", LAUNCHER)
+    spec = importlib.util.spec_from_file_location("sccache_launcher_race",
+                                                  BUILD_PY / "compiler_cache" / "sccache_launcher.py")
     launcher = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(LAUNCHER.parent))
     spec.loader.exec_module(launcher)
     fallbacks = tmp_path / launcher.FALLBACKS
     real_write = os.write

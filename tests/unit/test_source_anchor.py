@@ -1,9 +1,8 @@
-"""cmake/source_anchor.py: the pin's anchor (what every pinned file is) lives in this repository,
+"""cmake/vfa_build/sources/source_anchor.py: the pin's anchor (what every pinned file is) lives in this repository,
 agrees with the pin, and is written by one command from a fetch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from vfa_build.sources import source_anchor
+
 PROJECT = Path(__file__).resolve().parents[2]
 PIN = PROJECT / "vendor/flash-attention/pin.json"
-sys.path.insert(0, str(PROJECT / "cmake"))
-_spec = importlib.util.spec_from_file_location("source_anchor", PROJECT / "cmake/source_anchor.py")
-source_anchor = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(source_anchor)
 
 
 @pytest.mark.parametrize("component", ["flash_attention", "cutlass"])
@@ -45,7 +42,7 @@ def test_a_pin_bumped_without_its_anchor_is_refused(tmp_path, key, value):
     pin.write_text(json.dumps(data))
     with pytest.raises(source_anchor.AnchorError, match=f"disagree: flash_attention.{key} is .* A pin bump writes "
                                                         "the anchor again in the same change: python cmake/"
-                                                        "source_anchor.py anchor"):
+                                                        "vfa_build sources.source_anchor anchor"):
         source_anchor.load(pin, "flash_attention")
 
 
@@ -62,7 +59,7 @@ def test_an_anchor_edited_by_hand_is_refused(tmp_path):
 def test_a_missing_anchor_says_how_to_write_it(tmp_path):
     pin = tmp_path / "pin.json"
     pin.write_text(PIN.read_text())
-    with pytest.raises(source_anchor.AnchorError, match="there is no anchor .* Write it: python cmake/source_anchor"):
+    with pytest.raises(source_anchor.AnchorError, match="there is no anchor .* Write it: python cmake/vfa_build sources.source_anchor"):
         source_anchor.load(pin, "cutlass")
 
 
@@ -73,7 +70,8 @@ def test_the_anchor_command_writes_from_a_fetch_what_the_files_are(synthetic, tm
     expected = source_anchor.anchor_path(pin).read_text()
     source_anchor.anchor_path(pin).unlink()
     env = {**os.environ, "FLASH_ATTN_MIRROR": synthetic.fa_url, "CUTLASS_MIRROR": synthetic.cutlass_url}
-    done = subprocess.run([sys.executable, str(PROJECT / "cmake/source_anchor.py"), "anchor", "--pin", str(pin)],
+    done = subprocess.run([sys.executable, str(PROJECT / "cmake" / "vfa_build"), "sources.source_anchor", "anchor",
+                           "--pin", str(pin)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert source_anchor.anchor_path(pin).read_text() == expected

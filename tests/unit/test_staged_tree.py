@@ -1,9 +1,8 @@
-"""cmake/staged_tree.py: a per-user, content-addressed copy that only its user can write,
+"""cmake/vfa_build/sources/staged_tree.py: a per-user, content-addressed copy that only its user can write,
 verified against what is expected, reused only after it is verified again."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from vfa_build.sources import staged_tree
+
 PROJECT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("staged_tree", PROJECT / "cmake/staged_tree.py")
-staged_tree = importlib.util.module_from_spec(_spec)
-sys.modules["staged_tree"] = staged_tree
-_spec.loader.exec_module(staged_tree)
+BUILD_PY = str(PROJECT / "cmake" / "vfa_build")
 
 
 @pytest.fixture
@@ -114,14 +112,14 @@ def test_the_command_line_stages_and_verifies(source, tmp_path):
     manifest, _ = staged_tree.manifest_of(source, ["inc"])
     expect = tmp_path / "manifest.json"
     expect.write_text(__import__("json").dumps({"files": staged_tree.manifest_json(manifest)}))
-    script = str(PROJECT / "cmake/staged_tree.py")
-    out = subprocess.run([sys.executable, script, "stage", "--source", str(source), "--store", str(tmp_path / "s"),
+    script = [BUILD_PY, "sources.staged_tree"]
+    out = subprocess.run([sys.executable, *script, "stage", "--source", str(source), "--store", str(tmp_path / "s"),
                           "--name", "demo", "--expect", str(expect), "inc"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     path = __import__("json").loads(out.stdout)["path"]
-    ok = subprocess.run([sys.executable, script, "verify", "--tree", path, "--expect", str(expect)])
+    ok = subprocess.run([sys.executable, *script, "verify", "--tree", path, "--expect", str(expect)])
     assert ok.returncode == 0
     Path(path, "inc/a.h").write_text("x")
-    bad = subprocess.run([sys.executable, script, "verify", "--tree", path, "--expect", str(expect)],
+    bad = subprocess.run([sys.executable, *script, "verify", "--tree", path, "--expect", str(expect)],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "1 file changed (inc/a.h)" in bad.stderr

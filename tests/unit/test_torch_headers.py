@@ -1,4 +1,4 @@
-"""cmake/torch_headers.py: torch's headers staged at a path chosen by their content alone
+"""cmake/vfa_build/sources/torch_headers.py: torch's headers staged at a path chosen by their content alone
 (issue 38: the compiler cache keys on the path a header was read from)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "cmake" / "torch_headers.py"
+SCRIPT = [str(Path(__file__).resolve().parents[2] / "cmake" / "vfa_build"), "sources.torch_headers"]
 HEADERS = {"include/torch/headeronly/macros/Macros.h": "#define C10_MACROS 1\n",
            "include/torch/csrc/api/include/torch/all.h": "#pragma once\n"}
 
@@ -23,7 +23,7 @@ def fake_torch(root: Path, headers: dict[str, str] = HEADERS) -> Path:
 
 
 def stage(torch_root: Path, store: Path, version: str = "2.14.1+cu130") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--torch-root", str(torch_root), "--version", version,
+    return subprocess.run([sys.executable, *SCRIPT, "--torch-root", str(torch_root), "--version", version,
                            "--store", str(store)], capture_output=True, text=True)
 
 

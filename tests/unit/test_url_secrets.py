@@ -1,20 +1,17 @@
-"""cmake/url_secrets.py: the one rule for what of a URL may be shown (CMake and the
+"""cmake/vfa_build/url_secrets.py: the one rule for what of a URL may be shown (CMake and the
 compiler-cache probe both use it), and CMake's use of it failing closed: when its Python
 cannot run, nothing of the URL is shown and a -D holding one is refused."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from support.cmake_runner import clean_env, run, tool
+from vfa_build import url_secrets
 
 PROJECT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("url_secrets", PROJECT / "cmake/url_secrets.py")
-url_secrets = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(url_secrets)
 
 PASSWORD = ["a password"]
 TOKEN = ["a user name (often a token)"]
@@ -162,8 +159,7 @@ def test_a_crash_of_the_compiler_cache_probe_is_scrubbed(tmp_path, monkeypatch, 
     message quotes an SCCACHE_* URL must not carry its credentials there."""
     import sys
 
-    monkeypatch.syspath_prepend(str(PROJECT / "cmake"))
-    import compiler_cache_probe
+    from vfa_build.compiler_cache import compiler_cache_probe
 
     endpoint = "redis://cache:s3cret/token@redis.example:6379/0"
     monkeypatch.setenv("SCCACHE_REDIS_ENDPOINT", endpoint)
@@ -176,4 +172,4 @@ def test_a_crash_of_the_compiler_cache_probe_is_scrubbed(tmp_path, monkeypatch, 
                                                 "--out", str(tmp_path / "result.json")])
     err = capsys.readouterr().err
     assert status == 1 and "RuntimeError: cannot reach redis://redis.example:6379/0" in err, err
-    assert "s3cret" not in err and sys.modules["compiler_cache_probe"] is compiler_cache_probe
+    assert "s3cret" not in err and sys.modules["vfa_build.compiler_cache.compiler_cache_probe"] is compiler_cache_probe
