@@ -229,19 +229,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     reading of TORCH_CUDA_ARCH_LIST (cmake/CudaArchTable.cmake), as three lines "archs <caps>",
     "ptx <caps>" (';'-separated) and "named <name = entries>, ..."; exit 1 with the message when
     the list does not parse (or the declaration's arch table has a mistake)."""
-    import json
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] != "parse":
-        print("usage: python -m vendored_flash_attn.cuda_archs parse DECLARATION.json TEXT", file=sys.stderr)
-        return 2
-    try:
-        with open(args[1], encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as error:
-        print(f"{args[1]} cannot be read as JSON ({error}): fix the file")
-        return 1
+    from .json_types import declaration_command
+
+    read = declaration_command(sys.argv[1:] if argv is None else argv, "vendored_flash_attn.cuda_archs",
+                               "parse", ("TEXT",), errors=sys.stdout)
+    if isinstance(read, int):
+        return read
+    args, data = read
     found = problems(data)
     if found:
         print("; ".join(found))

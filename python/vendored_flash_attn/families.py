@@ -648,20 +648,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     line, exit status 1 when there is any (cmake/Families.cmake runs it at configure): those
     problems() finds and the references to modules of the python/ folder holding this package
     (reference_problems)."""
-    import json
     import os
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "check":
-        print("usage: python -m vendored_flash_attn.families check DECLARATION.json", file=sys.stderr)
-        return 2
-    try:
-        with open(args[1], encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as error:
-        print(f"{args[1]} cannot be read as JSON ({error}): fix the file", file=sys.stderr)
-        return 1
+    read = json_types.declaration_command(sys.argv[1:] if argv is None else argv, "vendored_flash_attn.families",
+                                          "check", (), errors=sys.stderr)
+    if isinstance(read, int):
+        return read
+    _, data = read
     found = problems(data)
     if not found:
         found = reference_problems(data, [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))])
