@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from runtime_fakes import HOPPER
