@@ -101,6 +101,28 @@ function(vfa_knob_field out_var decl field fallback)
   endif()
 endfunction()
 
+# Splits <record> at the first <separator> into the two parts: the text before it into
+# <key_var>, the text after it into <value_var> (a record without <separator>: all of it the key,
+# the value ""). The one reader of the build's "key<separator>value" records: a family's
+# "cap=knob" SASS knobs, "env:NAME" / "cmake:NAME" unknown settings, "NAME=SUGGESTION" pairs.
+#   vfa_split_record(cap knob "9.0=VFA_FA2_SM90_SASS" "=")  ->  cap=9.0, knob=VFA_FA2_SM90_SASS
+#   vfa_split_record(kind name "env:VFA_PRESTE" ":")        ->  kind=env, name=VFA_PRESTE
+#   vfa_split_record(name value "arch=a=b" "=")             ->  name=arch, value=a=b
+function(vfa_split_record key_var value_var record separator)
+  string(FIND "${record}" "${separator}" at)
+  if(at EQUAL -1)
+    set(${key_var} "${record}" PARENT_SCOPE)
+    set(${value_var} "" PARENT_SCOPE)
+    return()
+  endif()
+  string(SUBSTRING "${record}" 0 ${at} key)
+  string(LENGTH "${separator}" length)
+  math(EXPR after "${at} + ${length}")
+  string(SUBSTRING "${record}" ${after} -1 value)
+  set(${key_var} "${key}" PARENT_SCOPE)
+  set(${value_var} "${value}" PARENT_SCOPE)
+endfunction()
+
 # The kernel families, declared once in cmake/knobs.json ("families": what each is and
 # how it is built or packaged; python/vendored_flash_attn/declaration/families.py reads the same
 # section for the package). The build's generic code iterates these instead of naming
@@ -448,20 +470,19 @@ function(vfa_check_unknown_settings)
 
   set(names "")
   foreach(entry IN LISTS unknown)
-    string(REGEX REPLACE "^[a-z]+:" "" name "${entry}")
+    vfa_split_record(kind name "${entry}" ":")
     list(APPEND names "${name}")
   endforeach()
   vfa_knob_suggestions(suggestions ${names})
   set(lines "")
   set(records "")
   foreach(entry IN LISTS unknown)
-    string(REGEX MATCH "^([a-z]+):(.*)$" _ "${entry}")
-    set(kind "${CMAKE_MATCH_1}")
-    set(name "${CMAKE_MATCH_2}")
+    vfa_split_record(kind name "${entry}" ":")
     set(suggestion "")
     foreach(pair IN LISTS suggestions)
-      if(pair MATCHES "^${name}=(.*)$")
-        set(suggestion "${CMAKE_MATCH_1}")
+      vfa_split_record(misspelt closest "${pair}" "=")
+      if(misspelt STREQUAL name)
+        set(suggestion "${closest}")
       endif()
     endforeach()
     if(kind STREQUAL "env")

@@ -238,3 +238,31 @@ def test_a_recorded_list_is_read_by_the_same_parser():
     assert table.capabilities("8.0;Hopper") == [(8, 0), (9, 0)]
     with pytest.raises(cuda_archs.ArchListError, match="write 9.0"):
         table.capabilities("09.0")
+
+
+@pytest.mark.parametrize("module, argv, status, out, err", [
+    (cuda_archs, ["parse", "KNOBS", "8.0,9.0"], 0, "archs 8.0;9.0\nptx \nnamed \n", ""),
+    (families, ["check", "KNOBS"], 0, "", ""),
+    # the configure reads cuda_archs' refusal on stdout, families' on stderr (its stdout lists mistakes)
+    (cuda_archs, ["parse", "MISSING", "9.0"], 1, "MISSING cannot be read as JSON (", ""),
+    (families, ["check", "MISSING"], 1, "", "MISSING cannot be read as JSON ("),
+    (cuda_archs, ["parse", "NOT_JSON", "9.0"], 1, "NOT_JSON cannot be read as JSON (", ""),
+    (families, ["check", "NOT_JSON"], 1, "", "NOT_JSON cannot be read as JSON ("),
+    (cuda_archs, ["parse", "KNOBS"], 2, "",
+     "usage: python -m vendored_flash_attn.declaration.cuda_archs parse DECLARATION.json TEXT\n"),
+    (families, ["parse", "KNOBS"], 2, "", "usage: python -m vendored_flash_attn.declaration.families check DECLARATION.json\n"),
+], ids=["parse", "check", "parse-missing", "check-missing", "parse-not-json", "check-not-json", "parse-usage",
+        "check-usage"])
+def test_the_declaration_tools_read_their_command_line(tmp_path, capsys, module, argv, status, out, err):
+    """cuda_archs parse and families check, the two tools the configure runs on the declaration:
+    their command line and the declaration's file read one way (json_types.declaration_command),
+    each message where its CMake caller reads it."""
+    (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
+    names = {"KNOBS": str(declaration.declaration_path()), "MISSING": str(tmp_path / "missing.json"),
+             "NOT_JSON": str(tmp_path / "bad.json")}
+    assert module.main([names.get(a, a) for a in argv]) == status
+    captured = capsys.readouterr()
+    for name, path in names.items():
+        captured = captured._replace(out=captured.out.replace(path, name), err=captured.err.replace(path, name))
+    assert captured.out.startswith(out) and bool(captured.out) == bool(out), captured
+    assert captured.err.startswith(err) and bool(captured.err) == bool(err), captured

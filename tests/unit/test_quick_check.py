@@ -5,7 +5,6 @@ their kind of call is resolved."""
 from __future__ import annotations
 
 import itertools
-import types
 
 import pytest
 import torch
@@ -129,23 +128,6 @@ def _full(version, comp, args):
         return check_varlen_call(registry()[version], comp, "cpu", *args)
     except (ValueError, TypeError) as exc:
         return exc
-
-
-@pytest.fixture
-def fa4_kernels(monkeypatch):
-    """FA4's kernels as a stand-in that returns an output (FA4's own rules still run); yields the
-    list of calls that reached it."""
-    reached = []
-
-    def fwd(q, k, v, **kwargs):
-        reached.append(q)
-        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1]), None, None, None
-
-    stand_in = types.SimpleNamespace(
-        _flash_attn_fwd=fwd, _resolve_causal_local_window=lambda causal, left, right: (causal, False, left, right),
-        _tile_size_fwd_sm90=lambda *args: types.SimpleNamespace(n_block_size=128))
-    monkeypatch.setattr(fa4, "_loaded", fa4.Loaded(stand_in, {}))
-    return reached
 
 
 @pytest.mark.parametrize("preset, version", list(itertools.product(("minimal", "full"), (2, 3, None))) + [("full", 4)])

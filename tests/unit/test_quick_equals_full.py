@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from runtime_fakes import HOPPER
@@ -183,26 +182,6 @@ def _corpus(seed: int = SEED, count: int = CALLS):
                 devices[name] = where
                 call[name] = Placed(value, where)
         yield f"{number}", call, devices
-
-
-@pytest.fixture
-def fa4_kernels(monkeypatch):
-    """FA4's kernels as a stand-in that returns an output (its own rules still run)."""
-    import types
-
-    from vendored_flash_attn.families.fa4 import adapter as fa4
-
-    reached = []
-
-    def fwd(q, k, v, **kwargs):
-        reached.append(q)
-        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1]), None, None, None
-
-    stand_in = types.SimpleNamespace(
-        _flash_attn_fwd=fwd, _resolve_causal_local_window=lambda causal, left, right: (causal, False, left, right),
-        _tile_size_fwd_sm90=lambda *args: types.SimpleNamespace(n_block_size=128))
-    monkeypatch.setattr(fa4, "_loaded", fa4.Loaded(stand_in, {}))
-    return reached
 
 
 class _Declined(Exception):

@@ -318,3 +318,50 @@ def test_scheduler_metadata_needs_hopper(describe, fake_ops):
     describe(caps=(AMPERE,))
     with pytest.raises(FlashAttnUnavailableError, match="get_scheduler_metadata needs FA3"):
         get_scheduler_metadata(2, 4, 20, 8, 2, 128, torch.tensor([5, 20], dtype=torch.int32))
+
+
+# A call wrong in two ways: the earlier rule's message, whichever step of check_varlen_call
+# holds each (the steps run in one order; this pins it at each boundary between two).
+# (id, build, base call, change, exception, message pattern of the earlier rule)
+TWICE_WRONG = [
+    ("tensor-before-dtype", "full", varlen_call(torch.float32), _with(k=[0.0]), FlashAttnTypeError,
+     r"k must be a torch.Tensor, got list"),
+    ("dtype-before-kv-layout", "full", varlen_call(torch.float32), _drop("cu_seqlens_k"), FlashAttnTypeError,
+     r"q: FA3 supports dtypes"),
+    ("kv-layout-before-shapes", "full", paged_call(),
+     lambda c: {**c, "cu_seqlens_k": c["cu_seqlens_q"], "q": c["q"][0]}, FlashAttnInputError,
+     r"block_table \(paged KV cache\) needs seqused_k"),
+    ("shapes-before-kv-indexes", "full", varlen_call(heads=6, kv_heads=4),
+     _map("cu_seqlens_k", lambda c: c["cu_seqlens_k"].long()), FlashAttnInputError,
+     r"the number of q heads must be a multiple"),
+    ("kv-indexes-before-max-seqlen", "full", paged_call(),
+     lambda c: {**c, "block_table": c["block_table"][:1], "max_seqlen_q": 4.0}, FlashAttnInputError,
+     r"block_table has 1 rows but cu_seqlens_q describes 2"),
+    ("max-seqlen-before-out", "full", varlen_call(),
+     lambda c: {**c, "max_seqlen_q": 4.0, "out": torch.empty(7, 8, 128, dtype=BF16)}, FlashAttnTypeError,
+     r"max_seqlen_q must be an int, got float"),
+    ("out-before-options", "full", varlen_call(),
+     _with(out=torch.empty(7, 8, 128, dtype=BF16), dropout_p=0.1), FlashAttnInputError, r"out must have shape"),
+    ("options-before-features", "full", varlen_call(), _with(dropout_p=0.1, alibi_slopes=torch.rand(8)),
+     FlashAttnInputError, r"dropout_p must be 0.0"),
+    ("features-before-their-arguments", "no-features", varlen_call(),
+     _with(softcap=30.0, s_aux=torch.zeros(8)), FlashAttnInputError, r"softcap > 0 needs the FA3 'softcap' kernels"),
+    ("descales-before-sinks", "full", paged_call(FP8),
+     lambda c: {**c, **descales(batch=3), "s_aux": torch.zeros(8)}, FlashAttnInputError,
+     r"q_descale must have shape \(num_seqs, num_kv_heads\)"),
+    ("sinks-before-context-parallel", "full", varlen_call(), _with(s_aux=torch.zeros(8), cp_rank=1),
+     FlashAttnTypeError, r"s_aux must be bfloat16"),
+]
+
+
+@pytest.mark.parametrize("build, call, change, error, pattern", [c[1:] for c in TWICE_WRONG],
+                         ids=[c[0] for c in TWICE_WRONG])
+def test_a_call_wrong_twice_is_refused_for_the_earlier_rule(build, call, change, error, pattern):
+    from vendored_flash_attn.call.arguments import VarlenCall
+    from vendored_flash_attn.declaration.families import registry
+    from vendored_flash_attn.call.validation import check_varlen_call, window_tuple
+
+    comp = (NO_FEATURES if build == "no-features" else make_build("full")).component(3)
+    call = {"causal": True, **change(call)}
+    with pytest.raises(error, match=pattern):
+        check_varlen_call(registry()[3], comp, "cpu", VarlenCall(**call), window_tuple(call.get("window_size")))

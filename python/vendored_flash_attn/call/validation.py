@@ -167,31 +167,61 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
     its declaration says (dtypes, features, ``call``) and, for a family whose build selects
     kernels, as its build record ``comp`` says (None: a family that selects none). The same
     checks for every family; what one family refuses beyond these is its adapter's.
-    ``window``: window_tuple(call.window_size), which the caller has computed."""
-    (q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p, causal, softcap,
-     alibi_slopes, block_table, out, scheduler_metadata, q_descale, k_descale, v_descale, num_splits, s_aux,
-     cp_world_size, cp_rank, cp_tot_seqused_k) = (
-        call.q, call.k, call.v, call.max_seqlen_q, call.cu_seqlens_q, call.max_seqlen_k, call.cu_seqlens_k,
-        call.seqused_k, call.q_v, call.dropout_p, call.causal, call.softcap, call.alibi_slopes, call.block_table,
-        call.out, call.scheduler_metadata, call.q_descale, call.k_descale, call.v_descale, call.num_splits,
-        call.s_aux, call.cp_world_size, call.cp_rank, call.cp_tot_seqused_k)
-    for name, x in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q)):
+    ``window``: window_tuple(call.window_size), which the caller has computed.
+
+    The steps below run in this order and the first refusal is the message, so a call that is
+    wrong in two ways is always refused for the same one."""
+    q = call.q
+    _check_tensors_on_one_device(call, device_type)
+    qname, fp8, kv_fp8 = _check_dtypes(family, comp, call)
+    paged = _check_kv_layout(family, call)
+    total_q, batch, num_heads, head_size, num_heads_k, head_size_v = _check_shapes(family, comp, call, paged, qname)
+    _check_kv_index_tensors(family, comp, call, paged, batch)
+    _integer("max_seqlen_q", call.max_seqlen_q)
+    _integer("max_seqlen_k", call.max_seqlen_k)
+    if call.out is not None:
+        check_out(call.out, torch.bfloat16 if fp8 else q.dtype, (total_q, num_heads, head_size_v), fp8=fp8)
+    num_splits, cp_world_size, cp_rank = _check_scalar_options(call)
+    _check_features(family, comp, call, window, num_splits, cp_world_size)
+
+    # The arguments of the features it has (each step only when its argument is given).
+    if call.alibi_slopes is not None:
+        _check_alibi_slopes(call.alibi_slopes, batch, num_heads)
+    if call.scheduler_metadata is not None:
+        _index_tensor("scheduler_metadata", call.scheduler_metadata, q)
+    if fp8 or kv_fp8:
+        _check_descales(call, batch, num_heads_k)
+    if call.s_aux is not None:
+        _check_sinks(family, call.s_aux, num_heads, head_size, head_size_v)
+    if call.q_v is not None:
+        _check_q_v(call, fp8, total_q, num_heads, head_size, head_size_v)
+    if cp_world_size != 1 or cp_rank != 0 or call.cp_tot_seqused_k is not None:
+        _check_context_parallel(call, window, cp_world_size, cp_rank, batch)
+    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)
+
+
+def _check_tensors_on_one_device(call: VarlenCall, device_type: str) -> None:
+    """q, k, v and cu_seqlens_q are tensors and each optional tensor argument is one or None;
+    then the device: q's is of ``device_type``, every other tensor is on q's."""
+    q = call.q
+    for name, x in (("q", q), ("k", call.k), ("v", call.v), ("cu_seqlens_q", call.cu_seqlens_q)):
         _tensor(name, x)
-    optional = (("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k), ("q_v", q_v),
-                ("alibi_slopes", alibi_slopes), ("block_table", block_table), ("out", out),
-                ("scheduler_metadata", scheduler_metadata), ("q_descale", q_descale),
-                ("k_descale", k_descale), ("v_descale", v_descale), ("s_aux", s_aux),
-                ("cp_tot_seqused_k", cp_tot_seqused_k))
+    optional = (("cu_seqlens_k", call.cu_seqlens_k), ("seqused_k", call.seqused_k), ("q_v", call.q_v),
+                ("alibi_slopes", call.alibi_slopes), ("block_table", call.block_table), ("out", call.out),
+                ("scheduler_metadata", call.scheduler_metadata), ("q_descale", call.q_descale),
+                ("k_descale", call.k_descale), ("v_descale", call.v_descale), ("s_aux", call.s_aux),
+                ("cp_tot_seqused_k", call.cp_tot_seqused_k))
     for name, x in optional:
         _tensor(name, x, optional=True)
-
-    # Device: q decides, everything else follows it.
     check_q_device(q, device_type)
-    for name, x in (("k", k), ("v", v)) + optional:
+    for name, x in (("k", call.k), ("v", call.v)) + optional:
         _same_device(name, x, q)
 
-    # Dtypes: q's is one of the family's (and built); k and v have q's, or are FP8 under a
-    # 16-bit q where the family declares fp8_kv.
+
+def _check_dtypes(family: Family, comp: Optional[ComponentInfo], call: VarlenCall) -> tuple:
+    """q's dtype is one of the family's (and built); k and v have q's, or are FP8 under a
+    16-bit q where the family declares fp8_kv. Returns (q's dtype name, fp8, kv_fp8)."""
+    q, k, v = call.q, call.k, call.v
     qname = dtype_name(q.dtype)
     problem = dtype_problem(family, comp, qname, shown=str(q.dtype).replace("torch.", ""))
     if problem:
@@ -200,9 +230,14 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
     kv_fp8 = not fp8 and "fp8_kv" in family.features and k.dtype == v.dtype == _E4M3
     if not kv_fp8:
         check_same_dtype(q, k, v)
+    return qname, fp8, kv_fp8
 
-    # KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched.
-    paged = block_table is not None
+
+def _check_kv_layout(family: Family, call: VarlenCall) -> bool:
+    """One KV layout: packed (cu_seqlens_k), paged (block_table + seqused_k) or batched
+    (seqused_k alone, where the family declares it). Returns whether it is paged."""
+    cu_seqlens_k, seqused_k = call.cu_seqlens_k, call.seqused_k
+    paged = call.block_table is not None
     if paged and (seqused_k is None or cu_seqlens_k is not None):
         _fail("block_table (paged KV cache) needs seqused_k (the KV length of each sequence) "
               "and no cu_seqlens_k")
@@ -215,8 +250,16 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
         # Such a family takes K offsets from cu_seqlens_k unless the cache is paged.
         _fail(f"{family.title} needs cu_seqlens_k for an unpaged K/V (it says where each sequence starts); "
               "seqused_k alone is only valid with block_table")
+    return paged
 
-    # Shapes.
+
+def _check_shapes(family: Family, comp: Optional[ComponentInfo], call: VarlenCall, paged: bool,
+                  qname) -> tuple:
+    """q is 3-D, cu_seqlens_q an int32 index of batch + 1 >= 2 entries, k and v of the layout's
+    rank and agreeing but in the last dimension, the GQA head ratio and the head sizes the
+    family (and its build) has. Returns (total_q, batch, num_heads, head_size, num_heads_k,
+    head_size_v)."""
+    q, k, v, cu_seqlens_q = call.q, call.k, call.v, call.cu_seqlens_q
     if q.dim() != 3:
         _fail(f"q must be 3-D (total_q, num_heads, head_size), got shape {tuple(q.shape)}")
     total_q, num_heads, head_size = q.shape
@@ -225,7 +268,7 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
               f"{tuple(cu_seqlens_q.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
     _index_tensor("cu_seqlens_q", cu_seqlens_q, q)
-    kv_dims = 4 if (paged or cu_seqlens_k is None) else 3
+    kv_dims = 4 if (paged or call.cu_seqlens_k is None) else 3
     layout = {3: "(total_k, num_heads_k, head_size)",
               4: "(num_blocks, block_size, num_heads_k, head_size)" if paged
               else "(batch_size, seqlen_k, num_heads_k, head_size)"}[kv_dims]
@@ -241,11 +284,21 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
     problem = head_size_problem(family, comp, head_size, head_size_v, qname)
     if problem:
         _fail(problem)
-    if cu_seqlens_k is not None:
-        _index_tensor("cu_seqlens_k", cu_seqlens_k, q, shape=(batch + 1,))
-    if seqused_k is not None:
-        _index_tensor("seqused_k", seqused_k, q, shape=(batch,))
+    return total_q, batch, num_heads, head_size, num_heads_k, head_size_v
+
+
+def _check_kv_index_tensors(family: Family, comp: Optional[ComponentInfo], call: VarlenCall, paged: bool,
+                            batch: int) -> None:
+    """cu_seqlens_k (batch + 1 entries), seqused_k (batch), block_table (a row per sequence,
+    a block size the family pages by, the build's paged kernels), or for a batched K/V one
+    sequence per q sequence."""
+    q, k = call.q, call.k
+    if call.cu_seqlens_k is not None:
+        _index_tensor("cu_seqlens_k", call.cu_seqlens_k, q, shape=(batch + 1,))
+    if call.seqused_k is not None:
+        _index_tensor("seqused_k", call.seqused_k, q, shape=(batch,))
     if paged:
+        block_table = call.block_table
         _index_tensor("block_table", block_table, q, dims=2)
         if block_table.shape[0] != batch:
             _fail(f"block_table has {block_table.shape[0]} rows but cu_seqlens_q describes {batch} "
@@ -254,32 +307,34 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
         if k.shape[1] % multiple:
             _fail(f"{family.title} needs a paged KV block size divisible by {multiple}, got {k.shape[1]}")
         _feature(family, comp, "paged")
-    elif kv_dims == 4 and k.shape[0] != batch:
+    elif call.cu_seqlens_k is None and k.shape[0] != batch:  # batched: k is 4-D (_check_shapes)
         _fail(f"k/v hold {k.shape[0]} sequences but cu_seqlens_q describes {batch}")
 
-    max_seqlen_q = _integer("max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _integer("max_seqlen_k", max_seqlen_k)
 
-    if out is not None:
-        check_out(out, torch.bfloat16 if fp8 else q.dtype, (total_q, num_heads, head_size_v), fp8=fp8)
-
-    # Options.
-    if float(dropout_p) != 0.0:
+def _check_scalar_options(call: VarlenCall) -> tuple[int, int, int]:
+    """dropout_p is 0, softcap >= 0, num_splits, cp_world_size (>= 1) and cp_rank ints.
+    Returns (num_splits, cp_world_size, cp_rank) as ints."""
+    if float(call.dropout_p) != 0.0:
         _fail(f"dropout_p must be 0.0: these kernels are inference-only and built without dropout "
-              f"(got {dropout_p})")
-    if softcap < 0:
-        _fail(f"softcap must be >= 0 (0 turns it off), got {softcap}")
-    num_splits = _integer("num_splits", num_splits)
-    cp_world_size = _integer("cp_world_size", cp_world_size, minimum=1)
-    cp_rank = _integer("cp_rank", cp_rank)
+              f"(got {call.dropout_p})")
+    if call.softcap < 0:
+        _fail(f"softcap must be >= 0 (0 turns it off), got {call.softcap}")
+    num_splits = _integer("num_splits", call.num_splits)
+    cp_world_size = _integer("cp_world_size", call.cp_world_size, minimum=1)
+    cp_rank = _integer("cp_rank", call.cp_rank)
+    return num_splits, cp_world_size, cp_rank
 
-    # What the family does not declare at all, then what its build left out.
-    _refuse_undeclared(family, alibi_slopes=alibi_slopes, s_aux=s_aux, q_v=q_v, num_splits=num_splits,
-                       scheduler_metadata=scheduler_metadata, cp_world_size=cp_world_size,
-                       cp_tot_seqused_k=cp_tot_seqused_k)
-    if softcap > 0:
+
+def _check_features(family: Family, comp: Optional[ComponentInfo], call: VarlenCall, window: tuple[int, int],
+                    num_splits: int, cp_world_size: int) -> None:
+    """What the call asks for that the family does not declare at all, then what its build
+    left out (softcap, local, split), and the family's most splits."""
+    _refuse_undeclared(family, alibi_slopes=call.alibi_slopes, s_aux=call.s_aux, q_v=call.q_v,
+                       num_splits=num_splits, scheduler_metadata=call.scheduler_metadata,
+                       cp_world_size=cp_world_size, cp_tot_seqused_k=call.cp_tot_seqused_k)
+    if call.softcap > 0:
         _feature(family, comp, "softcap")
-    if _is_local(window, causal):
+    if _is_local(window, call.causal):
         _feature(family, comp, "local")
     if num_splits > 1:
         _feature(family, comp, "split")
@@ -287,62 +342,79 @@ def check_varlen_call(family: Family, comp: Optional[ComponentInfo], device_type
         if most is not None and num_splits > most:
             _fail(f"{family.title} supports num_splits up to {most}, got {num_splits}")
 
-    # The arguments of the features it has.
-    if alibi_slopes is not None:
-        if alibi_slopes.dtype != torch.float32:
-            raise FlashAttnTypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
-        if tuple(alibi_slopes.shape) not in ((num_heads,), (batch, num_heads)):
-            _fail(f"alibi_slopes must have shape ({num_heads},) or ({batch}, {num_heads}), got "
-                  f"{tuple(alibi_slopes.shape)}")
-        if alibi_slopes.stride(-1) != 1:
-            _fail("alibi_slopes must have a contiguous last dimension (stride 1)")
-    if scheduler_metadata is not None:
-        _index_tensor("scheduler_metadata", scheduler_metadata, q)
-    if fp8 or kv_fp8:
-        for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-            if d is None:
-                continue
-            if d.dtype != torch.float32:
-                raise FlashAttnTypeError(f"{name} must be float32, got {d.dtype}")
-            if tuple(d.shape) != (batch, num_heads_k):
-                _fail(f"{name} must have shape (num_seqs, num_kv_heads) = {(batch, num_heads_k)}, "
-                      f"got {tuple(d.shape)}; expand a per-tensor scale with "
-                      f"scale.expand({batch}, {num_heads_k}) or use make_fp8_descales")
-    if s_aux is not None:
-        if s_aux.dtype != torch.bfloat16:
-            raise FlashAttnTypeError(f"s_aux must be bfloat16, got {s_aux.dtype}")
-        if tuple(s_aux.shape) != (num_heads,):
-            _fail(f"s_aux must have shape ({num_heads},) (one sink per q head), got "
-                  f"{tuple(s_aux.shape)}")
-        if not s_aux.is_contiguous():
-            _fail("s_aux must be contiguous")
-        most = family.call.sinks_max_q_heads
-        if most is not None and num_heads > most:
-            _fail(f"{family.title} supports s_aux with at most {most} q heads, got {num_heads}")
-        if family.call.sinks_same_head_sizes and head_size != head_size_v:
-            _fail(f"{family.title} does not support s_aux with different Q/K and V head sizes")
-    if q_v is not None:
-        if head_size > 64 or head_size_v < 256:
-            _fail("q_v needs a Q/K head size <= 64 and a V head size >= 256, got "
-                  f"{head_size} and {head_size_v}")
-        if fp8 or q_v.dtype != q.dtype:
-            raise FlashAttnTypeError(f"q_v must have q's dtype, fp16 or bf16; got {q_v.dtype}")
-        if tuple(q_v.shape) != (total_q, num_heads, head_size_v):
-            _fail(f"q_v must have shape {(total_q, num_heads, head_size_v)}, got {tuple(q_v.shape)}")
-        if q_v.stride(-1) != 1:
-            _fail("q_v must have a contiguous last dimension (stride 1)")
+
+def _check_alibi_slopes(alibi_slopes, batch: int, num_heads: int) -> None:
+    """float32, of shape (num_heads,) or (batch, num_heads), a unit last stride."""
+    if alibi_slopes.dtype != torch.float32:
+        raise FlashAttnTypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((num_heads,), (batch, num_heads)):
+        _fail(f"alibi_slopes must have shape ({num_heads},) or ({batch}, {num_heads}), got "
+              f"{tuple(alibi_slopes.shape)}")
+    if alibi_slopes.stride(-1) != 1:
+        _fail("alibi_slopes must have a contiguous last dimension (stride 1)")
+
+
+def _check_descales(call: VarlenCall, batch: int, num_heads_k: int) -> None:
+    """FP8's q/k/v_descale, each given: float32 of shape (num_seqs, num_kv_heads)."""
+    for name, d in (("q_descale", call.q_descale), ("k_descale", call.k_descale), ("v_descale", call.v_descale)):
+        if d is None:
+            continue
+        if d.dtype != torch.float32:
+            raise FlashAttnTypeError(f"{name} must be float32, got {d.dtype}")
+        if tuple(d.shape) != (batch, num_heads_k):
+            _fail(f"{name} must have shape (num_seqs, num_kv_heads) = {(batch, num_heads_k)}, "
+                  f"got {tuple(d.shape)}; expand a per-tensor scale with "
+                  f"scale.expand({batch}, {num_heads_k}) or use make_fp8_descales")
+
+
+def _check_sinks(family: Family, s_aux, num_heads: int, head_size: int, head_size_v: int) -> None:
+    """s_aux (attention sinks): bfloat16, one per q head, contiguous, within the family's
+    limits on q heads and head sizes."""
+    if s_aux.dtype != torch.bfloat16:
+        raise FlashAttnTypeError(f"s_aux must be bfloat16, got {s_aux.dtype}")
+    if tuple(s_aux.shape) != (num_heads,):
+        _fail(f"s_aux must have shape ({num_heads},) (one sink per q head), got "
+              f"{tuple(s_aux.shape)}")
+    if not s_aux.is_contiguous():
+        _fail("s_aux must be contiguous")
+    most = family.call.sinks_max_q_heads
+    if most is not None and num_heads > most:
+        _fail(f"{family.title} supports s_aux with at most {most} q heads, got {num_heads}")
+    if family.call.sinks_same_head_sizes and head_size != head_size_v:
+        _fail(f"{family.title} does not support s_aux with different Q/K and V head sizes")
+
+
+def _check_q_v(call: VarlenCall, fp8: bool, total_q: int, num_heads: int, head_size: int,
+               head_size_v: int) -> None:
+    """q_v: head sizes <= 64 (Q/K) and >= 256 (V), q's 16-bit dtype, (total_q, num_heads,
+    head_size_v), a unit last stride."""
+    q_v = call.q_v
+    if head_size > 64 or head_size_v < 256:
+        _fail("q_v needs a Q/K head size <= 64 and a V head size >= 256, got "
+              f"{head_size} and {head_size_v}")
+    if fp8 or q_v.dtype != call.q.dtype:
+        raise FlashAttnTypeError(f"q_v must have q's dtype, fp16 or bf16; got {q_v.dtype}")
+    if tuple(q_v.shape) != (total_q, num_heads, head_size_v):
+        _fail(f"q_v must have shape {(total_q, num_heads, head_size_v)}, got {tuple(q_v.shape)}")
+    if q_v.stride(-1) != 1:
+        _fail("q_v must have a contiguous last dimension (stride 1)")
+
+
+def _check_context_parallel(call: VarlenCall, window: tuple[int, int], cp_world_size: int, cp_rank: int,
+                            batch: int) -> None:
+    """cp_rank 0 without context parallelism; with it, cp_tot_seqused_k given, cp_rank below
+    cp_world_size, no sliding window; cp_tot_seqused_k an int32 index of batch entries."""
     if cp_world_size == 1 and cp_rank != 0:
         _fail(f"cp_rank must be 0 without context parallelism (cp_world_size=1), got {cp_rank}")
     if cp_world_size > 1:
-        if cp_tot_seqused_k is None:
+        if call.cp_tot_seqused_k is None:
             _fail("context parallelism (cp_world_size > 1) needs cp_tot_seqused_k")
         if cp_rank >= cp_world_size:
             _fail(f"cp_rank must be < cp_world_size ({cp_world_size}), got {cp_rank}")
-        if _is_local(window, causal):
+        if _is_local(window, call.causal):
             _fail("sliding-window attention is not supported with context parallelism")
-    if cp_tot_seqused_k is not None:
-        _index_tensor("cp_tot_seqused_k", cp_tot_seqused_k, q, shape=(batch,))
-    return CallShape(batch, num_heads, num_heads_k, head_size, head_size_v, paged, fp8)
+    if call.cp_tot_seqused_k is not None:
+        _index_tensor("cp_tot_seqused_k", call.cp_tot_seqused_k, call.q, shape=(batch,))
 
 
 def _feature(family: Family, comp: Optional[ComponentInfo], feature: str) -> None:

@@ -155,3 +155,30 @@ def object_schema(cls: type, skip: frozenset = frozenset(), **override: dict) ->
     if required:
         out["required"] = required
     return out
+
+
+def declaration_command(argv: list[str], tool: str, command: str, operands: tuple[str, ...],
+                        errors: typing.TextIO) -> typing.Union[int, tuple[list[str], Any]]:
+    """The command line of a declaration tool the configure runs, ``python -m <tool> <command>
+    DECLARATION.json <operands>``, and the declaration read: (the arguments, the JSON value), or
+    the exit status to return when the command line is not that (2, the usage on stderr) or the
+    file cannot be read as JSON (1, the message on ``errors``: where that tool's CMake caller
+    looks for it).
+      declaration_command(["check", "cmake/knobs.json"], "vendored_flash_attn.declaration.families", "check",
+                          (), sys.stderr)  ->  (["check", "cmake/knobs.json"], {...})
+      declaration_command(["parse", "missing.json", "9.0"], "vendored_flash_attn.declaration.cuda_archs",
+                          "parse", ("TEXT",), sys.stdout)  ->  1, having printed
+                          "missing.json cannot be read as JSON ([Errno 2] ...): fix the file"
+    """
+    import json
+    import sys
+
+    if len(argv) != 2 + len(operands) or argv[0] != command:
+        print(f"usage: python -m {tool} {command} " + " ".join(("DECLARATION.json",) + operands), file=sys.stderr)
+        return 2
+    try:
+        with open(argv[1], encoding="utf-8") as f:
+            return argv, json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"{argv[1]} cannot be read as JSON ({error}): fix the file", file=errors)
+        return 1
