@@ -7,10 +7,10 @@ not change what builds) compare file for file.
     python benchmarks/configure_compare.py diff <dir before> <dir after>
 
 Each configure runs `cmake -S <tree> -B <build> -G Ninja -DVFA_PRESET=<preset>
--DVFA_COMPILER_CACHE=off -DVFA_BUILD_FA4=off` (as README's source-check figures configure;
+-DVFA_COMPILER_CACHE=off -DVFA_BUILD_FA4=off` (as docs/trust.md's source-check figures configure;
 plus -DVFA_BUILD_MEMORY_MB=16384, whose default is the memory free at that moment)
-from the real source cache (`VFA_SOURCE_CACHE` or its default; fill it first, README: "To
-fill the cache"), with the cmake and Python of the environment running this script.
+from the real source cache (`VFA_SOURCE_CACHE` or its default; fill it first, docs/trust.md: "Filling
+the cache"), with the cmake and Python of the environment running this script.
 """
 
 from __future__ import annotations

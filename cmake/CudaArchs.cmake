@@ -8,7 +8,7 @@
 #   a: [caps]                arch-specific code at each, when that capability is listed
 #   ptx: cap, ptx_knob       PTX at cap, when the knob is ON (newer GPUs run it through the JIT)
 #   nvcc                     the lowest nvcc the family's sources need, above the table's
-# (What today's declaration gives is in README's TORCH_CUDA_ARCH_LIST row: sm_80 SASS and
+# (What today's declaration gives is in docs/knobs.md's TORCH_CUDA_ARCH_LIST row: sm_80 SASS and
 # compute_80 PTX for one family, exactly sm_90a with nvcc >= 12.3 for another; the examples
 # below name families by <name>, as this file does.) The families' validator (families.py, run at
 # configure) has checked that each family's code runs on every GPU it is declared for.

@@ -503,15 +503,15 @@ function(vfa_check_unknown_settings)
       "\n"
       "==========================================================================\n"
       "${lines}"
-      " It is ignored (VFA_ALLOW_UNKNOWN_SETTINGS=ON). The knobs are listed in the\n"
-      " README (cmake/knobs.json).\n"
+      " It is ignored (VFA_ALLOW_UNKNOWN_SETTINGS=ON). The knobs are listed in\n"
+      " docs/knobs.md (cmake/knobs.json).\n"
       "==========================================================================")
   else()
     message(FATAL_ERROR
       "\n"
       "${lines}"
       " Stopped before anything is fetched or built: a misspelt knob would build something\n"
-      " else than was asked. Correct or remove it (the knobs are listed in the README,\n"
+      " else than was asked. Correct or remove it (the knobs are listed in docs/knobs.md,\n"
       " cmake/knobs.json), or set VFA_ALLOW_UNKNOWN_SETTINGS=ON to build with it ignored.")
   endif()
 endfunction()

@@ -26,7 +26,7 @@
 # whose stat cache an edit that keeps size and mtime would fool). It runs on every
 # configure and, as the target vfa_verified_sources, on every build
 # (cmake/UpstreamBuildCheck.cmake), never cached: a cache keyed on file stats would
-# let such an edit through (its cost, 0.2-0.4 s on a loaded 2-core machine: README).
+# let such an edit through (its cost, 0.2-0.4 s on a loaded 2-core machine: docs/trust.md).
 # It trusts the checkout's object store (replace refs are ignored).
 # The compile sees only verified folders (vfa_verified_include_dirs), and what
 # the build generates lives in the build dir, never in the shared cache.
@@ -167,7 +167,7 @@ function(vfa_refuse_credentials_in_a_definition out_var name)
     "(a credential helper: git config --global credential.helper <helper>, or your CI's), or "
     "set ${name} with the credentials in the environment instead (${name}=... pip wheel .): the "
     "environment is not printed, and the URL is scrubbed from every log, the source cache and "
-    "the build info. README: Where the upstream comes from.")
+    "the build info. docs/trust.md: Where the upstream comes from.")
   set(${out_var} "${text}" PARENT_SCOPE)
 endfunction()
 

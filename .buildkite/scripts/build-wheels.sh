@@ -26,7 +26,7 @@ if [ -n "${SCCACHE_CONF:-}" ] && [ -z "${VFA_DIST_VERIFY+set}" ]; then
   export VFA_DIST_VERIFY=10
 fi
 
-# Reproducible wheels (README, "What a build records"): zip times from the commit's time,
+# Reproducible wheels (docs/build.md, "What a build records"): zip times from the commit's time,
 # for scikit-build-core and auditwheel's repair alike (passed into the container), so a
 # rebuild of this commit gives the same bytes and the same sha256 (printed below).
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)

@@ -14,7 +14,7 @@ dim and dtype). A copy of the project then differs from this checkout in these f
 * its source list: ``fa5`` among the flash-attention paths of the pin the build verifies (the pin
   file the test writes, vendor/flash-attention/pin.json's format).
 
-(``python cmake/vfa_build knobs.knobs write`` would also regenerate README's knob tables and pyproject's
+(``python cmake/vfa_build knobs.knobs write`` would also regenerate docs/knobs.md's knob tables and pyproject's
 environment-pass from the new knobs; the build and the package read neither.)
 
 One configure and one build (FA5 alone: FA2, FA3 and FA4 off; arch 8.0), installed into a folder

@@ -104,7 +104,7 @@ def test_unknown_settings_stop_with_a_did_you_mean(synthetic, tmp_path):
     allowed = fetch_sources({**defines, "VFA_ALLOW_UNKNOWN_SETTINGS": "ON"}, env=env)
     assert stopped.returncode != 0 and "CMake Error" in stopped.output
     assert ("Stopped before anything is fetched or built: a misspelt knob would build something else than was "
-            "asked. Correct or remove it (the knobs are listed in the README, cmake/knobs.json), or set "
+            "asked. Correct or remove it (the knobs are listed in docs/knobs.md, cmake/knobs.json), or set "
             "VFA_ALLOW_UNKNOWN_SETTINGS=ON to build with it ignored.") in stopped.text
     assert allowed.returncode == 0, allowed.output
     assert "CMake Warning" in allowed.output and "=====" in allowed.output  # loud, not a status line

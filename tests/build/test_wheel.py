@@ -181,7 +181,7 @@ def wheel_members(wheel: Path) -> dict[str, tuple]:
 
 
 def test_the_same_selection_gives_the_same_wheel_bytes(built, second):
-    """Two checkout paths, two build dirs, another machine state: one wheel (README, What a build records)."""
+    """Two checkout paths, two build dirs, another machine state: one wheel (docs/build.md, What a build records)."""
     first, again = wheel_members(built["wheel"]), wheel_members(second["wheel"])
     differ = sorted(n for n in first.keys() | again.keys() if first.get(n) != again.get(n))
     detail = ""

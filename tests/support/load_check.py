@@ -1,6 +1,6 @@
 """`--load-check[=N]`: the tests with N busy processes beside them (2 x this machine's CPUs
 when N is not given), started when the session starts and stopped when it ends, to show that
-no test's verdict depends on how fast the machine is (README "Running the tests"). The
+no test's verdict depends on how fast the machine is (docs/testing.md). The
 closing lines give the run's time and the load average (1 min) seen during it.
 
 Wired in tests/conftest.py. The hogs are plain `while True: pass` loops of this

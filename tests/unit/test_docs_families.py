@@ -58,3 +58,29 @@ def test_the_runtime_doc_names_the_declared_versions_for_the_override():
     quoted = [f'`"{v}"`' for v in registry.versions]
     words = ", ".join(quoted[:-1]) + " or " + quoted[-1]
     assert f"one of the declared versions, {words};" in " ".join(RUNTIME.read_text().split())
+
+
+README = RUNTIME.parents[1] / "README.md"
+
+
+def test_the_readme_gpu_table_follows_the_declared_families():
+    """README's small table: on each GPU row, the families that run there and the selector's
+    default, as the declaration says (a family's generations, else every GPU from its lowest
+    capability; the default: the first of `default_order` whose `default_on` holds the GPU)."""
+    registry = families.parse(declaration.load())
+    section = README.read_text().split("\n## Supported GPUs and families\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert rows
+    seen = set()
+    for gpu, runs, default in rows:
+        majors = _majors(gpu)
+        assert majors and not majors & seen, gpu
+        seen |= majors
+        for major in majors:
+            running = [f for f in registry
+                       if (major in f.generations if f.generations else major >= f.min_capability[0])]
+            assert re.findall(r"\bFA\d\b", runs) == [f.title for f in running], (gpu, runs)
+            picked = next(f for f in (registry.by_name(n) for n in registry.default_order)
+                          if f in running and (f.default_on is None or major in f.default_on))
+            assert re.findall(r"\bFA\d\b", default)[0] == picked.title, (gpu, default)

@@ -1,4 +1,4 @@
-"""The knob declaration (cmake/knobs.json) and what is made from it: the README's
+"""The knob declaration (cmake/knobs.json) and what is made from it: docs/knobs.md's
 tables and cibuildwheel's environment-pass must be what `python cmake/vfa_build knobs.knobs write`
 makes, and every knob name the project reads must be declared."""
 
@@ -34,7 +34,7 @@ def test_the_declaration_is_well_formed():
     assert {k.scope for k in declared.knobs.values()} <= set(knobs.SCOPES)
 
 
-def test_readme_and_environment_pass_are_generated_from_it():
+def test_the_knob_tables_and_environment_pass_are_generated_from_it():
     diff = knobs.drift()
     assert diff == "", f"run `python cmake/vfa_build knobs.knobs write`:\n{diff}"
 
@@ -53,10 +53,10 @@ def test_cibuildwheel_passes_every_knob_marked_for_it():
 
 def test_check_fails_on_a_hand_edit(tmp_path):
     """`knobs.py check` (what a developer runs) sees a table edited by hand."""
-    for rel in ("README.md", "pyproject.toml", "cmake/knobs.json"):
+    for rel in (knobs.KNOBS_DOC, "pyproject.toml", "cmake/knobs.json"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((PROJECT / rel).read_text())
-    readme = tmp_path / "README.md"
+    readme = tmp_path / knobs.KNOBS_DOC
     readme.write_text(readme.read_text().replace("| `VFA_PRESET` | `full`, `minimal` | `full` |",
                                                  "| `VFA_PRESET` | `full`, `minimal` | `minimal` |"))
     assert "-| `VFA_PRESET` | `full`, `minimal` | `minimal` |" in knobs.drift(tmp_path)
@@ -106,7 +106,7 @@ def test_a_name_declared_twice_is_refused(tmp_path):
 
 def test_every_setting_the_project_reads_is_declared():
     """A VFA_* name in code, scripts or docs that the declaration lacks would be warned
-    about as a typo at configure time (and missing from the README)."""
+    about as a typo at configure time (and missing from docs/knobs.md)."""
     listed = subprocess.run(
         ["git", "grep", "-ohE", r"\bVFA_[A-Z0-9_]*[A-Z0-9]\b", "--", "python", "benchmarks", ".buildkite", ".ci",
          "tests/gpu", "README.md", "docs", "pyproject.toml"],

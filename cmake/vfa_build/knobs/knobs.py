@@ -4,7 +4,7 @@ The declaration is the one place a knob is defined; CMake reads it in
 cmake/Options.cmake. From it this script makes, the way scikit-build-core makes
 its settings' docs from their declaration:
 
-* the README's knob tables (between ``<!-- knobs:<table> begin ... -->`` and
+* docs/knobs.md's knob tables (between ``<!-- knobs:<table> begin ... -->`` and
   ``<!-- knobs:<table> end -->``), and
 * pyproject.toml's ``[tool.cibuildwheel.linux] environment-pass`` (between
   ``# knobs:environment-pass begin`` and ``# knobs:environment-pass end``).
@@ -56,7 +56,8 @@ def _bool_words(path: Path = DECLARATION) -> tuple[tuple[str, ...], tuple[str, .
 BOOL_ON, BOOL_OFF = _bool_words()
 
 GENERATED_NOTE = "generated from cmake/knobs.json by `python cmake/vfa_build knobs.knobs write`; edit the declaration, not this"
-# README table name -> the scopes it lists.
+# Where the knob tables are written, and each table's name -> the scopes it lists.
+KNOBS_DOC = "docs/knobs.md"
 README_TABLES = {"build": ("build", "version"), "runtime": ("runtime",)}
 
 
@@ -329,12 +330,13 @@ def _replace_between(text: str, begin: re.Pattern, end: str, body: str, where: s
 def generated(project: Path = PROJECT, decl: Optional[Declaration] = None) -> dict[Path, str]:
     """Each generated file's text as the declaration makes it."""
     decl = decl or load(project / "cmake" / "knobs.json")
-    readme = project / "README.md"
+    readme = project / KNOBS_DOC
     text = readme.read_text(encoding="utf-8")
+    up = "../" * KNOBS_DOC.count("/")  # the declaration's links are written from the project root
     for table, scopes in README_TABLES.items():
         begin = re.compile(rf"<!-- knobs:{table} begin[^\n]*-->")
-        text = _replace_between(text, begin, f"<!-- knobs:{table} end -->", readme_table(decl, scopes),
-                                str(readme))
+        body = re.sub(r"\]\((?![a-z]+:|#|/)", "](" + up, readme_table(decl, scopes))
+        text = _replace_between(text, begin, f"<!-- knobs:{table} end -->", body, str(readme))
     pyproject = project / "pyproject.toml"
     toml = _replace_between(pyproject.read_text(encoding="utf-8"), re.compile(r"# knobs:environment-pass begin[^\n]*"),
                             "# knobs:environment-pass end", environment_pass_toml(decl), str(pyproject))
@@ -372,7 +374,7 @@ def suggestions(names: list[str], decl: Declaration) -> dict[str, str]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python cmake/vfa_build knobs.knobs", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("write", help="rewrite the README tables and environment-pass from the declaration")
+    sub.add_parser("write", help="rewrite the knob tables (docs/knobs.md) and environment-pass from the declaration")
     sub.add_parser("check", help="exit 1 when they differ from what the declaration makes")
     validate = sub.add_parser("validate", help="the declaration's first mistake in its knobs, with its JSON path "
                                                "and the fix (exit 1); the configure runs it")

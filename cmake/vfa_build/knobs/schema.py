@@ -7,7 +7,7 @@ readers parse into, as scikit-build-core makes its settings' schema from their d
   no model types stops the generation);
 * a row of the arch table: ``Row`` (cuda_archs.py).
 
-``python cmake/vfa_build knobs.knobs write`` writes it (beside the README tables) and ``check`` fails when the
+``python cmake/vfa_build knobs.knobs write`` writes it (beside docs/knobs.md's tables) and ``check`` fails when the
 committed file is not what the model makes; tests/unit/test_knob_schema.py validates the
 declaration against it with jsonschema and holds the model and the schema together on a corpus
 of broken declarations. Editors read it through the declaration's ``"$schema"``. The configure

@@ -4,7 +4,7 @@ Every compile includes torch's headers, and the compiler cache keys on their abs
 sccache hashes the preprocessed text, whose line markers name each header by the path it was
 read from, for C++ units and CUDA device compiles alike. Under pip's default build isolation
 torch lies in a fresh ``/tmp/pip-build-env-*`` folder each time, so every unit that includes
-torch missed the cache on every isolated build (README: Builds, isolation and the compiler
+torch missed the cache on every isolated build (docs/build.md: Builds, isolation and the compiler
 cache). Compiled from a staged copy at ``<store>/torch-<version>-<digest>`` instead, the
 compile lines depend only on torch's headers: two isolated builds, and an isolated build
 after a non-isolated one with the same torch, issue the same compile lines.

@@ -56,7 +56,7 @@ def check_size(wheel: Path, max_mb: Optional[float] = None, top: int = 10) -> Ch
         infos = sorted(zf.infolist(), key=lambda i: i.compress_size, reverse=True)
     largest = [f"{human(i.compress_size):>10} compressed {human(i.file_size):>10} unpacked  {i.filename}"
                for i in infos[:top]]
-    # The digest of a reproducible wheel (README, "What a build records"): a rebuild of the
+    # The digest of a reproducible wheel (docs/build.md, "What a build records"): a rebuild of the
     # same inputs anywhere gives the same one, so a published wheel can be checked against it.
     summary = f"{wheel.name} is {human(size)} (limit {max_mb:g} MB), sha256 {file_sha256(wheel)}"
     if size <= limit:
