@@ -6,7 +6,7 @@ non-zero exit). ``--json`` prints the same report as one JSON object.
 Where the sources came from: the wheel's build_info.json names each source's pin URL only
 (cmake/BuildInfo.cmake keeps the mirror a build fetched from, a reading of that machine, out
 of the wheel so that builds are reproducible). The build dir's build_info.json has it,
-scrubbed of credentials by the build (cmake/url_secrets.py). ``info`` reads it from
+scrubbed of credentials by the build (cmake/vfa_build/url_secrets.py). ``info`` reads it from
 ``--build-dir DIR``, else from ``build/*/`` under the current directory (pyproject.toml's
 build-dir, where ``pip install .`` builds) -- only a build dir whose
 ``build_info.wheel.json`` is exactly the installed record, i.e. the build that made this

@@ -118,7 +118,7 @@ def _packaged_component(family, record: Optional[dict[str, Any]]) -> ComponentIn
                              reason=f"not in this wheel ({family.build_knob}=off, or the build could not "
                                     f"stage it; its record {family.record} is absent)")
     precompile = record.get("precompile") or {}
-    # A run that shares another Python's files (cmake/fa4_precompile.py --share) says whose.
+    # A run that shares another Python's files (cmake/vfa_build/fa4/precompile.py --share) says whose.
     shipped = tuple({**{key: run.get(key) for key in ("arch", "python", "flavour", "kernels")},
                      **({"files_of": run["same_as"].get("python")} if isinstance(run.get("same_as"), dict) else {})}
                     for run in precompile.get("runs") or () if isinstance(run, dict) and run.get("kernels"))

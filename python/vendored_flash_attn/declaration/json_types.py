@@ -4,7 +4,7 @@ CallRules, family_build.Archs, cuda_archs.Row). One mapping of a Python annotati
 
 * ``problem(value, hint)``: why a JSON value is not of that type (the validators' typed parse,
   at configure and when the package reads the declaration), and
-* ``schema(hint)``: its JSON Schema (cmake/knobs_schema.py makes cmake/knobs.schema.json of it),
+* ``schema(hint)``: its JSON Schema (cmake/vfa_build/knobs/schema.py makes cmake/knobs.schema.json of it),
 
 so the validator and the schema cannot disagree on a field's type
 (tests/unit/test_knob_schema.py breaks every field of the model and asks both).

@@ -6,7 +6,7 @@ for FA3). ``interface.py`` and ``sparse.py`` call these ops positionally, in thi
 order, and the CPU unit tests register fake ops from these strings and check every argument
 of the interface's calls by name. That these are upstream's schemas is checked, not assumed:
 
-* every configure reads upstream's registration sources (``cmake/op_schemas.py``, run by
+* every configure reads upstream's registration sources (``cmake/vfa_build/knobs/op_schemas.py``, run by
   ``cmake/OpSchemas.cmake``) and stops when one of these ops has another schema there;
 * ``CHECKED_AGAINST`` records, per upstream commit, the fingerprint of these schemas that
   check passed on; a CPU test fails when it does not name the pinned commit with today's
@@ -20,7 +20,7 @@ Example: ``torch._C.parse_schema(f"{FA3_NAMESPACE}::{FA3_FWD}")`` equals
 from __future__ import annotations
 
 # The op namespaces the families declare (cmake/knobs.json ``op_namespace``), written out here
-# because cmake/op_schemas.py loads this file by path, before the package can be imported;
+# because cmake/vfa_build/knobs/op_schemas.py loads this file by path, before the package can be imported;
 # tests/unit/test_op_schemas.py holds them to the declaration.
 FA2_NAMESPACE = "_vendored_fa2_C"
 FA3_NAMESPACE = "_vendored_fa3_C"
@@ -82,9 +82,9 @@ OP_SCHEMAS = {
     (FA3_NAMESPACE, "get_scheduler_metadata"): FA3_GET_SCHEDULER_METADATA,
 }
 
-#: upstream commit -> fingerprint of OP_SCHEMAS (cmake/op_schemas.py) that upstream's
+#: upstream commit -> fingerprint of OP_SCHEMAS (cmake/vfa_build/knobs/op_schemas.py) that upstream's
 #: registration sources at that commit were checked to register. After a pin bump, run
-#: ``python cmake/op_schemas.py check <the new commit's flash-attention folder> --commit
+#: ``python cmake/vfa_build knobs.op_schemas check <the new commit's flash-attention folder> --commit
 #: <commit>`` (a configure of the new pin runs the same check) and add the entry it prints.
 CHECKED_AGAINST = {
     "617264c1c7955c9e84817654ebeedff069f3c5f1": "bf27458a8f34f397752a77b2628a0e6745f0edbf22fca68a997fce9f95f01010",

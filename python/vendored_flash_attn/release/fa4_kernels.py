@@ -1,7 +1,7 @@
 """On a GPU, with the wheel installed: FA4's precompiled kernels run with no compile.
 
     python -m vendored_flash_attn.release.wheel_check fa4-kernels [--report FILE]
-    (the same: cmake/fa4_precompile.py check-installed [--report FILE])
+    (the same: cmake/vfa_build/fa4/precompile.py check-installed [--report FILE])
 
 Every kernel the wheel precompiled for this Python and this GPU (the calls its build record's
 runs planned, vendored_flash_attn.families.fa4.plan) is called through the public

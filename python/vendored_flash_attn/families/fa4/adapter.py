@@ -1,7 +1,7 @@
 """FA4's adapter: vLLM's ``flash_attn_varlen_func`` call mapped onto upstream's CuTe DSL kernels.
 
 FA4 is upstream's ``flash_attn/cute`` at the pin, shipped in the wheel as
-``vendored_flash_attn._fa4.cute`` (imports rewritten at build time, cmake/fa4_precompile.py)
+``vendored_flash_attn._fa4.cute`` (imports rewritten at build time, cmake/vfa_build/fa4/precompile.py)
 and run with the ``[fa4]`` extra installed. Nothing here is imported by
 ``import vendored_flash_attn``; ``load()`` runs at the first FA4 call: dependency check
 (``fa4_deps.check``, no cutlass import), then the import (seconds: cutlass, torch, the
@@ -252,7 +252,7 @@ def run(arch: int, *args, **kwargs):
     """vLLM's ``flash_attn_varlen_func`` call (its arguments, call.VARLEN) for a given ``arch``
     (90, 100, 110), FA4's own rules included and the shared checks not: the one mapping of a
     call onto upstream's kernels, as ``launch`` makes it. The build's precompile step
-    (cmake/fa4_precompile.py) calls this on fake tensors with the target's arch, so the kernels
+    (cmake/vfa_build/fa4/precompile.py) calls this on fake tensors with the target's arch, so the kernels
     it ships have the very compile keys these calls reach at run time. Returns ``out``, or
     ``(out, softmax_lse)`` with ``return_softmax_lse=True``."""
     call = VarlenCall(*args, **kwargs)

@@ -19,7 +19,7 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   ``nvidia-cutlass-dsl`` share one version string, so upstream's fingerprint cannot tell
   them apart, yet their cubins differ (measured). Every path holds the flavour the process
   loaded, ``cu<major>.<minor>`` of ``cutlass.CUDA_VERSION``, above upstream's fingerprint:
-  ``<root>/<flavour>/<fingerprint>/<kind>/<hash>.o``. ``cmake/fa4_precompile.py compile``
+  ``<root>/<flavour>/<fingerprint>/<kind>/<hash>.o``. ``cmake/vfa_build/fa4/precompile.py compile``
   writes that layout with the same functions.
 * Upstream's fingerprint already covers the sources, Python minor, cutlass and tvm-ffi
   versions, and the key hash is upstream's own ``_key_to_hash``: nothing is recomputed here.
@@ -29,7 +29,7 @@ Upstream's FA4 compiles each kernel at first use (2-6 s) and can keep the result
   ``<flavour>/<that Python's fingerprint>/aliases.json``: that Python's key hashes, per
   kind, mapped to the compiled Python's files (``{"same_as": <fingerprint>, "kinds": {kind:
   {hash: hash}}}``), written only after a kernel compiled by that Python was found
-  byte-identical (``cmake/fa4_precompile.py compile --share``). Hashes are checked as
+  byte-identical (``cmake/vfa_build/fa4/precompile.py compile --share``). Hashes are checked as
   such, so an index can only name files of the shipped tree.
 * **The user cache is code** (fa4/user_cache.py). A kernel object is native code the process
   runs, so the user cache is used only where nobody but this user could have written it

@@ -7,7 +7,7 @@ running from a source checkout, from the installed package's metadata otherwise)
 keeps a copy. The extra holds, verbatim, the requirements upstream's
 ``flash_attn/cute/pyproject.toml`` declares at the pin, less those in ``NOT_IN_EXTRA`` and
 plus those in ``ADDED_TO_PIN``; ``pin_drift`` compares the two and the FA4 staging step
-(``cmake/fa4_precompile.py stage``) refuses a pin that disagrees.
+(``cmake/vfa_build/fa4/precompile.py stage``) refuses a pin that disagrees.
 
 Why check at all: with a drifted ``nvidia-cutlass-dsl`` the FA4 sources die deep inside
 cutlass (``module 'cutlass.cute.core' has no attribute 'ThrMma'``). ``check()`` refuses

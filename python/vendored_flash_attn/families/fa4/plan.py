@@ -7,7 +7,7 @@ and the CUDA tensors that make each call. Which calls FA4 takes is not restated 
 candidate goes through the adapter itself (``fa4.run``) on fake tensors, with a stand-in for
 upstream's interface that compiles nothing, and the calls it refuses (``FA4Unsupported``: an
 excluded generation, FP8 where FA4 has none, a head size or page size it does not take, ...)
-are not planned. The build compiles the plan (``cmake/fa4_precompile.py compile``, on fake
+are not planned. The build compiles the plan (``cmake/vfa_build/fa4/precompile.py compile``, on fake
 tensors); the installed wheel's GPU check (``release/fa4_kernels.py``) makes the calls again on real
 data, from the selection each run recorded in FA4's build record, to see that every one loads
 without a compile: both read this one plan, so what is checked is what was shipped.
@@ -31,7 +31,7 @@ from ...declaration.families import registry
 FAMILY = "fa4"
 
 # The knob of each axis of the selection (cmake/knobs.json declares their choices and presets;
-# cmake/FA4Package.cmake hands the build's values to `fa4_precompile.py compile`).
+# cmake/FA4Package.cmake hands the build's values to `fa4/precompile.py compile`).
 KNOBS = {"head_dims": "VFA_FA4_PRECOMPILE_HEAD_DIMS", "dtypes": "VFA_FA4_PRECOMPILE_DTYPES",
          "features": "VFA_FA4_PRECOMPILE_FEATURES", "gqa_ratios": "VFA_FA4_PRECOMPILE_GQA_RATIOS"}
 NUMERIC = ("head_dims", "gqa_ratios")
