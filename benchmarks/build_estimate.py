@@ -35,7 +35,7 @@ import common  # noqa: E402
 
 sys.path.insert(0, str(common.ROOT / "cmake"))
 from vfa_build.progress import progress_estimate  # noqa: E402  (the estimate build_monitor.py prints)
-from vfa_build.progress.compile_unit import EVENTS  # noqa: E402  (the units' events the monitor follows)
+from vfa_build.units.compile_unit import EVENTS  # noqa: E402  (the units' events the monitor follows)
 
 LINE = re.compile(r"\[vfa (?P<clock>\d+(?::\d\d){1,2})\] (?P<text>.*)")
 ABOUT = re.compile(r"about (\d+) (min|s)\b")

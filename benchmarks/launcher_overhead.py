@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""What cmake/vfa_build/progress/compile_unit.py (the compile launcher that records progress and keeps
+"""What cmake/vfa_build/units/compile_unit.py (the compile launcher that records progress and keeps
 upstream warnings off the console) adds to each translation unit.
 
 Runs a stand-in compiler N times directly and N times through the launcher, as the
-build runs it (`python -E -s -S cmake/vfa_build progress.compile_unit BUILD_DIR --quiet-under TREE -- ...`),
+build runs it (`python -E -s -S cmake/vfa_build units.compile_unit BUILD_DIR --quiet-under TREE -- ...`),
 and reports the added wall time (median and minimum) and CPU time (user + system of the
 launcher and its Python, per unit). Two stand-ins: one that prints nothing, and one that
 prints what every unit of the pinned upstream prints with CUDA 13 (gcc's five
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-LAUNCHER = [str(common.ROOT / "cmake" / "vfa_build"), "progress.compile_unit"]  # as the build runs it
+LAUNCHER = [str(common.ROOT / "cmake" / "vfa_build"), "units.compile_unit"]  # as the build runs it
 TREE = "/upstream/cutlass"
 WARNING = (f"{TREE}/include/cutlass/platform/platform.h:{{line}}:33: warning: \u2018{{t}}\u2019 is deprecated: "
            f"use {{t}}_16a or {{t}}_32a [-Wdeprecated-declarations]\n"

@@ -3,7 +3,7 @@
 # A cold build runs for half an hour on a small machine, and ninja prints a unit only
 # when it ends (minutes without a line), under ~100 warnings about upstream code that no
 # user can act on. So every compile of the given targets goes through
-# cmake/vfa_build/progress/compile_unit.py, in front of the launcher the targets already have (sccache or
+# cmake/vfa_build/units/compile_unit.py, in front of the launcher the targets already have (sccache or
 # none): it records when each unit starts and ends and keeps the warnings located in
 # the pinned upstream and CUTLASS off the console. And a `build_progress` target in
 # ninja's console pool (cmake/vfa_build/progress/build_monitor.py) prints, while the units compile, a line
@@ -80,7 +80,7 @@ function(vfa_setup_build_progress)
 
   # -E -s -S: the interpreter's standard library only, whatever the environment says.
   set(python "${Python_EXECUTABLE}" -E -s -S)
-  set(wrapper ${python} "${VFA_BUILD_PY}" progress.compile_unit "${CMAKE_BINARY_DIR}"
+  set(wrapper ${python} "${VFA_BUILD_PY}" units.compile_unit "${CMAKE_BINARY_DIR}"
       --quiet-under "${VFA_flash_attention_SOURCE_DIR}" --quiet-under "${VFA_cutlass_SOURCE_DIR}" --)
   set(targets "")
   set(unit_kinds "")

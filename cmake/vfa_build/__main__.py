@@ -7,7 +7,7 @@ Python runs this file with the package's own folder as sys.path[0]; it is replac
 folder that holds the package (<project>/cmake), so every module imports its siblings as
 ``vfa_build.<concern>.<module>`` and nothing else of the project is importable by accident.
 Then ``vfa_build.<module>`` runs as ``__main__`` (sys.argv[0] its file, the rest its arguments).
-Standard library only, and small: the compile launcher (progress.compile_unit) starts through
+Standard library only, and small: the compile launcher (units.compile_unit) starts through
 here once per translation unit.
 """
 

@@ -54,7 +54,7 @@ MIN_SECRET_ALONE = 6
 # form), userinfo (what precedes the host's '@', None when there is no '@'), rest (host and path;
 # "host:path" for the scp-like form), query and fragment (None when absent), ssh (the user name is
 # a login: ssh, scp-like; not a credential). collections' namedtuple, not typing's: this module is
-# imported by the launcher of every compile (cmake/vfa_build/progress/compile_unit.py), and typing costs it ~3 ms.
+# imported by the launcher of every compile (cmake/vfa_build/units/compile_unit.py), and typing costs it ~3 ms.
 Parts = namedtuple("Parts", "scheme userinfo rest query fragment ssh")
 
 

@@ -211,14 +211,14 @@ def test_progress_off_leaves_ninjas_own_output(project):
         off = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS": "off"})
         assert off.returncode == 0, off.output[-3000:]
         ninja_file = (build_dir / "build.ninja").read_text()
-        assert "build_progress" not in ninja_file and "progress.compile_unit" not in ninja_file
+        assert "build_progress" not in ninja_file and "units.compile_unit" not in ninja_file
         assert f"LAUNCHER = {project['launcher'].replace(';', ' ')} " in ninja_file
         bad = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS_INTERVAL": "soon"})
         assert bad.returncode != 0 and "VFA_BUILD_PROGRESS_INTERVAL" in bad.text and "an integer from 1 to 99999" in bad.text
     finally:
         again = configure(build_dir, {**knobs, "VFA_BUILD_PROGRESS": "on", "VFA_BUILD_PROGRESS_INTERVAL": "1"})
         assert again.returncode == 0, again.output[-3000:]
-    assert "progress.compile_unit" in (build_dir / "build.ninja").read_text()
+    assert "units.compile_unit" in (build_dir / "build.ninja").read_text()
 
 
 def test_a_reused_build_dir_keeps_the_last_two_builds_logs(project):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vfa_build.progress import build_monitor, compile_unit, compiler_output, ninja_processes, progress_estimate
+from vfa_build.progress import build_monitor, progress_estimate
+from vfa_build.units import compile_unit, compiler_output, ninja_processes
 
 CMAKE_DIR = Path(__file__).resolve().parents[2] / "cmake"
 BUILD_PY = str(CMAKE_DIR / "vfa_build")  # the build's entry point: BUILD_PY <module> [args]
@@ -118,7 +119,7 @@ def test_the_launcher_counts_ptxas_notes_on_upstream_units_with_the_hidden_warni
     import subprocess
     note = PTXAS_C7514.replace("'", "'\\''")
     source = f"{FA}/hopper/instantiations/flash_fwd_hdim128_e4m3_paged_sm90.cu"
-    run = subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(tmp_path),
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "units.compile_unit", str(tmp_path),
                           "--quiet-under", FA, "--", "sh", "-c", f"printf '%s' '{note}'", "-c", source,
                           "-o", "CMakeFiles/m.dir/x.cu.o"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout == ""
@@ -433,7 +434,7 @@ def launch(tmp_path, script: str, roots=(CUTLASS,)):
     """compile_unit.py in front of a `compiler` that is a shell script."""
     import subprocess
     args = [f for r in roots for f in ("--quiet-under", r)]
-    return subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(tmp_path),
+    return subprocess.run([sys.executable, "-E", "-s", "-S", BUILD_PY, "units.compile_unit", str(tmp_path),
                            *args, "--", "sh", "-c", script, "-o", "CMakeFiles/m.dir/x.cu.o"],
                           capture_output=True, text=True)
 
@@ -560,7 +561,7 @@ def interrupted_compile(slow_cache, step: str, prefix=None, **env):
     c = slow_cache
     prefix = prefix or [c["sccache"]]
     launcher = subprocess.Popen(
-        [sys.executable, "-E", "-s", "-S", BUILD_PY, "progress.compile_unit", str(c["dir"]), "--",
+        [sys.executable, "-E", "-s", "-S", BUILD_PY, "units.compile_unit", str(c["dir"]), "--",
          *prefix, str(c["gcc"]), "-c", "slow_unit.c", "-o", "slow_unit.o"],
         cwd=c["dir"], env={**c["env"], **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
@@ -621,7 +622,7 @@ def test_an_interrupt_while_the_compile_starts_is_not_lost(tmp_path):
             "subprocess.Popen = interrupted_start\n"
             "sys.argv = sys.argv[1:]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, BUILD_PY, "progress.compile_unit",
+    run = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", hook, BUILD_PY, "units.compile_unit",
                           str(tmp_path), "--", "sh", "-c", f"sleep 3; touch {done}", "-o", "x.o"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 130, run.stderr
@@ -740,7 +741,7 @@ def test_a_unit_that_ends_while_the_monitor_starts_hands_its_warnings_to_it(tmp_
     python = [sys.executable, "-E", "-s", "-S"]
     monitor_cmd = subprocess.list2cmdline([*python, "-c", monitor, "progress.build_monitor",
                                            str(build_dir), str(go)]) + f" > {tmp_path / 'monitor.out'}"
-    unit_cmd = subprocess.list2cmdline([*python, BUILD_PY, "progress.compile_unit", str(build_dir), "--", "sh",
+    unit_cmd = subprocess.list2cmdline([*python, BUILD_PY, "units.compile_unit", str(build_dir), "--", "sh",
                                         "-c", "echo \"x.cu:1:1: warning: unused variable 'ours'\"", "-o", "x.o"])
     ninja = tmp_path / "bin" / "ninja"  # its name is what the launcher and the monitor look for
     ninja.parent.mkdir()

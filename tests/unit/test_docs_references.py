@@ -30,7 +30,7 @@ NOT_OURS_PATHS = {
     "tests/test_vllm_flash_attn.py": "upstream's test file at the pin (tests/upstream runs it)",
     "tests/cute/test_flash_attn_fp8_kv_cache.py": "upstream's FA4 FP8 KV test at the pin",
     "tests/kernels/test_flash_attn.py": "vLLM's test file, of which upstream's is a copy (tests/upstream/README.md)",
-    "python/vendored_flash_attn/fa5.py": "the example family of docs/runtime.md's \"Adding a family\"",
+    "python/vendored_flash_attn/families/fa5.py": "the example family of docs/runtime.md's \"Adding a family\"",
 }
 # `VFA_*` words that are not knobs.
 NOT_KNOBS = {
@@ -39,7 +39,7 @@ NOT_KNOBS = {
 }
 # `vendored_flash_attn.<name>` the docs name that no module or family declares.
 NOT_OUR_MODULES = {
-    "fa5": "the example family of docs/runtime.md's \"Adding a family\"",
+    "families.fa5": "the example family of docs/runtime.md's \"Adding a family\"",
     "_fa5": "the example family of docs/runtime.md's \"Adding a family\"",
 }
 
@@ -186,12 +186,19 @@ def module_problem(dotted: str) -> str | None:
     import vendored_flash_attn
 
     parts = dotted.split(".")
-    module = PACKAGE / f"{parts[0]}.py"
-    if module.is_file():
-        if len(parts) > 1 and parts[1] not in defined_names(module):
-            return f"{parts[0]}.py defines no {parts[1]}"
-        return None
-    if (PACKAGE / parts[0] / "__init__.py").is_file() or parts[0] in vendored_flash_attn.__all__:
+    folder = PACKAGE
+    for i, part in enumerate(parts):  # down the package's folders to a module, then a name of it
+        module = folder / f"{part}.py"
+        if module.is_file():
+            if len(parts) > i + 1 and parts[i + 1] not in defined_names(module):
+                return f"{module.relative_to(PACKAGE).as_posix()} defines no {parts[i + 1]}"
+            return None
+        if not (folder / part / "__init__.py").is_file():
+            break
+        folder = folder / part
+    else:
+        return None  # a folder of the package
+    if parts[0] in vendored_flash_attn.__all__:
         return None
     built = built_modules()
     # a built module, or one below a staged package (upstream's own modules, e.g. _fa4.cute.interface)
@@ -208,8 +215,9 @@ def test_every_package_module_the_docs_name_exists():
         for number, line in enumerate(doc.read_text().splitlines(), 1):
             for match in re.finditer(r"\bvendored_flash_attn((?:\.[A-Za-z_]\w*)+)", line):
                 dotted = match.group(1)[1:]
-                if dotted.split(".")[0] in NOT_OUR_MODULES:
-                    seen_not_ours.add(dotted.split(".")[0])
+                ours = next((m for m in NOT_OUR_MODULES if dotted == m or dotted.startswith(m + ".")), None)
+                if ours:
+                    seen_not_ours.add(ours)
                     continue
                 problem = module_problem(dotted)
                 if problem:
@@ -219,16 +227,20 @@ def test_every_package_module_the_docs_name_exists():
 
 
 def test_the_runtime_doc_lists_every_file_of_the_package():
-    """docs/runtime.md's file table: each package file in one row, and no file that is gone."""
+    """docs/runtime.md's file table: each package file in one row (by its path in the package),
+    and no file that is gone. A folder's __init__.py holds only its docstring (test_package.py)
+    and has no row."""
     text = (PROJECT / "docs" / "runtime.md").read_text()
     table = text.split("\n| file | concern |\n", 1)[1].split("\n\n", 1)[0]
     listed = [name for row in table.splitlines()[1:] for name in _SPAN.findall(row.strip("|").split("|")[0])]
-    files = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.suffix in (".py", ".json"))
+    files = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+                   if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts
+                   and not (p.name == "__init__.py" and p.parent != PACKAGE))
     assert sorted(listed) == files
 
 
 def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
-    """`fa4.run`, `fa4_cache.install`, `sccache_stats.save_counts`: in code, a module of the
+    """`fa4.run`, `fa4.cache.install`, `sccache_stats.save_counts`: in code, a module of the
     package or of the build's (cmake/vfa_build) followed by a name must define that name; a
     module of the build named as the entry point takes it (`knobs.knobs`, `fa4.precompile`) is one. `call.<field>` may
     also be a field of a family's declared `call` (families.CallRules)."""
@@ -240,8 +252,12 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
     build = PROJECT / "cmake" / "vfa_build"
     # The build's modules by name, but for fa4/'s, whose names (compile, stage, precompile, ...) are
     # words a record's fields use too (`precompile.archs`): the docs name those by their path.
-    for path in (*PACKAGE.glob("*.py"), *(p for p in build.rglob("*.py") if p.parent.name != "fa4")):
+    for path in (*PACKAGE.rglob("*.py"), *(p for p in build.rglob("*.py") if p.parent.name != "fa4")):
         modules.setdefault(path.stem, []).append(path)  # op_schemas: the package's and the build's
+        if PACKAGE in path.parents and path.stem != "__init__":  # and by its path: fa4.cache, families.fa2
+            parts = path.relative_to(PACKAGE).with_suffix("").parts
+            for i in range(len(parts) - 1):
+                modules.setdefault(".".join(parts[i:]), []).append(path)
     call_fields = {f.name for f in dataclasses.fields(CallRules)}
     wrong = []
     for doc in DOCS:
@@ -250,10 +266,13 @@ def test_every_name_the_docs_take_from_a_module_of_ours_is_there():
                 for word in span.split():
                     if re.search(r"\.(json|jsonl|txt|tsv|log|py|md|sh|toml|cmake)\b", word):
                         continue  # a file's name (build_info.wheel.json, kernels.jsonl)
-                    for module, name in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)", word):
+                    for dotted in re.findall(r"(?<![\w./-])([a-z_][a-z0-9_]*(?:\.[A-Za-z_]\w*)+)", word):
+                        parts = dotted.split(".")  # the longest start that names a module, then a name
+                        at = next((i for i in range(len(parts) - 1, 0, -1) if ".".join(parts[:i]) in modules), 1)
+                        module, name = ".".join(parts[:at]), parts[at]
                         if module not in modules or any(name in defined_names(m) for m in modules[module]):
                             continue
-                        if (build / module / f"{name}.py").is_file():
+                        if (build / module.replace(".", "/") / f"{name}.py").is_file():
                             continue  # a module of the build as its entry point names it
                         if module == "call" and name in call_fields:
                             continue

@@ -151,7 +151,7 @@ message(NOTICE "PTX=${{VFA_FA2_PTX}}")
 PYTHON_READERS = """import json, sys
 sys.path.insert(0, sys.argv[1])
 from vfa_build.knobs import knobs
-from vendored_flash_attn import declaration, kernels, versioning
+from vendored_flash_attn.declaration import kernels, knob_values as declaration, versioning
 print(json.dumps({"knobs.py": [knobs.BOOL_ON, knobs.BOOL_OFF],
                   "declaration/knob_values.py": [declaration.BOOL_ON, declaration.BOOL_OFF, declaration.BOOL_WORDS_TEXT],
                   "kernels.py": [kernels.FA2_HEAD_DIM_BUCKETS, kernels.FA3_HEAD_DIM_BUCKETS],
@@ -194,11 +194,7 @@ def test_a_change_of_the_declaration_reaches_every_reader(tmp_path):
     cmake/vfa_build/knobs/knobs.py and the package all take them, with no other edit."""
     project = tmp_path / "project"
     for folder in ("cmake", "python/vendored_flash_attn"):
-        for source in (PROJECT / folder).glob("*.*"):
-            (project / folder).mkdir(parents=True, exist_ok=True)
-            (project / folder / source.name).write_bytes(source.read_bytes())
-    shutil.copytree(PROJECT / "cmake" / "vfa_build", project / "cmake" / "vfa_build",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(PROJECT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
     declaration = project / "cmake/knobs.json"
     data = json.loads(declaration.read_text())
     data["bool_words"]["on"].append("JA")

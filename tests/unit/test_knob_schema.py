@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from vendored_flash_attn import cuda_archs, families, family_build
+from vendored_flash_attn.declaration import cuda_archs, families, family_build
 from vfa_build.knobs import knobs
 from vfa_build.knobs import schema as knobs_schema
 

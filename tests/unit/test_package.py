@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import vendored_flash_attn
+from support import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,7 +113,7 @@ def test_the_packages_first_words_name_every_family():
     assert [f.title for f in registry() if f.title not in first] == [], first
 
 
-# --- the package's layout: folders by concern, imports one way ------------------------------
+# --- the packages' layout: folders by concern, imports one way ------------------------------
 
 PACKAGE_DIR = ROOT / "python" / "vendored_flash_attn"
 # Top to bottom; a module imports only from its own layer or one below it. A layer is a folder
@@ -123,126 +124,21 @@ LAYERS = (("release",), ("__init__", "__main__", "cli", "interface", "sparse"), 
           ("selection",), ("declaration",), ("fp8",), ("errors",))
 ROOT_MODULES_AT_MOST = 10
 
-
-def _module_names(sources: dict[str, str]) -> dict[str, str]:
-    """Dotted name (below the package) of each source path (relative to the package)."""
-    names = {}
-    for path in sources:
-        parts = path[:-len(".py")].split("/")
-        if parts[-1] == "__init__" and len(parts) > 1:
-            parts = parts[:-1]
-        names[path] = ".".join(parts)
-    return names
-
-
-def _import_edges(sources: dict[str, str]) -> set[tuple[str, str]]:
-    """(importer, imported) dotted names below the package, for every import of a module of the
-    package anywhere in a file (lazy ones in functions too) and the root's lazy exports. The
-    package root itself is "__init__"."""
-    import ast
-
-    names = _module_names(sources)
-    known = set(names.values())
-    edges = set()
-
-    def target(dotted: list[str]) -> str:
-        name = ".".join(dotted) or "__init__"
-        return name if name in known or name == "__init__" else ".".join(dotted[:-1]) or "__init__"
-
-    for path, text in sources.items():
-        me = names[path]
-        package = me.split(".") if path.endswith("__init__.py") and me != "__init__" else me.split(".")[:-1]
-        if me == "__init__":
-            package = []
-        tree = ast.parse(text, path)
-        for node in ast.walk(tree):
-            found = []
-            if isinstance(node, ast.Import):
-                found = [a.name.split(".")[1:] for a in node.names if a.name.split(".")[0] == "vendored_flash_attn"]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
-                    module = base + (node.module.split(".") if node.module else [])
-                elif node.module and node.module.split(".")[0] == "vendored_flash_attn":
-                    module = node.module.split(".")[1:]
-                else:
-                    continue
-                found = [module + [a.name] for a in node.names]
-            if me == "__init__" and isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
-                found = [v.value.split(".") + ["?"] for v in node.value.values]
-            edges |= {(me, t) for t in map(target, found) if t != me}
-    return edges
-
-
-def _unit(module: str) -> str:
-    return module.split(".")[0]
-
-
-def _layer(module: str) -> int:
-    return next(i for i, layer in enumerate(LAYERS) if _unit(module) in layer)
-
-
-def _cycle(edges: set[tuple[str, str]]) -> list[str]:
-    """One circle of the graph, [] when there is none."""
-    graph: dict[str, set[str]] = {}
-    for a, b in edges:
-        graph.setdefault(a, set()).add(b)
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        state[node] = 2
-        stack.pop()
-        return []
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return []
+# The build's package (the Python CMake runs), top to bottom: the progress display reads what the
+# units record and asks the compiler cache's servers; the compiler cache runs inside a unit's run
+# and asks the cluster; the cluster reads the unit kinds; everything may scrub URLs. sources/,
+# fa4/ and knobs/ stand apart; __main__ (the one entry point) imports none of them.
+BUILD_DIR = ROOT / "cmake" / "vfa_build"
+BUILD_LAYERS = (("__main__",), ("progress",), ("compiler_cache",), ("cluster",), ("units",),
+                ("sources", "fa4", "knobs"), ("url_secrets",), ("__init__",))
 
 
 def layout_problems(sources: dict[str, str]) -> list[str]:
-    """What breaks the package's layout: too many modules at the root, a module in no layer, a
-    folder's __init__.py holding more than its docstring, an import up the layers, a circle of
-    files or of folders (a module of the root counts as a folder of its own)."""
-    import ast
-
-    found = []
-    names = _module_names(sources)
-    root = sorted(p for p in sources if "/" not in p)
-    if len(root) > ROOT_MODULES_AT_MOST:
-        found.append(f"the package root holds {len(root)} modules (at most {ROOT_MODULES_AT_MOST}): {root}")
-    for path, module in names.items():
-        if not any(_unit(module) in layer for layer in LAYERS):
-            found.append(f"{path}: in no layer of LAYERS")
-        if path.endswith("/__init__.py"):
-            body = ast.parse(sources[path]).body
-            if len(body) != 1 or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
-                found.append(f"{path}: a folder's __init__.py holds only its docstring")
-    if found:
-        return found
-    edges = _import_edges(sources)
-    found += [f"{a} imports {b}, a layer above it" for a, b in sorted(edges) if _layer(a) > _layer(b)]
-    if cycle := _cycle(edges):
-        found.append("a circle of files: " + " -> ".join(cycle))
-    folder = {name: path.rsplit("/", 1)[0].replace("/", ".") if "/" in path else name for path, name in names.items()}
-    folder["__init__"] = "__init__"
-    if cycle := _cycle({(folder[a], folder[b]) for a, b in edges if folder[a] != folder[b]}):
-        found.append("a circle of folders: " + " -> ".join(cycle))
-    return found
+    return layout.layout_problems(sources, "vendored_flash_attn", LAYERS, ROOT_MODULES_AT_MOST)
 
 
 def _package_sources() -> dict[str, str]:
-    return {p.relative_to(PACKAGE_DIR).as_posix(): p.read_text(encoding="utf-8")
-            for p in sorted(PACKAGE_DIR.rglob("*.py")) if "__pycache__" not in p.parts}
+    return layout.package_sources(PACKAGE_DIR)
 
 
 def test_the_package_is_in_folders_by_concern_with_imports_one_way():
@@ -268,3 +164,22 @@ def test_the_layout_check_sees_an_import_up_a_circle_and_a_crowded_root():
     assert layout_problems(crowded)[0].startswith(f"the package root holds {ROOT_MODULES_AT_MOST + 7} modules")
     code = {**sources, "call/__init__.py": '"""The call path."""\nfrom .arguments import VARLEN\n'}
     assert layout_problems(code) == ["call/__init__.py: a folder's __init__.py holds only its docstring"]
+
+
+def test_the_build_package_is_in_folders_by_concern_with_imports_one_way():
+    """cmake/ holds CMake modules and the build package: no loose script; the package's folders
+    import one way (BUILD_LAYERS), no circle of files or folders."""
+    assert sorted(p.name for p in (ROOT / "cmake").glob("*.py")) == []
+    sources = layout.package_sources(BUILD_DIR)
+    assert layout.layout_problems(sources, "vfa_build", BUILD_LAYERS, 3) == []
+    assert {p.split("/")[0] for p in sources if "/" in p} == {
+        "sources", "compiler_cache", "cluster", "units", "progress", "fa4", "knobs"}
+
+
+def test_the_build_layout_check_sees_the_display_imported_from_below():
+    sources = layout.package_sources(BUILD_DIR)
+    up = {**sources, "units/compile_unit.py": sources["units/compile_unit.py"]
+          + "\n\ndef _late():\n    from vfa_build.progress import build_monitor\n"}
+    problems = layout.layout_problems(up, "vfa_build", BUILD_LAYERS, 3)
+    assert "units.compile_unit imports progress.build_monitor, a layer above it" in problems
+    assert [p for p in problems if p.startswith("a circle of folders: ")], problems

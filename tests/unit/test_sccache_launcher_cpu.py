@@ -247,7 +247,7 @@ def cached_build(tmp_path, request):
         (build / f"{unit}.c").write_text(f"int {unit}_{root.name.replace('-', '_')}(void) {{ return {i}; }}\n")
     (build / "build.ninja").write_text(
         "rule cc\n"
-        f"  command = {python} {BUILD_PY} progress.compile_unit {build} -- {python} {' '.join(LAUNCHER)} "
+        f"  command = {python} {BUILD_PY} units.compile_unit {build} -- {python} {' '.join(LAUNCHER)} "
         f"{build / 'vfa-sccache.json'}"
         f" -- {gcc} -c $in -o $out\n"
         + "".join(f"build {u}.o: cc {u}.c\n" for u in units))

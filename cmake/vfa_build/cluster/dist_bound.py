@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from vfa_build.progress.progress_estimate import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
+from vfa_build.units.kinds import parse_unit_kind  # the unit-kind spec, one parser (standard library only)
 from vfa_build.url_secrets import without_env_secrets  # the one URL scrubber: sccache's words are shown and recorded
 
 BOUNDS_FILE = "vfa-dist-bounds.json"  # written at configure (cmake/DistBounds.cmake)

@@ -141,11 +141,11 @@ def hits_line(counts: dict[str, int]) -> str:
 
 
 def log_stats(settings: dict | None, text: str) -> str | None:
-    """sccache's statistics table into the build's compile log (cmake/vfa_build/progress/compile_unit.py's), which
+    """sccache's statistics table into the build's compile log (cmake/vfa_build/units/compile_unit.py's), which
     it returns; None without a build dir or when the log cannot be written."""
     if settings is None:
         return None
-    from vfa_build.progress.compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
+    from vfa_build.units.compile_unit import COMPILE_LOG, append_log  # the log every unit's output goes to
     log = str(Path(settings["build_dir"]) / COMPILE_LOG)
     return log if append_log(log, f"==> sccache --show-stats (the build's compiler cache)\n{text}") else None
 
@@ -156,7 +156,7 @@ def stats(args) -> int:
         # A server this asks for is started like the compiles' (no idle timeout) and stopped
         # when the build ends, as theirs are (cmake/vfa_build/compiler_cache/sccache_launcher.py).
         from vfa_build.compiler_cache.sccache_servers import claim_servers, server_env
-        from vfa_build.progress.compile_unit import this_build
+        from vfa_build.units.compile_unit import this_build
         build = this_build()
         claim_servers(settings, args.settings, build)
         env = server_env(settings, settings["server"], build)

@@ -51,7 +51,7 @@ import sys
 import time
 
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
-from vfa_build.progress.compile_unit import output_of, say_now, this_build
+from vfa_build.units.compile_unit import output_of, say_now, this_build
 # Objects from the cluster: a sample compiled here again, each object's origin recorded.
 from vfa_build.cluster.dist_trust import dist_counts, record_origin, servers_of, verify_unit
 from vfa_build.cluster.dist_output import abandon, claim, drop, private_output, with_output  # (where the cluster writes)

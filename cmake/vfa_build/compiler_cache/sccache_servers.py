@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 # What marks the processes of one compile, the unit's name, and how a line reaches the console at once.
-from vfa_build.progress.compile_unit import COMPILE_ID, marked_processes, output_of, say_now
+from vfa_build.units.compile_unit import COMPILE_ID, marked_processes, output_of, say_now
 
 # The keeper runs as the launcher's `--keep`, through the build package's entry point (compile_unit.py
 # knows the launcher's processes by its name).

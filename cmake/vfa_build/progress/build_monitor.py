@@ -25,7 +25,7 @@ ends. At the end it writes BUILD_DIR/vfa-estimate.json: what it estimated at 10,
 and 90 % of the build against what was actually left then.
 
 The estimate is cmake/vfa_build/progress/progress_estimate.py's, what ninja is doing is read through
-cmake/vfa_build/progress/ninja_processes.py; this file follows the events and prints.
+cmake/vfa_build/units/ninja_processes.py; this file follows the events and prints.
 
 Example (the minimal preset on a 2-core machine, through `pip install -v`):
 
@@ -46,9 +46,9 @@ import subprocess
 import sys
 import time
 
-from vfa_build.progress.compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _stat,
+from vfa_build.units.compile_unit import (COMPILE_LOG, EVENTS, PROGRESS_LOG, RELAY, STOP_WAIT_S, _stat,
                           append_line, closed_relay_text, start_build_logs, this_build)
-from vfa_build.progress.ninja_processes import children, ninja_ancestor, ninja_job_limit, planned_units, started_at
+from vfa_build.units.ninja_processes import children, ninja_ancestor, ninja_job_limit, planned_units, started_at
 from vfa_build.progress.progress_estimate import (ESTIMATE, HIT_MIN_S, LOAD_EVERY_S, RECORD_EVERY_S, BuildState,
                                EstimateRecord, about, add_unit_kind, clock, replay, unit_kind, unit_name)
 

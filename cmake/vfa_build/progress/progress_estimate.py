@@ -15,7 +15,9 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import Optional
+
+from vfa_build.units.kinds import UnitKindSpec, parse_unit_kind  # noqa: F401  (the one parser; the estimate's callers use it here)
 
 ESTIMATE = "vfa-estimate.json"  # the estimate against the actual time left, at RECORD_AT of the build
 RECORD_AT = (0.10, 0.25, 0.50, 0.75, 0.90)
@@ -36,25 +38,6 @@ UNIT_KINDS: list[tuple[str, str, str]] = []
 # nvcc's host-side steps, which take longer on the heavier headers), for reference: measured on
 # the 2-core CPU machine, scaled by what this build's cached units take (BuildState.cached_seconds).
 CACHED_SECONDS = {"C++": 1.0, "CUDA": 10.0}
-
-
-class UnitKindSpec(NamedTuple):
-    target: str
-    kind: str
-    seconds: float
-    contains: str
-    cached_seconds: Optional[float]
-
-
-def parse_unit_kind(spec: str) -> UnitKindSpec:
-    """A kind of CUDA unit as cmake/BuildProgress.cmake writes it (--unit-kind, and the cluster's
-    bounds file dist_bound.py reads): "TARGET|KIND|SECONDS|PATH TEXT[|CACHED SECONDS]", the units
-    of TARGET whose path holds PATH TEXT (any, when empty), at SECONDS compiled and CACHED
-    SECONDS answered by the compiler cache, for reference.
-      parse_unit_kind("_vendored_fa3_C|FA3 CUDA|153|/instantiations/|11.5")"""
-    target, kind, seconds, contains, *cached = spec.split("|")
-    return UnitKindSpec(target, kind, float(seconds), contains,
-                        float(cached[0]) if cached and cached[0] else None)
 
 
 def add_unit_kind(spec: str) -> None:

@@ -114,7 +114,7 @@ def _names_text(names: dict[str, tuple[str, ...]]) -> str:
 
 def parse_arch_list(text: str, names: dict[str, tuple[str, ...]]) -> ArchList:
     """The one reader of TORCH_CUDA_ARCH_LIST: the build's (cmake/CudaArchTable.cmake runs
-    ``python -m vendored_flash_attn.cuda_archs parse``) and the package's (Table.capabilities).
+    ``python -m vendored_flash_attn.declaration.cuda_archs parse``) and the package's (Table.capabilities).
 
     Entries are separated by ';', ',' or white space. An entry is a compute capability as torch
     writes it (major.minor, one digit of minor, no leading zero: "9.0"; "09.0" and "9.00" are
@@ -225,7 +225,7 @@ def parse(data: dict) -> Table:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m vendored_flash_attn.cuda_archs parse DECLARATION.json TEXT``: the build's
+    """``python -m vendored_flash_attn.declaration.cuda_archs parse DECLARATION.json TEXT``: the build's
     reading of TORCH_CUDA_ARCH_LIST (cmake/CudaArchTable.cmake), as three lines "archs <caps>",
     "ptx <caps>" (';'-separated) and "named <name = entries>, ..."; exit 1 with the message when
     the list does not parse (or the declaration's arch table has a mistake)."""

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import cuda_archs, declaration, family_build, json_types
+from . import cuda_archs, family_build, json_types, knob_values
 
 from .family_build import CUTE_DSL, EXTENSION, MADE, Archs  # noqa: F401  (re-exported)
 from .family_build import closest as _closest
@@ -230,7 +230,7 @@ def problems(data: Any) -> list[str]:
     (``families.<name>.<field>``) and the fix; [] when there is none.
 
     The one validator of the declaration: the package calls it (parse(), at first use) and
-    so does the configure (cmake/Families.cmake runs ``python -m vendored_flash_attn.families
+    so does the configure (cmake/Families.cmake runs ``python -m vendored_flash_attn.declaration.families
     check FILE``), so a mistake stops the build with the same words before anything is
     compiled. Standard library only.
     """
@@ -330,7 +330,7 @@ def _entry_problems(name: str, entry: Any, knobs: dict, names: list[str], versio
     for field in ("adapter", "head_size_rule", "deps_check"):
         value = entry.get(field)
         if value is not None and field in entry and not (isinstance(value, str) and _REFERENCE.fullmatch(value)):
-            found.append(f"{where}.{field} must be module:function (such as vendored_flash_attn.fa2:forward), "
+            found.append(f"{where}.{field} must be module:function (such as vendored_flash_attn.families.fa2:forward), "
                          f"got {value!r}")
     found += _capability_problems(where, entry)
     found += _default_problems(where, entry)
@@ -572,7 +572,7 @@ def registry() -> Registry:
     """The families this package declares (read once)."""
     global _registry
     if _registry is None:
-        _registry = parse(declaration.load())
+        _registry = parse(knob_values.load())
     return _registry
 
 
@@ -644,15 +644,15 @@ def reference_problems(data: dict, where: list[str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m vendored_flash_attn.families check FILE``: the declaration's mistakes, one a
+    """``python -m vendored_flash_attn.declaration.families check FILE``: the declaration's mistakes, one a
     line, exit status 1 when there is any (cmake/Families.cmake runs it at configure): those
     problems() finds and the references to modules of the python/ folder holding this package
     (reference_problems)."""
     import os
     import sys
 
-    read = json_types.declaration_command(sys.argv[1:] if argv is None else argv, "vendored_flash_attn.declaration.families",
-                                          "check", (), errors=sys.stderr)
+    read = json_types.declaration_command(sys.argv[1:] if argv is None else argv,
+                                          "vendored_flash_attn.declaration.families", "check", (), errors=sys.stderr)
     if isinstance(read, int):
         return read
     _, data = read

@@ -13,7 +13,7 @@ import re
 import subprocess
 import time
 
-from vfa_build.progress.proc import _comm, _stat  # /proc/<pid>/stat and comm, read the launcher's way
+from vfa_build.units.proc import _comm, _stat  # /proc/<pid>/stat and comm, read the launcher's way
 
 UNIT_LINE = re.compile(r"Building (?:CUDA|CXX|C) object (\S+)")
 

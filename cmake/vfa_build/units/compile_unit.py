@@ -45,8 +45,8 @@ import sys
 import threading
 import time
 
-from vfa_build.progress.compiler_output import sort_output
-from vfa_build.progress.proc import _comm, _stat  # (/proc/<pid>/stat and comm)
+from vfa_build.units.compiler_output import sort_output
+from vfa_build.units.proc import _comm, _stat  # (/proc/<pid>/stat and comm)
 # The project's one URL scrubber: what the build writes into its logs and shows (a compiler's or
 # sccache's error may quote a cache or scheduler URL with its password) goes through it.
 from vfa_build.url_secrets import without_env_secrets
@@ -400,7 +400,7 @@ def closed_relay_text(build: str | None) -> str:
 
 def _monitor_starting(build_dir: str) -> bool:
     """A progress monitor runs under this unit's ninja and has not closed RELAY for this build."""
-    from vfa_build.progress.ninja_processes import children, ninja_ancestor  # not at the top: runs once per unit
+    from vfa_build.units.ninja_processes import children, ninja_ancestor  # not at the top: runs once per unit
 
     try:
         with open(os.path.join(build_dir, RELAY), encoding="ascii", errors="replace") as f:
