@@ -101,6 +101,19 @@ function(vfa_knob_field out_var decl field fallback)
   endif()
 endfunction()
 
+# Joins <items> as a sentence lists them, into <out_var>: "A", "A and B", "A, B and C" (the
+# build's messages name families, archs and generations this way).
+#   vfa_join_words(text "9.x;10.x;11.x")  ->  text="9.x, 10.x and 11.x"
+#   vfa_join_words(text "FA2 (off)")      ->  text="FA2 (off)"
+function(vfa_join_words out_var items)
+  list(POP_BACK items final)
+  list(JOIN items ", " text)
+  if(NOT text STREQUAL "")
+    string(APPEND text " and ")
+  endif()
+  set(${out_var} "${text}${final}" PARENT_SCOPE)
+endfunction()
+
 # Splits <record> at the first <separator> into the two parts: the text before it into
 # <key_var>, the text after it into <value_var> (a record without <separator>: all of it the key,
 # the value ""). The one reader of the build's "key<separator>value" records: a family's

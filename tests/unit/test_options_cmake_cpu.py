@@ -54,3 +54,19 @@ def test_a_path_with_a_leading_tilde_is_refused_with_the_path_meant(tmp_path):
             "not here: write '/home/ci/vfa-cache'.") in result.text
     assert read_knobs(tmp_path, ["VFA_SOURCE_CACHE"], env={}, defines={"VFA_SOURCE_CACHE": "./~/vfa-cache"}) == \
         {"VFA_SOURCE_CACHE": (str(OPTIONS.parents[1] / "~" / "vfa-cache"), "cmake")}  # said explicitly: allowed
+
+
+def test_words_are_joined_as_a_sentence_lists_them(tmp_path):
+    """vfa_join_words, the one "A, B and C" of the build's messages (the arch generations a family
+    runs on, the families a build left out)."""
+    script = tmp_path / "join.cmake"
+    script.write_text(f'include("{OPTIONS}")\n'
+                      'foreach(items IN ITEMS "9.x" "9.x|10.x" "9.x|10.x|11.x" "FA2 (off)|FA3 (8.0 lacks 9.0)")\n'
+                      '  string(REPLACE "|" ";" items "${items}")\n'
+                      '  vfa_join_words(text "${items}")\n'
+                      '  message(NOTICE "JOINED <${text}>")\n'
+                      'endforeach()\n')
+    result = run([tool("cmake"), "-P", str(script)], env=clean_env())
+    assert result.returncode == 0, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("JOINED ")] == [
+        "JOINED <9.x>", "JOINED <9.x and 10.x>", "JOINED <9.x, 10.x and 11.x>", "JOINED <FA2 (off) and FA3 (8.0 lacks 9.0)>"]
