@@ -160,7 +160,8 @@ import json, subprocess, sys
 args = sys.argv[1:]
 while args[0] in ("-E", "-s"):
     args.pop(0)
-script, command, rest = args[0], args[1], args[2:]
+script = args[:2]  # the build package's entry point and the module it runs (fa4.precompile)
+command, rest = args[2], args[3:]
 if command == "probe":
     print(json.dumps({{"stage": "", "precompile": "", "python": "%d.%d" % sys.version_info[:2]}}))
     sys.exit(0)
@@ -172,7 +173,7 @@ for arg in rest:
         skip = True
     elif arg != "--best-effort":
         kept.append(arg)
-plan = subprocess.run([sys.executable, script, "plan", *kept], capture_output=True, text=True)
+plan = subprocess.run([sys.executable, *script, "plan", *kept], capture_output=True, text=True)
 with open({log!r}, "a") as log:
     log.write(json.dumps({{"argv": rest, "rc": plan.returncode, "plan": plan.stdout.split(), "err": plan.stderr}}) + "\\n")
 sys.exit(plan.returncode)

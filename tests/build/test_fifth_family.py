@@ -175,8 +175,8 @@ def fifth(synthetic, tmp_path_factory):
     site = root / "site"
     installed = run([tool("cmake"), "--install", str(build), "--prefix", str(site)], env=clean_env())
     assert installed.returncode == 0, installed.output
-    for module in (project / "python" / "vendored_flash_attn").glob("*.py"):
-        shutil.copy(module, site / "vendored_flash_attn")
+    shutil.copytree(project / "python" / "vendored_flash_attn", site / "vendored_flash_attn", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.json"))  # the package's Python (data: installed)
     probe = run([sys.executable, "-c", PROBE], env=clean_env(PYTHONPATH=str(site)), cwd=root)
     assert probe.returncode == 0, probe.output[-4000:]
     return {"build": build, "configure": configured, "site": site, "probe": json.loads(probe.stdout.splitlines()[-1])}

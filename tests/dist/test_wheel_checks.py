@@ -227,8 +227,12 @@ def install_like_pip(tmp: Path, wheel: Path) -> Path:
     made here carry only an empty __init__.py): what `pip install` leaves in site-packages."""
     site = tmp / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    for source in (PROJECT / "python/vendored_flash_attn").glob("*.py"):
-        (site / "vendored_flash_attn" / source.name).write_bytes(source.read_bytes())
+    package = PROJECT / "python/vendored_flash_attn"
+    for source in package.rglob("*.py"):
+        if "__pycache__" not in source.parts:
+            copy = site / "vendored_flash_attn" / source.relative_to(package)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(source.read_bytes())
     # The declaration the package reads (the families wheel_check lists), installed beside
     # it as a CMake-built wheel has it.
     (site / "vendored_flash_attn" / "knobs.json").write_bytes((PROJECT / "cmake/knobs.json").read_bytes())
