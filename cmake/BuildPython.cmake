@@ -1,5 +1,5 @@
 # The build's Python: the scripts CMake runs are the modules of one package, cmake/vfa_build/
-# (by concern: sources, compiler_cache, cluster, progress, fa4, knobs), run through its one
+# (by concern: sources, compiler_cache, cluster, units, progress, fa4, knobs), run through its one
 # entry point, which puts cmake/ first on sys.path and runs the module as __main__:
 #   COMMAND "${Python_EXECUTABLE}" -E -s -S "${VFA_BUILD_PY}" sources.staged_tree stage ...
 # -E -s -S (the interpreter's standard library only, whatever the environment says) wherever
