@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = ("kernels", "overhead", "first_call", "import_time", "fp8_accuracy", "build", "launcher_overhead", "serving",
-           "build_estimate")
+           "build_estimate", "kernels_pair", "wheel_compare", "configure_compare")
 
 
 def load(name: str):

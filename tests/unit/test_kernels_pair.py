@@ -1,0 +1,34 @@
+"""benchmarks/kernels_pair.py's comparison: each row's median over rounds, B over A, a row slower
+beyond the bound or missing from one build named."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels_pair.py"
+_spec = importlib.util.spec_from_file_location("vfa_bench_kernels_pair", _path)
+kernels_pair = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = kernels_pair
+_spec.loader.exec_module(kernels_pair)
+
+
+def _run(**medians):
+    return {"rows": [{"case": case, "impl": "fa2", "status": "ok", "median_ms": ms} for case, ms in medians.items()]
+            + [{"case": "varlen_8k_full", "impl": "fa4", "status": "not built", "median_ms": None}]}
+
+
+def test_medians_over_rounds_and_the_ratio():
+    result = kernels_pair.compare([_run(varlen_8k_full=1.00), _run(varlen_8k_full=1.04), _run(varlen_8k_full=0.98)],
+                                  [_run(varlen_8k_full=1.005), _run(varlen_8k_full=1.003)], slower_pct=1.0)
+    (row,) = result["rows"]
+    assert row["a_ms"] == 1.00 and row["b_ms"] == 1.004 and abs(row["b_over_a"] - 1.004) < 1e-9
+    assert result["ok"] and not row["slower"]
+
+
+def test_a_row_slower_beyond_the_bound_or_missing_fails():
+    slower = kernels_pair.compare([_run(a=1.0, b=2.0)], [_run(a=1.02, b=2.0)], slower_pct=1.0)
+    assert slower["slower"] == ["a/fa2"] and not slower["ok"]
+    missing = kernels_pair.compare([_run(a=1.0, b=2.0)], [_run(a=1.0)], slower_pct=1.0)
+    assert missing["missing"] == ["b/fa2 (not in B)"] and not missing["ok"]
