@@ -236,7 +236,8 @@ def _append_line(path: Path, line: str) -> None:
 def record_verified(build_dir: str, unit: str, servers: list[str], result: str, seconds: float, why: str,
                     build: str | None = None) -> None:
     _append_line(Path(build_dir) / VERIFIED,
-                 f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\t{build or ''}\n")
+                 f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\t"
+                 f"{build or ''}\n")
 
 
 def comparable(data: bytes) -> bytes:
@@ -295,7 +296,8 @@ def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None =
     try:
         local = compile_here(settings["sccache"], _with_output(command, here, f"{here}.d"), scratch)
         if local.returncode != 0:
-            record_verified(settings["build_dir"], unit, servers, "failed-here", time.monotonic() - started, why, build)
+            record_verified(settings["build_dir"], unit, servers, "failed-here", time.monotonic() - started, why,
+                            build)
             print(f"vendored-flash-attn: VFA_DIST_VERIFY: {unit} compiled through the sccache-dist cluster, but "
                   f"its compile here failed ({local.returncode}):\n{local.stderr.decode(errors='replace')[-2000:]}",
                   file=sys.stderr)
@@ -357,8 +359,12 @@ class _OriginLock:
     def __enter__(self):
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return self
+        try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError:
+            os.close(self.fd)
             self.fd = None
         return self
 
