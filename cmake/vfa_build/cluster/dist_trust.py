@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from vfa_build.cluster.compile_env import sccache_server_answers  # (whether the build's sccache server listens)
+from vfa_build.cluster.dist_output import claim, drop  # (where the cluster writes: take_object)
 
 # Every cache backend's read-only switch in sccache 0.16 (its config.rs); the one of the
 # backend in use applies, the others are ignored.
@@ -63,7 +64,11 @@ READ_ONLY = "READ_ONLY"
 # Written at configure (cmake/DistTrust.cmake) into the build dir.
 VERIFY_FILE = "vfa-dist-verify.json"
 SAMPLE_KEY = "vfa-dist-sample.key"  # this build's secret the sample is drawn with (sample_key)
-VERIFIED = "vfa-dist-verified.tsv"  # this build's checked units (record_verified); the end of the build reads it
+VERIFIED = "vfa-dist-verified.tsv"  # the checked units, each line naming its build (record_verified); the end reads it
+# One line per purge (remove_cluster_objects): a unit whose cluster compile was under way when one
+# came discards its object (take_object).
+PURGES = "vfa-dist-purges.tsv"
+ORIGIN_LOCK = "vfa-dist-origin.lock"  # held while objects are purged, and while one is moved into place
 # Every unit the launcher compiled while the cluster was on, where (record_origin): the last line of a unit says
 # where its object in the build dir came from.
 ORIGIN = "vfa-dist-origin.tsv"
@@ -146,6 +151,9 @@ def sample_key(build_dir: str, build: str | None) -> bytes:
             f.seek(0)
             f.truncate()
             f.write(f"{build or ''}\t{key}\n")
+            # A new build starts a new record of checks (its lines are its own: verified_lines;
+            # an earlier build's, failed or interrupted before its end cleared them, go).
+            _remove(str(Path(build_dir) / VERIFIED))
         return bytes.fromhex(key)
 
 
@@ -176,16 +184,23 @@ def servers_of(before: dict[str, int], after: dict[str, int]) -> list[str]:
     return sorted(server for server, n in after.items() if n > before.get(server, 0))
 
 
-def verified_lines(build_dir: str) -> list[list[str]]:
-    """This build's VERIFIED lines: [time, unit, servers (comma-separated), result, seconds, why]."""
+def verified_lines(build_dir: str, build: str | None, latest: bool = False) -> list[list[str]]:
+    """The VERIFIED lines of one build (each ninja run: compile_unit.this_build; "" for units
+    compiled outside any build tool): [time, unit, servers (comma-separated), result, seconds,
+    why, build]. A failed or interrupted build never reached the end that clears the record: its
+    checks are not this build's ("first" and "server" are drawn again, the end line counts only
+    this build's). `latest` with no build (the end step run by hand): the last build recorded."""
     try:
         text = (Path(build_dir) / VERIFIED).read_text(encoding="utf-8", errors="surrogateescape")
     except OSError:
         return []
-    return [line.split("\t") for line in text.splitlines() if line.count("\t") == 5]
+    lines = [line.split("\t") for line in text.splitlines() if line.count("\t") == 6]
+    want = lines[-1][6] if (latest and build is None and lines) else (build or "")
+    return [line for line in lines if line[6] == want]
 
 
-def why_verify(build_dir: str, key: bytes, unit: str, every: int, servers: list[str]) -> str | None:
+def why_verify(build_dir: str, key: bytes, unit: str, every: int, servers: list[str],
+               build: str | None = None) -> str | None:
     """Why <unit> is checked ("sample", "first", "server"), or None. With verification on, every
     build checks at least one unit the cluster built ("first") and one unit of each build server it learns of
     ("server": a unit that only it served; a unit whose compile overlapped others' credits no
@@ -196,7 +211,7 @@ def why_verify(build_dir: str, key: bytes, unit: str, every: int, servers: list[
         return "sample"
     if not servers:
         return None  # no build server counted a compile of it: from the (trusted) cache, or compiled here
-    lines = verified_lines(build_dir)
+    lines = verified_lines(build_dir, build)  # this build's checks only
     if not lines:
         return "first"
     covered = {line[2] for line in lines if line[3] == "same" and "," not in line[2]}
@@ -218,9 +233,11 @@ def _append_line(path: Path, line: str) -> None:
         pass
 
 
-def record_verified(build_dir: str, unit: str, servers: list[str], result: str, seconds: float, why: str) -> None:
+def record_verified(build_dir: str, unit: str, servers: list[str], result: str, seconds: float, why: str,
+                    build: str | None = None) -> None:
     _append_line(Path(build_dir) / VERIFIED,
-                 f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\n")
+                 f"{time.time():.3f}\t{unit}\t{','.join(servers)}\t{result}\t{seconds:.2f}\t{why}\t"
+                 f"{build or ''}\n")
 
 
 def comparable(data: bytes) -> bytes:
@@ -270,7 +287,7 @@ def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None =
     if obj is None or every <= 0:
         return 0, False
     servers = servers or []
-    why = why_verify(settings["build_dir"], sample_key(settings["build_dir"], build), unit, every, servers)
+    why = why_verify(settings["build_dir"], sample_key(settings["build_dir"], build), unit, every, servers, build)
     if why is None:
         return 0, False
     started = time.monotonic()
@@ -279,7 +296,8 @@ def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None =
     try:
         local = compile_here(settings["sccache"], _with_output(command, here, f"{here}.d"), scratch)
         if local.returncode != 0:
-            record_verified(settings["build_dir"], unit, servers, "failed-here", time.monotonic() - started, why)
+            record_verified(settings["build_dir"], unit, servers, "failed-here", time.monotonic() - started, why,
+                            build)
             print(f"vendored-flash-attn: VFA_DIST_VERIFY: {unit} compiled through the sccache-dist cluster, but "
                   f"its compile here failed ({local.returncode}):\n{local.stderr.decode(errors='replace')[-2000:]}",
                   file=sys.stderr)
@@ -287,9 +305,9 @@ def verify_unit(settings: dict, unit: str, command: list[str], obj: str | None =
             return 1, True
         got, want = comparable(Path(obj).read_bytes()), comparable(Path(here).read_bytes())
         if got == want:
-            record_verified(settings["build_dir"], unit, servers, "same", time.monotonic() - started, why)
+            record_verified(settings["build_dir"], unit, servers, "same", time.monotonic() - started, why, build)
             return 0, True
-        record_verified(settings["build_dir"], unit, servers, "differs", time.monotonic() - started, why)
+        record_verified(settings["build_dir"], unit, servers, "differs", time.monotonic() - started, why, build)
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         _remove(obj)
         removed = remove_cluster_objects(settings["build_dir"])
@@ -329,14 +347,72 @@ def cluster_objects(build_dir: str) -> dict[str, tuple[str, bool]]:
     return {unit: (p[3], p[4] == "1") for unit, p in last.items() if p[2] == "cluster"}
 
 
+class _OriginLock:
+    """flock on ORIGIN_LOCK: a purge and a unit's object moved into place never interleave (a
+    unit is either in place before the purge, and removed by it, or sees the purge and discards
+    its object). Without the lock file (a build dir that cannot be written) it locks nothing."""
+
+    def __init__(self, build_dir: str):
+        self.path = Path(build_dir) / ORIGIN_LOCK
+        self.fd: int | None = None
+
+    def __enter__(self):
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return self
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def purges(build_dir: str) -> int:
+    """How many purges (remove_cluster_objects) this build dir has had: the launcher reads it
+    before a unit goes to the cluster, and take_object again before its object is moved in."""
+    try:
+        with open(Path(build_dir) / PURGES, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
 def remove_cluster_objects(build_dir: str) -> int:
     """Removes every object the cluster built in this build dir (the next build compiles them
-    again, as ninja finds them missing); returns how many there were."""
-    units = cluster_objects(build_dir)
-    for unit in units:
-        _remove(str(Path(build_dir) / unit))
-        record_origin(build_dir, unit, "removed")
+    again, as ninja finds them missing), and records the purge, so that an object still on its
+    way from the cluster is discarded (take_object); returns how many there were."""
+    with _OriginLock(build_dir):
+        _append_line(Path(build_dir) / PURGES, f"{time.time():.3f}\n")
+        units = cluster_objects(build_dir)
+        for unit in units:
+            _remove(str(Path(build_dir) / unit))
+            record_origin(build_dir, unit, "removed")
     return len(units)
+
+
+def take_object(build_dir: str, unit: str, private: str, seen_purges: int, servers: list[str],
+                checked: bool) -> str:
+    """The cluster's object of <unit> (in dist_output.py's <private> temporary) into place and its
+    origin recorded ("taken"), unless the build dir had a purge since the unit went to the
+    cluster (<seen_purges>, read then): a check failed meanwhile and nothing of the cluster's is
+    trusted, so the object is discarded ("purged"). "none": the compile wrote no object."""
+    with _OriginLock(build_dir):
+        if purges(build_dir) != seen_purges:
+            drop(private)
+            return "purged"
+        if not claim(private, unit):
+            return "none"
+        # No server counted a compile: a hit of the (read-only, trusted) cache, or sccache's own
+        # fallback here. Compiles of other units that ended meanwhile count too: an object is
+        # credited to the cluster rather than not.
+        record_origin(build_dir, unit, "cluster" if servers else "here", servers, checked)
+        return "taken"
 
 
 def terms_now(build_dir: str, cache_enabled: bool) -> dict:

@@ -75,12 +75,14 @@ def record_build(settings: dict, report: dict) -> None:
     os.replace(tmp, info_path)
 
 
-def verification_report(settings: dict) -> dict:
-    """What dist_trust.py checked in this build (VERIFIED) and where the build dir's objects came
-    from (ORIGIN): the objects the cluster built, how many of them were checked here, by server."""
+def verification_report(settings: dict, build: str | None = None) -> dict:
+    """What dist_trust.py checked in this build (VERIFIED: the lines of <build>, this_build(); run
+    by hand, outside a build tool, the last build recorded) and where the build dir's objects
+    came from (ORIGIN): the objects the cluster built, how many of them were checked here, by
+    server."""
     from vfa_build.cluster.dist_trust import cluster_objects, verified_lines, verify_every
     build_dir = settings["build_dir"]
-    lines = verified_lines(build_dir)
+    lines = verified_lines(build_dir, build, latest=True)
     objects = cluster_objects(build_dir)
     servers = sorted({s for servers, _ in objects.values() for s in servers.split(",") if s})
     checked_servers = sorted({line[2] for line in lines if line[3] == "same" and line[2] and "," not in line[2]})
@@ -186,7 +188,7 @@ def stats(args) -> int:
             print(f"distributed compiles: unknown ({exc})")
             return 0
         report["late_answers_discarded"] = len(late)
-        report["verify"] = verify = verification_report(settings)
+        report["verify"] = verify = verification_report(settings, build)
         if settings["dist"] != "none" or verify["objects_from_cluster"]:
             record_in_wheel(settings, verify)
         record_build(settings, report)

@@ -53,8 +53,8 @@ import time
 # The unit's name (as in vfa-progress.tsv) and the build this launch belongs to.
 from vfa_build.units.compile_unit import output_of, say_now, this_build
 # Objects from the cluster: a sample compiled here again, each object's origin recorded.
-from vfa_build.cluster.dist_trust import dist_counts, record_origin, servers_of, verify_unit
-from vfa_build.cluster.dist_output import abandon, claim, drop, private_output, with_output  # (where the cluster writes)
+from vfa_build.cluster.dist_trust import dist_counts, purges, record_origin, servers_of, take_object, verify_unit
+from vfa_build.cluster.dist_output import abandon, drop, private_output, with_output  # (where the cluster writes)
 from vfa_build.cluster.dist_bound import (BOUND_FIXES, bound_seconds, log_size, run_bounded,  # (the cluster's
                         STATUS_TIMEOUT_S, silent_fallback)                    # time per unit)
 from vfa_build.compiler_cache.sccache_servers import claim_servers, compile_through_server, keep_servers, server_env
@@ -208,6 +208,19 @@ def local_command(settings: dict, command: list[str]) -> tuple[list[str], dict[s
     return command, dict(os.environ)
 
 
+def compile_here_instead(settings: dict, command: list[str], unit: str, build: str | None) -> int:
+    """<unit> compiled here (the build's no-[dist] server, or the compiler itself), its output
+    shown and its origin recorded; the exit status."""
+    local, local_env = local_command(settings, command)
+    if settings.get("local"):
+        local_env = server_env(settings, settings["local"], build)
+    rc, out, err, _ = run_captured(local, local_env)
+    if rc == 0:
+        record_origin(settings["build_dir"], unit, "here")
+    show(out, err)
+    return rc if rc >= 0 else 128 - rc
+
+
 def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     build = this_build()
     claim_servers(settings, settings_path, build)
@@ -237,6 +250,7 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
     # while this unit still waits for it; an answer after the bound lands there, not on the object.
     private = private_output(unit)
     before = dist_counts(settings["sccache"], env)  # which build servers build it (dist_trust.servers_of)
+    seen_purges = purges(settings["build_dir"])  # a failed check meanwhile discards this unit's object (take_object)
 
     def waiting(waited: float) -> tuple[str, str] | None:
         """Every minute a unit waits on the cluster: a line, and is the scheduler still answering?"""
@@ -271,11 +285,14 @@ def launch(settings: dict, command: list[str], settings_path: str = "") -> int:
             servers = servers_of(before, dist_counts(settings["sccache"], env))
             # dist_trust.py: VFA_DIST_VERIFY's sample; the object's origin recorded in the build dir.
             rc, checked = verify_unit(settings, unit, command, private, servers, build)
-            if rc == 0 and claim(private, unit):
-                # No server counted a compile: a hit of the (read-only, trusted) cache, or sccache's own
-                # fallback here. Compiles of other units that ended meanwhile count too: an object is
-                # credited to the cluster rather than not.
-                record_origin(settings["build_dir"], unit, "cluster" if servers else "here", servers, checked)
+            if rc == 0 and take_object(settings["build_dir"], unit, private, seen_purges, servers,
+                                       checked) == "purged":
+                # Another unit's check failed while this one compiled: its objects were removed, and
+                # this one, which came after, is not moved into place either.
+                say_now(settings["build_dir"], f"discarded the sccache-dist cluster's object for {unit}: a failed "
+                                               "check removed the cluster's objects of this build dir while it "
+                                               "compiled; compiling it here")
+                return compile_here_instead(settings, command, unit, build)
         if not (stopped or interrupted):
             drop(private)
         return rc if rc >= 0 else 128 - rc
