@@ -19,7 +19,7 @@
 # cmake/Parallelism.cmake); a unit whose kind's seconds reach it is one the build waits for. The
 # threshold is that ideal end, or the heaviest kind's seconds where they are below it (a build
 # with more work than jobs: then its heaviest kind alone), so the set is never empty:
-#   minimal on 16 jobs: (4 x 311 + 3 x 189 + 2 x 330 + 6 x 153 + 2 x 54) / 16 = 218 s: the four FA2
+#   minimal on 16 jobs: (4 x 311 + 2 x 189 + 2 x 330 + 6 x 153 + 2 x 54) / 16 = 206 s: the four FA2
 #   split-KV units (311 s) and the two FA3 FP8 paged instantiations (330 s).
 #
 # N for auto: the critical units (H of them) share the cores and the memory when they run last:
@@ -180,8 +180,7 @@ function(vfa_setup_split_compile)
 
   foreach(target IN LISTS ARGN)
     foreach(source IN LISTS chosen_${target})
-      set_property(SOURCE "${source}" APPEND PROPERTY COMPILE_OPTIONS
-        "$<$<COMPILE_LANGUAGE:CUDA>:--split-compile=${threads}>")
+      set_property(SOURCE "${source}" APPEND PROPERTY COMPILE_OPTIONS "--split-compile=${threads}")
     endforeach()
   endforeach()
   string(REPLACE ";" ", " named "${chosen}")
