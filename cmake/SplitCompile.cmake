@@ -164,7 +164,7 @@ function(vfa_setup_split_compile)
         set(threads ${n})
       endif()
     endforeach()
-    set(reason "auto: ${count} units at or above ${threshold} s (the build's ${total} s over ${VFA_JOBS} jobs: "
+    string(CONCAT reason "auto: ${count} units at or above ${threshold} s (the build's ${total} s over ${VFA_JOBS} jobs: "
                "${ideal} s); ${cores} cores give ${by_cores} threads each, ${VFA_BUILD_MEMORY_MB} MB at "
                "${budget} MB a thread ${by_memory}, at most ${VFA_SPLIT_COMPILE_MAX_AUTO}")
     if(threads LESS 2)
@@ -174,7 +174,7 @@ function(vfa_setup_split_compile)
     endif()
   else()
     set(threads ${knob})
-    set(reason "VFA_NVCC_SPLIT_COMPILE=${knob}: ${count} units at or above ${threshold} s (the build's ${total} s "
+    string(CONCAT reason "VFA_NVCC_SPLIT_COMPILE=${knob}: ${count} units at or above ${threshold} s (the build's ${total} s "
                "over ${VFA_JOBS} jobs: ${ideal} s)")
   endif()
 
