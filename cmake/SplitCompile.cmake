@@ -27,7 +27,8 @@
 # the budget being its memory per job in cmake/Parallelism.cmake (VFA_JOB_MEMORY_MB x its family's
 # sixteenths x NVCC_THREADS); 8 because 8 threads measured as fast as nvcc's own count (182 s
 # against 177 s). Each split thread is budgeted like the whole unit: a split part compiles less.
-# On the 2-core CPU machine N = 1, so auto splits nothing there.
+# On the 2-core CPU machine N = 0, so auto splits nothing there; on the 16-core H100 machine
+# (about 120 GB free) `minimal`'s 6 critical units get N = min(8, 16 / 6, 120000 / (6 x 8192)) = 2.
 #
 # Where it goes: each chosen unit's own COMPILE_OPTIONS (never a target or global flag), so it is
 # on that unit's compile line, and so in the compiler cache's key (sccache hashes the arguments).
