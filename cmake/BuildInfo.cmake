@@ -184,6 +184,23 @@ function(vfa_write_build_info)
   string(JSON json SET "${json}" build
     "{\"build_type\": ${build_type}, \"jobs\": ${VFA_JOBS}, \"jobs_reason\": ${jobs_reason}, \"jobs_by_memory\": ${VFA_JOBS_BY_MEMORY}, \"nvcc_threads\": ${VFA_NVCC_THREADS}}")
 
+  # nvcc --split-compile (cmake/SplitCompile.cmake): it decides the chosen units' objects, so
+  # both records hold it.
+  vfa_json_string(split_knob "${VFA_SPLIT_COMPILE_KNOB}")
+  set(split_threads null)
+  if(NOT "${VFA_SPLIT_COMPILE_THREADS}" STREQUAL "")
+    set(split_threads ${VFA_SPLIT_COMPILE_THREADS})
+  endif()
+  set(split_units "")
+  foreach(unit IN LISTS VFA_SPLIT_COMPILE_UNITS)
+    vfa_json_string(u "${unit}")
+    list(APPEND split_units "${u}")
+  endforeach()
+  string(JOIN ", " split_units ${split_units})
+  vfa_json_string(split_reason "${VFA_SPLIT_COMPILE_REASON}")
+  string(JSON json SET "${json}" split_compile
+    "{\"knob\": ${split_knob}, \"threads\": ${split_threads}, \"units\": [${split_units}], \"reason\": ${split_reason}}")
+
   vfa_json_string(mode "${VFA_CUDA_DRIVER_CALL}")
   vfa_json_string(reason "${VFA_CUDA_DRIVER_CALL_REASON}")
   string(JSON json SET "${json}" cuda_driver_call "{\"mode\": ${mode}, \"reason\": ${reason}}")

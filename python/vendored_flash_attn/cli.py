@@ -98,8 +98,8 @@ def _build_summary(info: BuildInfo) -> dict:
                 "reason": comp.reason, "precompiled": [dict(run) for run in comp.precompiled]})
     # The knobs (every build knob: value and origin), VFA_* settings that were no knob,
     # and the machine-dependent choices, as build_info.json has them.
-    for key in ("torch", "cuda", "compiler", "compiler_cache", "cuda_driver_call", "build", "options",
-                "unknown_settings"):
+    for key in ("torch", "cuda", "compiler", "compiler_cache", "cuda_driver_call", "split_compile", "build",
+                "options", "unknown_settings"):
         if key in raw:
             summary[key] = raw[key]
     return summary
@@ -295,6 +295,9 @@ def render(report: dict) -> str:
         driver = build.get("cuda_driver_call")
         if driver:
             lines.append(f"  CUTLASS driver calls: {driver.get('mode', '-')} ({driver.get('reason', '')})")
+        split = build.get("split_compile")
+        if split and split.get("threads") is not None:
+            lines.append(f"  nvcc --split-compile={split['threads']}: {', '.join(split.get('units') or [])}")
         lines += _knob_lines(build)
     runtime = report["runtime"]
     lines += ["", "This machine",
