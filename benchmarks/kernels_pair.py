@@ -63,12 +63,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--impls", nargs="*", default=["fa2", "fa3", "fa3_fp8"])
     parser.add_argument("--slower-pct", type=float, default=1.0)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then more kernels.py arguments")
-    args = parser.parse_args()
+    # What follows "--" goes to kernels.py as it is (argparse's REMAINDER would also take the
+    # options given after A and B).
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     sides = [tuple(spec.split("=", 1)) for spec in (args.a, args.b)]
     if any(len(side) != 2 or not Path(side[1]).is_dir() for side in sides):
         parser.error("A and B are LABEL=DIR, DIR a folder with an installed vendored_flash_attn")
-    extra = [x for x in args.rest if x != "--"]
     results: dict[str, list[dict]] = {label: [] for label, _ in sides}
     for round_ in range(args.rounds):
         for label, folder in (sides if round_ % 2 == 0 else sides[::-1]):

@@ -32,3 +32,28 @@ def test_a_row_slower_beyond_the_bound_or_missing_fails():
     assert slower["slower"] == ["a/fa2"] and not slower["ok"]
     missing = kernels_pair.compare([_run(a=1.0, b=2.0)], [_run(a=1.0)], slower_pct=1.0)
     assert missing["missing"] == ["b/fa2 (not in B)"] and not missing["ok"]
+
+
+def test_options_after_the_two_builds_and_kernels_arguments_after_the_dashes_are_read(tmp_path, monkeypatch):
+    """`A=DIR B=DIR --out R --rounds 1 -- --quick`: the options after the builds are the script's,
+    what follows -- goes to kernels.py (on the GPU machine, argparse's REMAINDER took --out)."""
+    import json
+    import subprocess as sp
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    seen = []
+
+    def fake_run(cmd, env, cwd, stdout):
+        seen.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "kernels.json").write_text(json.dumps(_run(x=1.0)))
+        return sp.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(kernels_pair.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["kernels_pair.py", f"A={a}", f"B={b}", "--out", str(tmp_path / "r"),
+                                      "--rounds", "1", "--impls", "fa3", "--", "--quick"])
+    assert kernels_pair.main() == 0
+    assert [cmd[-3:] for cmd in seen] == [["--impls", "fa3", "--quick"]] * 2
+    assert (tmp_path / "r" / "kernels-pair.json").is_file()
