@@ -267,7 +267,8 @@ def test_an_anchor_that_disagrees_with_an_unmodified_cache_is_named_with_its_fix
     assert result.returncode != 0 and not result.sources(), result.output[-3000:]
     entry = _entry(cache, "flash-attention", synthetic.fa_commit)
     text = result.text
-    assert f"does not hold commit {synthetic.fa_commit} unmodified as the pin's anchor '{anchor_file}' records it" in text
+    assert (f"does not hold commit {synthetic.fa_commit} unmodified as the pin's anchor '{anchor_file}' "
+            "records it") in text
     assert shown in text
     assert "so one of two is wrong. The anchor, if it does not describe that commit" in text
     assert f"python cmake/vfa_build sources.source_anchor anchor --pin '{pin}'" in text

@@ -584,7 +584,8 @@ def test_a_named_precompile_python_without_packaging_is_named_with_what_it_lacks
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "packaging" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "packaging" else real_find_spec(name, *a))
     found = precompile.fa4_probe.probe(named=True)
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert found["precompile"] == found["stage"] == (

@@ -114,7 +114,8 @@ def test_a_rewritten_dunder_import_of_a_submodule_is_refused(fa4_stage, tmp_path
 
 
 def test_a_literal_dynamic_import_of_flash_attn_cute_is_pointed_at_our_copy(fa4_stage, tmp_path):
-    dest = _stage(fa4_stage, tmp_path, 'import importlib\nORIGIN = importlib.import_module("flash_attn.cute.utils").ORIGIN\n'
+    dest = _stage(fa4_stage, tmp_path, 'import importlib\n'
+                                       'ORIGIN = importlib.import_module("flash_attn.cute.utils").ORIGIN\n'
                                        'import logging\nlog = logging.getLogger("flash_attn")\n')
     assert _run_staged(dest, "from vendored_flash_attn._fa4.cute import form; print(form.ORIGIN)") \
         == "vendored_flash_attn._fa4.cute.utils"

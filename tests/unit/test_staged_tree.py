@@ -108,7 +108,8 @@ def test_a_full_store_is_named_with_its_free_space_and_the_fix(source, tmp_path,
     text = str(raised.value)
     assert text.startswith(f"the staged store '{store}' is full ({os.strerror(errno.ENOSPC)}; ")
     assert " MB free there; the copy of " in text and "needs about 0 MB" in text
-    assert "Free space on that disk" in text and "set VFA_STAGED_SOURCES to a folder of yours on a disk with room" in text
+    assert "Free space on that disk" in text
+    assert "set VFA_STAGED_SOURCES to a folder of yours on a disk with room" in text
     assert list(store.iterdir()) == [], "nothing may be left of a copy that did not fit"
 
 
