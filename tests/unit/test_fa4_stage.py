@@ -100,6 +100,8 @@ def test_from_flash_attn_cute_submodule_import_is_pointed_at_our_copy(fa4_stage,
     '__import__("flash_attn")',
     '__import__("flash_attn" + ".cute")',
     'importlib.util.find_spec("flash_attn")',
+    'importlib.import_module(".ops", "flash_attn")',
+    'importlib.import_module(".ops", package="flash_attn")',
 ])
 def test_a_dynamic_import_of_flash_attn_is_refused_with_file_and_line(fa4_stage, tmp_path, call):
     message = _refused(fa4_stage, tmp_path, f"import importlib\nfrom importlib import import_module\nname = 'x'\n"

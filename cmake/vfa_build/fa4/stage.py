@@ -131,7 +131,11 @@ def upstream_imports(source: str, package: str = VENDORED_PACKAGE) -> list[tuple
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
             if name in _DYNAMIC_IMPORTERS:
                 text = _leading_text(node.args[0])
-                hit = text is not None and text.startswith("flash_attn") and not text.startswith("flash_attn_")
+                # import_module(".x", "flash_attn") / find_spec(".x", package=...): the anchor package counts
+                anchors = [a for a in node.args[1:2] if name != "__import__"]
+                anchors += [k.value for k in node.keywords if k.arg == "package"]
+                hit = any(t is not None and t.startswith("flash_attn") and not t.startswith("flash_attn_")
+                          for t in [text, *map(_leading_text, anchors)])
                 hit = hit or (name == "__import__" and text is not None and text.startswith(package)
                               and len(node.args) < 4
                               and not any(k.arg == "fromlist" for k in node.keywords))
