@@ -277,22 +277,23 @@ function(vfa_knob_normalize out_var name decl value origin)
     set(allowed "any of ${allowed} (separated by commas, semicolons or spaces), or none")
     if(items STREQUAL "none")
       set(result "none")
-    elseif("none" IN_LIST items)
-      # "none,paged": each word is valid alone, but none means no item at all.
-      _vfa_knob_where(where ${name} "${origin}")
-      set(others "${items}")
-      list(REMOVE_ITEM others "none")
-      list(JOIN others ", " others)
-      message(FATAL_ERROR
-        "${name}: '${value}' mixes none with ${others} (${where}). none stands alone: it selects no item, "
-        "so it cannot be combined with others. Give ${name}=none alone, or only the items you want "
-        "(${others}).")
     else()
       foreach(item IN LISTS items)
-        if(NOT item IN_LIST choices)
+        if(NOT item IN_LIST choices AND NOT item STREQUAL "none")
           vfa_knob_refuse(${name} "${item}" "${origin}" "${allowed}")
         endif()
       endforeach()
+      if("none" IN_LIST items)
+        # "none,paged": each word is valid alone, but none means no item at all.
+        _vfa_knob_where(where ${name} "${origin}")
+        set(others "${items}")
+        list(REMOVE_ITEM others "none")
+        list(JOIN others ", " others)
+        message(FATAL_ERROR
+          "${name}: '${value}' mixes none with ${others} (${where}). none stands alone: it selects no item, "
+          "so it cannot be combined with others. Give ${name}=none alone, or only the items you want "
+          "(${others}).")
+      endif()
       set(result "")
       foreach(choice IN LISTS choices)
         if(choice IN_LIST items)

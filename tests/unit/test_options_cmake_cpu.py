@@ -80,6 +80,9 @@ def test_none_with_other_items_says_none_stands_alone(tmp_path):
             "VFA_FA3_FEATURES). none stands alone: it selects no item, so it cannot be combined with others. "
             "Give VFA_FA3_FEATURES=none alone, or only the items you want (paged).") in result.text
     assert "is not a valid value" not in result.text
+    # An item that is no choice is named first: the mix's fix must not suggest it.
+    bogus = run_options(tmp_path, ["VFA_FA3_FEATURES"], env={"VFA_FA3_FEATURES": "none,pagd"}, defines={})
+    assert "VFA_FA3_FEATURES: 'pagd' is not a valid value" in bogus.text and "mixes none" not in bogus.text
     assert read_knobs(tmp_path, ["VFA_FA3_FEATURES"], env={"VFA_FA3_FEATURES": " none "}, defines={}) == \
         {"VFA_FA3_FEATURES": ("none", "env:VFA_FA3_FEATURES")}
 
