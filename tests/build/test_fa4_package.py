@@ -150,13 +150,8 @@ def test_a_precompile_python_that_cannot_compile_stops_the_configure(sources, tm
 NO_PACKAGING_PYTHON = '''#!{python}
 """A stand-in for a Python without packaging: it runs the build package's command with
 packaging hidden from its imports."""
-import importlib.abc, runpy, sys
-class _Hidden(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "packaging" or name.startswith("packaging."):
-            raise ModuleNotFoundError(name)
-        return None
-sys.meta_path.insert(0, _Hidden())
+import runpy, sys
+sys.modules["packaging"] = None  # find_spec says None, an import fails: as where it is not installed
 args = [a for a in sys.argv[1:] if a not in ("-E", "-s")]
 sys.argv = args
 runpy.run_path(args[0], run_name="__main__")
