@@ -120,7 +120,7 @@ function(vfa_add_fa4_package)
   endif()
   if(NOT VFA_FA4_PRECOMPILE STREQUAL "off")
     foreach(interpreter IN LISTS VFA_FA4_PRECOMPILE_PYTHONS)
-      execute_process(COMMAND "${interpreter}" -E -s ${_VFA_FA4} probe
+      execute_process(COMMAND "${interpreter}" -E -s ${_VFA_FA4} probe --named
         OUTPUT_VARIABLE extra_probe ERROR_VARIABLE extra_err RESULT_VARIABLE extra_rc TIMEOUT 120)
       if(NOT extra_rc EQUAL 0)
         message(FATAL_ERROR "VFA_FA4_PRECOMPILE_PYTHONS: '${interpreter}' cannot run "

@@ -199,6 +199,13 @@ unset(_vfa_knobs_json)
 #   "VFA_FA2_PTX: 'enable' is not a valid value (from the environment variable
 #    VFA_FA2_PTX). Valid values: ON/OFF, ..."
 function(vfa_knob_refuse name value origin allowed)
+  _vfa_knob_where(where ${name} "${origin}")
+  message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
+endfunction()
+
+# Where a knob's value came from, in words, for its messages.
+#   _vfa_knob_where(w VFA_FA2_PTX env:VFA_FA2_PTX)  ->  "from the environment variable VFA_FA2_PTX"
+function(_vfa_knob_where out_var name origin)
   if(origin STREQUAL "cmake")
     set(where "given as -D${name} (pip: -C cmake.define.${name})")
   elseif(origin MATCHES "^env:(.*)$")
@@ -207,7 +214,7 @@ function(vfa_knob_refuse name value origin allowed)
     # Declared defaults are checked by tests/unit/test_knob_declaration.py; this is one computed here.
     set(where "the default this build computed; set ${name}")
   endif()
-  message(FATAL_ERROR "${name}: '${value}' is not a valid value (${where}). Valid values: ${allowed}.")
+  set(${out_var} "${where}" PARENT_SCOPE)
 endfunction()
 
 # Checks and normalises <value> of the knob declared as <decl>; a value that is
@@ -272,10 +279,21 @@ function(vfa_knob_normalize out_var name decl value origin)
       set(result "none")
     else()
       foreach(item IN LISTS items)
-        if(NOT item IN_LIST choices)
+        if(NOT item IN_LIST choices AND NOT item STREQUAL "none")
           vfa_knob_refuse(${name} "${item}" "${origin}" "${allowed}")
         endif()
       endforeach()
+      if("none" IN_LIST items)
+        # "none,paged": each word is valid alone, but none means no item at all.
+        _vfa_knob_where(where ${name} "${origin}")
+        set(others "${items}")
+        list(REMOVE_ITEM others "none")
+        list(JOIN others ", " others)
+        message(FATAL_ERROR
+          "${name}: '${value}' mixes none with ${others} (${where}). none stands alone: it selects no item, "
+          "so it cannot be combined with others. Give ${name}=none alone, or only the items you want "
+          "(${others}).")
+      endif()
       set(result "")
       foreach(choice IN LISTS choices)
         if(choice IN_LIST items)
@@ -297,6 +315,23 @@ function(vfa_knob_normalize out_var name decl value origin)
     endif()
     get_property(project_dir GLOBAL PROPERTY VFA_KNOBS_PROJECT_DIR)
     get_filename_component(result "${value}" ABSOLUTE BASE_DIR "${project_dir}")
+    # The staged store holds the build's verified copy of the sources (about 90 MB), a folder
+    # of the building user's alone: taken relative to the project it would land inside the
+    # checkout (and pip's source tree) with no word. Refused, naming the absolute path meant;
+    # a relative path that leads out of the project (../stores/x) still means <project>/../stores/x.
+    #   VFA_STAGED_SOURCES=staged  ->  stops: "... Write an absolute path (e.g. '<project>/staged' ...)"
+    set(inside OFF)
+    if(NOT IS_ABSOLUTE "${value}")
+      cmake_path(IS_PREFIX project_dir "${result}" NORMALIZE inside)
+    endif()
+    if(name STREQUAL "VFA_STAGED_SOURCES" AND inside)
+      _vfa_knob_where(where ${name} "${origin}")
+      message(FATAL_ERROR
+        "${name}: '${value}' is a relative path (${where}). It would put the staged copy of the sources "
+        "(about 90 MB) at '${result}', inside the project folder '${project_dir}'. Write an absolute path "
+        "(e.g. '${result}' if that is what you meant), or leave ${name} unset for the default "
+        "(~/.cache/vendored-flash-attn/staged).")
+    endif()
   elseif(type STREQUAL "string")
     set(result "${value}")
   else()

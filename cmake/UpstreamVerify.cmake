@@ -479,8 +479,35 @@ function(vfa_check_cached component dest url_var staged_var err_var)
     return()
   endif()
   if(diff)
+    # Two things can disagree: the entry (edited after the fetch) or the anchor (written for
+    # another commit or paths, or its digests edited), and removing the entry helps only in the
+    # first case. The entry's own git is asked which one it looks like: never believed for the
+    # build (a forged .git can agree with forged files), only to say which causes fit.
+    get_filename_component(anchor_file "${VFA_PIN_FILE}" DIRECTORY)
+    set(anchor_file "${anchor_file}/anchor.json")
+    set(rewrite "python cmake/vfa_build sources.source_anchor anchor --pin '${VFA_PIN_FILE}'")
+    set(own_git_agrees FALSE)
+    vfa_find_git()
+    if(GIT_EXECUTABLE)
+      vfa_compare_with_commit(git_diff git_err "${dest}" "${commit}" ${component})
+      if(NOT git_err AND NOT git_diff)
+        set(own_git_agrees TRUE)
+      endif()
+    endif()
     string(CONCAT message "The cached ${component} checkout '${dest}' does not hold commit ${commit} "
-      "unmodified: ${diff}. Something edited it after the fetch. ${fix}")
+      "unmodified as the pin's anchor '${anchor_file}' records it: ${diff}. ")
+    if(own_git_agrees)
+      # Not "likely" either way: a forged .git (tests/build/test_sources.py) agrees as well.
+      string(CONCAT message "${message}Its files are what its own git records for ${commit}, so one of "
+        "two is wrong. The anchor, if it does not describe that commit (a pin bump whose anchor was not "
+        "written again, or its digests edited): a new fetch would hold the same files; write it again from "
+        "a fresh fetch with ${rewrite} (vendor/flash-attention/README.md) and review its diff. Or the entry, "
+        "if its files and its git were edited after the fetch (the anchor unchanged in this repository): ${fix}")
+    else()
+      string(CONCAT message "${message}Something edited it after the fetch. ${fix} If a fresh fetch "
+        "differs the same way, the anchor is what disagrees: write it again with ${rewrite} "
+        "(vendor/flash-attention/README.md), and review its diff.")
+    endif()
     set(${err_var} "${message}" PARENT_SCOPE)
     return()
   endif()

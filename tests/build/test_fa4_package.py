@@ -147,6 +147,30 @@ def test_a_precompile_python_that_cannot_compile_stops_the_configure(sources, tm
     assert expected in result.text
 
 
+NO_PACKAGING_PYTHON = '''#!{python}
+"""A stand-in for a Python without packaging: it runs the build package's command with
+packaging hidden from its imports."""
+import runpy, sys
+sys.modules["packaging"] = None  # find_spec says None, an import fails: as where it is not installed
+args = [a for a in sys.argv[1:] if a not in ("-E", "-s")]
+sys.argv = args
+runpy.run_path(args[0], run_name="__main__")
+'''
+
+
+def test_a_precompile_python_without_packaging_is_named_with_what_it_lacks(sources, tmp_path):
+    # Issue 43: it read "the build's Python ... lacks packaging: FA4 is not staged".
+    fake = tmp_path / "python-without-packaging"
+    fake.write_text(NO_PACKAGING_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE_PYTHONS": str(fake)})
+    assert result.returncode != 0
+    assert f"VFA_FA4_PRECOMPILE_PYTHONS: '{fake}': Python " in result.text
+    assert "lacks packaging, which it needs to compile FA4's kernels" in result.text
+    assert "-m pip install packaging" in result.text
+    assert "FA4 is not staged" not in result.text and "the build's Python" not in result.text
+
+
 def test_gqa_ratios_are_checked_like_every_list_knob(sources, tmp_path):
     result = configure(tmp_path / "build", {**sources, "VFA_FA4_PRECOMPILE_GQA_RATIOS": "4;9"})
     assert result.returncode != 0

@@ -230,6 +230,50 @@ def test_cache_entry_with_an_edited_file_is_refused(filled, synthetic, pin, cach
     assert f"The cached flash_attention checkout '{entry}' does not hold commit {synthetic.fa_commit}" in result.text
     assert "1 file changed (hopper/flash_api.cpp)" in result.text
     assert f"Remove that folder (rm -rf '{entry}')" in result.text
+    assert "Something edited it after the fetch" in result.text  # its own git disagrees: the entry first
+
+
+def _anchor_edited(pin: Path, edit) -> Path:
+    """The pin's anchor with its flash_attention files edited by <edit> and its digest recomputed:
+    an anchor that is consistent in itself but does not describe the pinned commit."""
+    from vfa_build.sources import source_anchor, staged_tree
+
+    path = source_anchor.anchor_path(pin)
+    data = json.loads(path.read_text())
+    files = data["flash_attention"]["files"]
+    edit(files)
+    manifest = {rel: (mode, sha) for rel, mode, sha in files}
+    data["flash_attention"] = source_anchor.component_entry(data["flash_attention"]["commit"],
+                                                            data["flash_attention"]["paths"], manifest)
+    data.pop("about", None)
+    source_anchor.write_anchor(path, data)
+    return path
+
+
+@pytest.mark.parametrize("edit, shown", [
+    # a digest recomputed for other bytes
+    (lambda files: next(f for f in files if f[0] == "hopper/flash_api.cpp").__setitem__(2, "0" * 64),
+     "1 file changed (hopper/flash_api.cpp)"),
+    # a file of the commit the anchor lacks
+    (lambda files: files.remove(next(f for f in files if f[0] == "hopper/flash_api.cpp")),
+     "hopper/flash_api.cpp"),
+], ids=["wrong-digest", "file-the-anchor-lacks"])
+def test_an_anchor_that_disagrees_with_an_unmodified_cache_is_named_with_its_fix(filled, synthetic, pin, cache,
+                                                                                 edit, shown):
+    """Issue 43: a wrong anchor was blamed on the cache ("Something edited it after the fetch.
+    Remove that folder"), a fix that cannot help; the anchor was never named."""
+    anchor_file = _anchor_edited(pin, edit)
+    result = fetch_sources(defines(pin, cache))
+    assert result.returncode != 0 and not result.sources(), result.output[-3000:]
+    entry = _entry(cache, "flash-attention", synthetic.fa_commit)
+    text = result.text
+    assert (f"does not hold commit {synthetic.fa_commit} unmodified as the pin's anchor '{anchor_file}' "
+            "records it") in text
+    assert shown in text
+    assert "so one of two is wrong. The anchor, if it does not describe that commit" in text
+    assert f"python cmake/vfa_build sources.source_anchor anchor --pin '{pin}'" in text
+    assert "Something edited it after the fetch" not in text
+    assert f"rm -rf '{entry}'" in text  # the other cause (a forged .git agrees too), second
 
 
 def _forge_subtree(entry: Path, folder: str, file: str, text: str) -> None:

@@ -577,6 +577,34 @@ def test_fa4s_missing_packages_are_one_short_line_with_the_install_command(preco
     assert len(reason) < 160, reason
 
 
+def test_a_named_precompile_python_without_packaging_is_named_with_what_it_lacks(precompile, monkeypatch):
+    """Issue 43: an interpreter of VFA_FA4_PRECOMPILE_PYTHONS without packaging stopped the
+    configure with "the build's Python ... lacks packaging: FA4 is not staged" (the build's
+    Python had staged it): the reason names that interpreter, what it lacks and the install."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "packaging" else real_find_spec(name, *a))
+    found = precompile.fa4_probe.probe(named=True)
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert found["precompile"] == found["stage"] == (
+        f"Python {minor} at {sys.executable} lacks packaging, which it needs to compile FA4's kernels (it checks the "
+        f"staged copy's dependencies first): install packaging into it ({sys.executable} -m pip install packaging; a "
+        "system Python: its distribution's package), or leave it out of the knob")
+    assert "build's" not in found["precompile"] and "not staged" not in found["precompile"]
+    # The build's own Python (not named) keeps the record's wording: by version, no path.
+    assert precompile.fa4_probe.probe()["stage"] == f"the build's Python {minor} lacks packaging"
+
+
+def test_the_probe_command_passes_named_on(precompile, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(precompile.fa4_probe, "probe", lambda named=False: seen.append(named) or {})
+    for argv in (["probe"], ["probe", "--named"]):
+        precompile.main(argv)
+    assert seen == [False, True]
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_worker_that_finishes_no_kernel_is_stopped_at_the_bound(precompile, staged, fake_workers, capsys, jobs):
     # A worker that hangs (no kernel ever ends) under the per-kernel bound: the step stops every

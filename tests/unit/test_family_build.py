@@ -24,7 +24,16 @@ def _kernels(d, name):
     (lambda d: d["families"]["fa3"].pop("build"), "families.fa3: missing fields ['build']"),
     (lambda d: d["families"]["fa3"]["build"].update(sourcs=[]), "families.fa3.build must be an object of"),
     (lambda d: d["families"]["fa3"]["build"].update(sources=["/etc/passwd"]),
+     "families.fa3.build.sources names '/etc/passwd' of flash_attention, but it is an absolute path, outside the "
+     "verified sources. Fix families.fa3.build.sources in cmake/knobs.json"),
+    (lambda d: d["families"]["fa3"]["build"].update(sources=[3]),
      "families.fa3.build.sources must be a list of paths inside the upstream tree"),
+    # A '..' leaves the verified sources: said so, not as a format error ("must be a list of [component, ...]").
+    (lambda d: d["families"]["fa2"]["build"].update(include_dirs=[["flash_attention", "csrc/../csrc/common"]]),
+     "families.fa2.build.include_dirs names the include directory 'csrc/../csrc/common' of flash_attention, but "
+     "its '..' part leaves the folder before it, so it could reach files outside the verified sources"),
+    (lambda d: d["families"]["fa2"]["build"].update(include_dirs=[["cutlass", "../include"]]),
+     "families.fa2.build.include_dirs names the include directory '../include' of cutlass, but its '..' part"),
     (lambda d: d["families"]["fa2"]["build"].update(include_dirs=[["csrc", "flash_attn"]]),
      "families.fa2.build.include_dirs must be a list of [component, folders...]"),
     (lambda d: d["families"]["fa2"]["build"].update(memory_sixteenths=20), "memory_sixteenths must be a whole number"),
@@ -54,6 +63,8 @@ def test_a_mistake_in_a_familys_build_is_refused(edit, message):
     edit(data)
     found = families.problems(data)
     assert any(message in line for line in found), found
+    if "'..'" in message:
+        assert not any("must be a list of [component" in line for line in found), found
 
 
 SELECTION = """include("{cmake}/KernelSelection.cmake")

@@ -70,3 +70,35 @@ def test_words_are_joined_as_a_sentence_lists_them(tmp_path):
     assert result.returncode == 0, result.output
     assert [line for line in result.output.splitlines() if line.startswith("JOINED ")] == [
         "JOINED <9.x>", "JOINED <9.x and 10.x>", "JOINED <9.x, 10.x and 11.x>", "JOINED <FA2 (off) and FA3 (8.0 lacks 9.0)>"]
+
+
+def test_none_with_other_items_says_none_stands_alone(tmp_path):
+    # It used to say "'none' is not a valid value ... Valid values: any of ..., or none".
+    result = run_options(tmp_path, ["VFA_FA3_FEATURES"], env={"VFA_FA3_FEATURES": "none,paged"}, defines={})
+    assert result.returncode != 0
+    assert ("VFA_FA3_FEATURES: 'none,paged' mixes none with paged (from the environment variable "
+            "VFA_FA3_FEATURES). none stands alone: it selects no item, so it cannot be combined with others. "
+            "Give VFA_FA3_FEATURES=none alone, or only the items you want (paged).") in result.text
+    assert "is not a valid value" not in result.text
+    # An item that is no choice is named first: the mix's fix must not suggest it.
+    bogus = run_options(tmp_path, ["VFA_FA3_FEATURES"], env={"VFA_FA3_FEATURES": "none,pagd"}, defines={})
+    assert "VFA_FA3_FEATURES: 'pagd' is not a valid value" in bogus.text and "mixes none" not in bogus.text
+    assert read_knobs(tmp_path, ["VFA_FA3_FEATURES"], env={"VFA_FA3_FEATURES": " none "}, defines={}) == \
+        {"VFA_FA3_FEATURES": ("none", "env:VFA_FA3_FEATURES")}
+
+
+def test_a_relative_staged_store_is_refused_naming_where_it_would_go(tmp_path):
+    # It used to become <project>/staged: ~90 MB inside the checkout, with no word.
+    result = run_options(tmp_path, ["VFA_STAGED_SOURCES"], env={}, defines={"VFA_STAGED_SOURCES": "staged"})
+    assert result.returncode != 0
+    project = OPTIONS.parents[1]
+    assert (f"VFA_STAGED_SOURCES: 'staged' is a relative path (given as -DVFA_STAGED_SOURCES (pip: -C "
+            f"cmake.define.VFA_STAGED_SOURCES)). It would put the staged copy of the sources (about 90 MB) at "
+            f"'{project}/staged', inside the project folder '{project}'. Write an absolute path") \
+        in result.text.replace("\n", " ").replace("  ", " ")
+    absolute = tmp_path / "store"
+    assert read_knobs(tmp_path, ["VFA_STAGED_SOURCES"], env={"VFA_STAGED_SOURCES": str(absolute)}, defines={}) == \
+        {"VFA_STAGED_SOURCES": (str(absolute), "env:VFA_STAGED_SOURCES")}
+    outside = Path("..") / "vfa-staged-elsewhere"  # relative, out of the project: means what it says
+    assert read_knobs(tmp_path, ["VFA_STAGED_SOURCES"], env={}, defines={"VFA_STAGED_SOURCES": str(outside)}) == \
+        {"VFA_STAGED_SOURCES": (str(OPTIONS.parents[2] / "vfa-staged-elsewhere"), "cmake")}

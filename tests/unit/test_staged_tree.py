@@ -69,6 +69,50 @@ def test_a_reused_copy_is_verified_and_made_again_when_it_changed(source, tmp_pa
     assert (again.path / "inc/a.h").read_text() == "int a;\n"
 
 
+def test_a_staged_copy_replaced_by_a_link_is_named_and_restaged_leaving_no_link(source, tmp_path):
+    """Issue 43: a staged entry replaced by a link read "N files missing" without naming the link,
+    and the restage left the stale link in the store (and made the store 0700 on its way)."""
+    store = tmp_path / "store"
+    expected, _ = staged_tree.manifest_of(source, ["inc"])
+    first = staged_tree.stage(source, ["inc"], store, "demo", expected)
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(first.path, elsewhere)
+    first.path.symlink_to(elsewhere)
+    differences = staged_tree.verify(first.path, expected)
+    assert differences == {"tree_linked": [f"{first.path} -> {elsewhere}"]}
+    assert staged_tree.describe(differences) == (
+        f"the staged folder itself was replaced by a symlink ({first.path} -> {elsewhere}), not the copy that "
+        "was staged")
+    mode = os.stat(store).st_mode & 0o777
+    again = staged_tree.stage(source, ["inc"], store, "demo", expected)
+    assert again.path == first.path and not again.reused and not again.path.is_symlink()
+    assert sorted(p.name for p in store.iterdir()) == [first.path.name], "a stale link or folder was left"
+    assert os.stat(store).st_mode & 0o777 == mode
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["a.h", "b.h", "inc", "sub"], "the link was followed"
+
+
+def test_a_full_store_is_named_with_its_free_space_and_the_fix(source, tmp_path, monkeypatch):
+    """Issue 43: a full staged store read "could not be staged" with the bare OS error, naming
+    neither the store nor its disk."""
+    import errno
+
+    store = tmp_path / "store"
+    expected, _ = staged_tree.manifest_of(source, ["inc"])
+
+    def full(src, dest):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dest))
+
+    monkeypatch.setattr(staged_tree, "_hash_copy", full)
+    with pytest.raises(staged_tree.StagingError) as raised:
+        staged_tree.stage(source, ["inc"], store, "demo", expected)
+    text = str(raised.value)
+    assert text.startswith(f"the staged store '{store}' is full ({os.strerror(errno.ENOSPC)}; ")
+    assert " MB free there; the copy of " in text and "needs about 0 MB" in text
+    assert "Free space on that disk" in text
+    assert "set VFA_STAGED_SOURCES to a folder of yours on a disk with room" in text
+    assert list(store.iterdir()) == [], "nothing may be left of a copy that did not fit"
+
+
 def test_a_copy_another_user_could_write_is_reported(source, tmp_path):
     expected, _ = staged_tree.manifest_of(source, ["inc"])
     staged = staged_tree.stage(source, ["inc"], tmp_path / "store", "demo", expected)

@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p_stage.add_argument("--dest", type=Path, required=True, help="import root to stage into")
     p_stage.add_argument("--record", type=Path,
                          help="JSON of configure-time facts: write FA4's build record into the stage")
-    sub.add_parser("probe", help="print what the build's Python can do (JSON)")
+    p_probe = sub.add_parser("probe", help="print what the build's Python can do (JSON)")
+    p_probe.add_argument("--named", action="store_true",
+                       help="this is an interpreter of VFA_FA4_PRECOMPILE_PYTHONS: reasons name it")
     p_check = sub.add_parser("check-installed", help="on a GPU: the installed wheel's precompiled kernels run "
                              "with no compile (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR: an empty folder)")
     p_check.add_argument("--report", type=Path, help="write the result as JSON here")
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                         progress=args.progress)), encoding="utf-8")
         return 0
     if args.command == "probe":
-        print(json.dumps(fa4_probe.probe()))
+        print(json.dumps(fa4_probe.probe(named=args.named)))
         return 0
     if args.command == "check-installed":
         from vendored_flash_attn.release.fa4_kernels import check_installed

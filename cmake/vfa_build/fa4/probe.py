@@ -13,11 +13,14 @@ import sys
 from vendored_flash_attn.families.fa4 import deps as fa4_deps
 
 
-def probe() -> dict:
+def probe(named: bool = False) -> dict:
     """What the build's Python can do: "" when it can, else why not (CMake reads this).
 
     stage: fa4_deps.pin_drift needs packaging and tomllib/tomli. precompile: torch and the
     fa4 extra in its pinned versions (read from metadata: cutlass is not imported here).
+    ``named``: this is an interpreter of VFA_FA4_PRECOMPILE_PYTHONS, not the build's Python:
+    a reason names it (its path: it goes into the configure's error, never the record) and what
+    it lacks, with the command that installs it there.
     """
     import importlib.util
 
@@ -28,6 +31,15 @@ def probe() -> dict:
     # (CMake's own messages name the interpreter's path).
     python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
     stage_reason = f"the build's {python} lacks {', '.join(stage_missing)}" if stage_missing else ""
+    if stage_reason and named:
+        # Not "FA4 is not staged": the build's Python staged it; this one reads the staged copy's
+        # pin check (fa4_deps) before it compiles, and cannot.
+        lacks = ", ".join(stage_missing)
+        reason = (f"{python} at {sys.executable} lacks {lacks}, which it needs to compile FA4's kernels "
+                  f"(it checks the staged copy's dependencies first): install {lacks} into it "
+                  f"({sys.executable} -m pip install {' '.join(stage_missing)}; a system Python: its distribution's "
+                  f"package), or leave it out of the knob")
+        return {"stage": reason, "precompile": reason, "python": python[7:]}
     if stage_reason:
         return {"stage": stage_reason, "precompile": "FA4 is not staged: " + stage_reason, "python": python[7:]}
     problems = fa4_deps.problems()

@@ -11,6 +11,7 @@ nothing but the standard library (+ packaging, through fa4_deps). Used by cmake/
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import re
@@ -34,9 +35,113 @@ _UPSTREAM_REFERENCE = re.compile(r"(?<![\w.])flash_attn\.cute(?![\w])")
 _SHIPPED_NON_PYTHON = ("LICENSE", "AUTHORS", "README.md")
 
 
+def _lines(source: str) -> list[str]:
+    """``source``'s lines as ``ast`` counts them (``\\n``, ``\\r\\n``, ``\\r``; not str.splitlines'
+    form feeds and other separators), each with its end."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n|$)", source)
+
+
+def _offset(source: str, line: int, col: int) -> int:
+    """The character offset of ``ast``'s (line, UTF-8 byte column) in ``source``."""
+    lines = _lines(source)
+    return sum(len(x) for x in lines[:line - 1]) + len(lines[line - 1].encode("utf-8")[:col].decode("utf-8"))
+
+
+# `from flash_attn import ...` at a node's start: the `flash_attn` after `from` and any spacing
+# or line continuations.
+_FROM_UPSTREAM_ROOT = re.compile(r"from(?:[ \t]|\\\r?\n)+(flash_attn)(?=[ \t\\])")
+
+
+def _rewrite_root_imports(source: str, package: str) -> str:
+    """``from flash_attn import cute [as x]`` pointed at ``package``'s parent: the one import of
+    upstream's root package that names our copy. Any other name taken from ``flash_attn`` is
+    left for ``upstream_imports`` to refuse."""
+    parent, _, last = package.rpartition(".")
+    if last != UPSTREAM_PACKAGE.rpartition(".")[2] or not parent:
+        return source
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # upstream_imports names the file and line
+    spans = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "flash_attn"
+                and all(alias.name == last for alias in node.names)):
+            match = _FROM_UPSTREAM_ROOT.match(source, _offset(source, node.lineno, node.col_offset))
+            if match:
+                spans.append(match.span(1))
+    for start, end in sorted(spans, reverse=True):
+        source = source[:start] + parent + source[end:]
+    return source
+
+
 def rewrite_imports(source: str, package: str = VENDORED_PACKAGE) -> str:
-    """``source`` with every absolute reference to ``flash_attn.cute`` pointed at ``package``."""
-    return _UPSTREAM_REFERENCE.sub(package, source)
+    """``source`` with every absolute reference to ``flash_attn.cute`` pointed at ``package``,
+    and ``from flash_attn import cute`` at its parent."""
+    return _rewrite_root_imports(_UPSTREAM_REFERENCE.sub(package, source), package)
+
+
+def _names_upstream(name: str) -> bool:
+    return name == "flash_attn" or name.startswith("flash_attn.")
+
+
+def _leading_text(node: ast.AST) -> str | None:
+    """The text a module-name expression starts with, where it starts with a literal:
+    ``"a"``, ``"a" + x``, ``f"a{x}"``, ``"a".format(...)``, ``"%s" % x`` (its literal part)."""
+    while True:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.BinOp):
+            node = node.left
+        elif isinstance(node, ast.JoinedStr):
+            if not node.values:
+                return None
+            node = node.values[0]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value  # "flash_attn.{}".format(x), "flash_attn" .join(...)
+        else:
+            return None
+
+
+_DYNAMIC_IMPORTERS = ("import_module", "__import__", "find_spec")
+
+
+def upstream_imports(source: str, package: str = VENDORED_PACKAGE) -> list[tuple[int, str]]:
+    """Where ``source`` (already rewritten) still imports upstream's ``flash_attn``: every
+    absolute ``import flash_attn[...]`` / ``from flash_attn[...] import``, and every
+    ``import_module`` / ``__import__`` / ``find_spec`` whose module name starts with
+    ``flash_attn`` (a literal, a ``+``, an f-string). (line, the line's text) each; relative
+    imports are our copy's own and never listed. Also a rewritten ``__import__("<package>.x")``
+    without a fromlist: it returns our top package where upstream's returned ``flash_attn``.
+    A file Python cannot parse is one entry."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        return [(err.lineno or 0, f"cannot be parsed to check its imports: {err.msg}")]
+    lines = _lines(source)
+    found = []
+    for node in ast.walk(tree):
+        hit = False
+        if isinstance(node, ast.Import):
+            hit = any(_names_upstream(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            hit = node.level == 0 and _names_upstream(node.module or "")
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in _DYNAMIC_IMPORTERS:
+                text = _leading_text(node.args[0])
+                # import_module(".x", "flash_attn") / find_spec(".x", package=...): the anchor package counts
+                anchors = [a for a in node.args[1:2] if name != "__import__"]
+                anchors += [k.value for k in node.keywords if k.arg == "package"]
+                hit = any(t is not None and t.startswith("flash_attn") and not t.startswith("flash_attn_")
+                          for t in [text, *map(_leading_text, anchors)])
+                hit = hit or (name == "__import__" and text is not None and text.startswith(package)
+                              and len(node.args) < 4
+                              and not any(k.arg == "fromlist" for k in node.keywords))
+        if hit:
+            found.append((node.lineno, lines[node.lineno - 1].strip()))
+    return sorted(found)
 
 
 def remaining_upstream_references(source: str) -> list[str]:
@@ -90,6 +195,15 @@ def stage(cute_src: Path, dest: Path, package: str = VENDORED_PACKAGE) -> dict:
             left = remaining_upstream_references(new)
             if left:
                 raise SystemExit(f"{rel}: still refers to {UPSTREAM_PACKAGE} after the rewrite: {left[0]}")
+            imports = upstream_imports(new, package)
+            if imports:
+                where = "; ".join(f"{src}:{line}: {text}" for line, text in imports)
+                raise SystemExit(
+                    f"cannot stage FA4: {where} imports upstream's flash_attn in a form that cannot be "
+                    f"pointed at {package} safely (only flash_attn.cute names and `from flash_attn import "
+                    "cute` are rewritten). The staged copy would import a real flash_attn install, or "
+                    "fail without one. Make the import relative or name flash_attn.cute in that file "
+                    "(a patch on the pin), or stay on a pin without it.")
             if new != text:
                 rewritten.append(rel.as_posix())
             out.write_text(new, encoding="utf-8")

@@ -42,6 +42,7 @@ CLI (for other build steps): ``python cmake/vfa_build sources.staged_tree stage 
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -186,7 +187,8 @@ def compare(expected: Manifest, actual: Manifest, odd: dict | None = None) -> di
 
 
 def describe(differences: dict) -> str:
-    parts = []
+    parts = [f"the staged folder itself was replaced by a symlink ({link}), not the copy that was staged"
+             for link in differences.get("tree_linked", [])]
     for kind, words in _KIND_WORDS.items():
         paths = differences.get(kind, [])
         if not paths:
@@ -229,7 +231,10 @@ def _unsafe(tree: Path) -> list[str]:
 
 def verify(tree: Path, expected: Manifest) -> dict:
     tree = Path(tree)
-    if not tree.is_dir() or tree.is_symlink():
+    if tree.is_symlink():
+        # Named as the link it is, not as every file missing.
+        return {"tree_linked": [f"{tree} -> {os.readlink(tree)}"]}
+    if not tree.is_dir():
         return {"missing": sorted(expected)}
     actual, odd = manifest_of(tree, [p for p in os.listdir(tree)])
     differences = compare(expected, actual, odd)
@@ -240,7 +245,10 @@ def verify(tree: Path, expected: Manifest) -> dict:
 
 
 def _remove(path: Path) -> None:
-    """Removes a tree of this user's, read-only folders included."""
+    """Removes a tree of this user's, read-only folders included; a link is removed, never followed."""
+    if os.path.islink(path):
+        os.unlink(path)
+        return
     def writable_again(func, p, _exc):
         os.chmod(os.path.dirname(p), 0o700)
         os.chmod(p, 0o700) if os.path.isdir(p) else None
@@ -261,34 +269,61 @@ def stage(source: Path, paths, store: Path, name: str, expected: Manifest | None
             os.rename(target, aside)
             _remove(aside)
     tmp = store / f".{name}.tmp-{secrets.token_hex(6)}"
-    tmp.mkdir(mode=0o700)
     try:
-        files, odd = _walk(source, paths)
-        manifest = {}
-        for rel in files:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            manifest[rel] = _hash_copy(source / rel, tmp / rel)
-            os.chmod(tmp / rel, 0o755 if manifest[rel][0] == "755" else 0o644)
-        if expected is not None:
-            differences = compare(expected, manifest, odd)
-            if differences:
-                raise Mismatch(source, differences)
-        target = store / f"{name}-{digest(manifest)[:32]}"
-        for dirpath, _dirs, _files in os.walk(tmp):
-            os.chmod(dirpath, 0o755)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another build staged the same content meanwhile: use it, verified.
-            if verify(target, manifest):
-                raise
+        tmp.mkdir(mode=0o700)
+        return _stage_into(source, paths, store, name, expected, tmp)
+    except OSError as error:
+        if tmp.exists():
             _remove(tmp)
-            return Staged(target, manifest, True)
-        return Staged(target, manifest, False)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StagingError(_full_store(store, source, paths, error)) from error
+        raise
     except BaseException:
         if tmp.exists():
             _remove(tmp)
         raise
+
+
+def _full_store(store: Path, source: Path, paths, error: OSError) -> str:
+    """A full disk (or quota) met while staging: the store, its free space and the fix."""
+    try:
+        st = os.statvfs(store)
+        free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MB free"
+    except OSError:
+        free = "its free space unknown"
+    try:
+        need = sum(f.stat().st_size for p in paths for f in (Path(source) / p).rglob("*") if f.is_file())
+        need = f"; the copy of '{source}' needs about {need / 2**20:.0f} MB"
+    except OSError:
+        need = ""
+    return (f"the staged store '{store}' is full ({error.strerror}; {free} there{need}). Free space on that "
+            f"disk (old entries of the store can go: the build stages what it needs again), or set "
+            f"VFA_STAGED_SOURCES to a folder of yours on a disk with room")
+
+
+def _stage_into(source: Path, paths, store: Path, name: str, expected: Manifest | None, tmp: Path) -> Staged:
+    files, odd = _walk(source, paths)
+    manifest = {}
+    for rel in files:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        manifest[rel] = _hash_copy(source / rel, tmp / rel)
+        os.chmod(tmp / rel, 0o755 if manifest[rel][0] == "755" else 0o644)
+    if expected is not None:
+        differences = compare(expected, manifest, odd)
+        if differences:
+            raise Mismatch(source, differences)
+    target = store / f"{name}-{digest(manifest)[:32]}"
+    for dirpath, _dirs, _files in os.walk(tmp):
+        os.chmod(dirpath, 0o755)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        # Another build staged the same content meanwhile: use it, verified.
+        if verify(target, manifest):
+            raise
+        _remove(tmp)
+        return Staged(target, manifest, True)
+    return Staged(target, manifest, False)
 
 
 def snapshot(tree: Path) -> dict:

@@ -146,7 +146,30 @@ def _words(value: Any) -> bool:
 
 
 def _relative(path: Any) -> bool:
-    return isinstance(path, str) and bool(path) and not path.startswith(("/", "..")) and "/../" not in path
+    return isinstance(path, str) and bool(path) and not _path_problem(path)
+
+
+def _path_problem(path: str) -> str:
+    """Why ``path`` (a string) is no plain relative path inside the upstream tree; "" when it is.
+    The build compiles and includes only files of the verified sources (the pin's paths, checked
+    against its anchor): a path that leaves them is a mistake of where, not of format."""
+    if path.startswith("/"):
+        return "it is an absolute path, outside the verified sources"
+    parts = path.split("/")
+    if ".." in parts:
+        return ("its '..' part leaves the folder before it, so it could reach files outside the verified sources "
+                "(a header there would shadow one of the same name)")
+    if "." in parts or "" in parts:
+        return "it has a '.' or empty part; write the plain path"
+    return ""
+
+
+def _paths_outside(at: str, paths: list, component: str = "flash_attention", what: str = "") -> list[str]:
+    """One line per path of ``paths`` (strings) that leaves the upstream tree, naming it and the fix."""
+    return [f"{at} names {what}'{path}' of {component}, but {why}. Fix {at} in cmake/knobs.json: name the "
+            f"folder or file itself, a path under {component}.paths of the pin (vendor/flash-attention/pin.json), "
+            f"or add its folder there and write the anchor again (vendor/flash-attention/README.md)"
+            for path in paths if isinstance(path, str) and path and (why := _path_problem(path))]
 
 
 def build_problems(where: str, entry: dict, knobs: dict) -> list[str]:
@@ -160,14 +183,20 @@ def build_problems(where: str, entry: dict, knobs: dict) -> list[str]:
     for field in ("head_dims_knob", "dtypes_knob"):
         if not entry.get(field):
             found.append(f"{where}.{field}: a compiled family names the knob that selects its kernels' {field[:-5]}")
-    if not (isinstance(build.get("sources"), list) and all(map(_relative, build["sources"]))):
+    sources = build.get("sources")
+    if not (_words(sources) and all(sources)):
         found.append(f"{at}.sources must be a list of paths inside the upstream tree (compiled in every build of "
-                     f"the module), got {build.get('sources')!r}")
+                     f"the module), got {sources!r}")
+    else:
+        found += _paths_outside(f"{at}.sources", sources)
     groups = build.get("include_dirs")
-    if not (isinstance(groups, list) and all(_words(g) and len(g) > 1 and g[0] in _COMPONENTS
-                                             and all(map(_relative, g[1:])) for g in groups)):
+    if not (isinstance(groups, list) and all(_words(g) and len(g) > 1 and g[0] in _COMPONENTS and all(g[1:])
+                                             for g in groups)):
         found.append(f"{at}.include_dirs must be a list of [component, folders...], the component one of "
                      f"{', '.join(_COMPONENTS)}, got {groups!r}")
+    else:
+        for group in groups:
+            found += _paths_outside(f"{at}.include_dirs", group[1:], group[0], "the include directory ")
     if not _words(build.get("defines", [])):
         found.append(f"{at}.defines must be a list of words, got {build.get('defines')!r}")
     sixteenths = build.get("memory_sixteenths", 16)
